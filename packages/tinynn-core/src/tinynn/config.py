@@ -1,0 +1,127 @@
+"""The training configuration: one dataclass, loaded from JSON with every key and type checked.
+
+Any problem is a `TinynnError` whose one-line message names the file and the offending key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinynn.errors import TinynnError
+from tinynn.model import GPTConfig
+
+
+@dataclass
+class TrainConfig:
+    # data
+    data: str | None = None  # a UTF-8 text file; None trains on the embedded stdlib-docstring corpus
+    val_fraction: float = 0.1
+    # model (vocab_size comes from the data)
+    block_size: int = 64
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 64
+    dropout: float = 0.0
+    bias: bool = True
+    # optimisation
+    batch_size: int = 16
+    max_steps: int = 500
+    learning_rate: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float | None = 1.0  # max gradient norm; null turns clipping off
+    seed: int = 1337
+    # evaluation, checkpoints, output
+    eval_interval: int = 100
+    eval_steps: int = 10
+    checkpoint_interval: int = 100
+    out_dir: str = "out"
+    sample_tokens: int = 200
+    sample_prompt: str = "\n"
+    loss_plot: str | None = None  # a PNG path for the loss curve (needs matplotlib)
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        return GPTConfig(vocab_size=vocab_size, block_size=self.block_size, n_layer=self.n_layer,
+                         n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout, bias=self.bias)
+
+    def validate(self, source="config") -> TrainConfig:
+        def bad(key, why):
+            raise TinynnError(f"{source}: {key!r} {why}")
+        for key in ("block_size", "n_layer", "n_head", "n_embd", "batch_size", "max_steps", "eval_interval",
+                    "eval_steps"):
+            if getattr(self, key) < 1:
+                bad(key, f"must be at least 1, got {getattr(self, key)}")
+        for key in ("warmup_steps", "checkpoint_interval", "sample_tokens"):
+            if getattr(self, key) < 0:
+                bad(key, f"must not be negative, got {getattr(self, key)}")
+        if self.n_embd % self.n_head:
+            bad("n_embd", f"({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        for key in ("dropout", "val_fraction", "beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                bad(key, f"must be in [0, 1), got {getattr(self, key)}")
+        if self.learning_rate <= 0:
+            bad("learning_rate", f"must be positive, got {self.learning_rate}")
+        if not 0 <= self.min_lr <= self.learning_rate:
+            bad("min_lr", f"must be between 0 and learning_rate ({self.learning_rate}), got {self.min_lr}")
+        if self.weight_decay < 0:
+            bad("weight_decay", f"must not be negative, got {self.weight_decay}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            bad("grad_clip", f"must be positive or null, got {self.grad_clip}")
+        return self
+
+
+def _type_ok(value, annotation) -> bool:
+    options = typing.get_args(annotation) or (annotation,)
+    for t in options:
+        if t is type(None) and value is None:
+            return True
+        if t is bool and isinstance(value, bool):
+            return True
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if t is str and isinstance(value, str):
+            return True
+    return False
+
+
+def _type_name(annotation) -> str:
+    return " or ".join("null" if t is type(None) else t.__name__ for t in (typing.get_args(annotation) or (annotation,)))
+
+
+def from_dict(raw: dict, source="config") -> TrainConfig:
+    if not isinstance(raw, dict):
+        raise TinynnError(f"{source}: must hold a JSON object, got {type(raw).__name__}")
+    hints = typing.get_type_hints(TrainConfig)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    for key, value in raw.items():
+        if key not in fields:
+            raise TinynnError(f"{source}: unknown key {key!r} (known keys: {', '.join(sorted(fields))})")
+        if not _type_ok(value, hints[key]):
+            raise TinynnError(f"{source}: {key!r} must be {_type_name(hints[key])}, got {json.dumps(value)}")
+    values = {k: float(v) if hints[k] in (float, float | None) and v is not None else v for k, v in raw.items()}
+    return TrainConfig(**values).validate(source)
+
+
+def load(path: str | Path) -> TrainConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise TinynnError(f"config file not found: {path}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise TinynnError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except UnicodeDecodeError:
+        raise TinynnError(f"{path}: not UTF-8 text") from None
+    return from_dict(raw, str(path))
+
+
+def to_dict(config: TrainConfig) -> dict:
+    return dataclasses.asdict(config)

@@ -1,0 +1,238 @@
+"""The NumPy backend: the reference every other backend is tested against.
+
+Each op is the plain textbook formula, written for clarity; results are fresh contiguous arrays so that no
+op's output aliases its input (the in-place optimizer updates rely on that). Float ops keep their input's
+dtype: float32 for training, float64 for the finite-difference gradient checks.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tinynn.backends import Backend
+
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_parts(x):
+    inner = GELU_C * (x + 0.044715 * x * x * x)  # x*x*x: NumPy's float power is ~20x slower
+    return inner, np.tanh(inner)
+
+
+def _causal(shape):
+    """True above the diagonal of the last two dims: the future positions a token must not see."""
+    t_q, t_k = shape[-2], shape[-1]
+    return np.triu(np.ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
+
+
+class NumpyBackend(Backend):
+    name = "cpu"
+    device_name = "NumPy"
+
+    # --- transfer and creation ---
+    def from_numpy(self, x):
+        return np.array(x, copy=True)
+
+    def to_numpy(self, a):
+        return np.array(a, copy=True)
+
+    def is_array(self, a):
+        return isinstance(a, np.ndarray)
+
+    def zeros(self, shape, dtype=np.float32):
+        return np.zeros(shape, dtype=dtype)
+
+    def assign_(self, dst, src):
+        dst[...] = src
+
+    # --- layout ---
+    def reshape(self, a, shape):
+        return a.reshape(shape)
+
+    def permute(self, a, axes):
+        return np.ascontiguousarray(a.transpose(axes))
+
+    def broadcast_to(self, a, shape):
+        return np.ascontiguousarray(np.broadcast_to(a, shape))
+
+    def getitem(self, a, index):
+        return np.array(a[index], copy=True)
+
+    def getitem_backward(self, g, index, shape):
+        out = np.zeros(shape, dtype=g.dtype)
+        np.add.at(out, index, g)  # add.at: a repeated index receives every contribution
+        return out
+
+    def concatenate(self, arrays, axis):
+        return np.concatenate(arrays, axis=axis)
+
+    # --- elementwise ---
+    def unary(self, op, a):
+        if op == "neg":
+            return -a
+        if op == "exp":
+            return np.exp(a)
+        if op == "log":
+            return np.log(a)
+        if op == "tanh":
+            return np.tanh(a)
+        if op == "relu":
+            return np.maximum(a, 0).astype(a.dtype)
+        if op == "gelu":
+            return (0.5 * a * (1.0 + _gelu_parts(a)[1])).astype(a.dtype)
+        raise ValueError(f"unknown unary op {op!r}")
+
+    def unary_backward(self, op, x, y, g):
+        """Gradient of `y = unary(op, x)` given the output gradient g."""
+        if op == "neg":
+            return -g
+        if op == "exp":
+            return g * y
+        if op == "log":
+            return g / x
+        if op == "tanh":
+            return g * (1.0 - y * y)
+        if op == "relu":
+            return g * (x > 0).astype(g.dtype)
+        if op == "gelu":
+            inner, t = _gelu_parts(x)
+            d_inner = GELU_C * (1.0 + 3 * 0.044715 * x * x)
+            return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * d_inner)).astype(g.dtype)
+        raise ValueError(f"unknown unary op {op!r}")
+
+    def binary(self, op, a, b):
+        if op == "add":
+            return a + b
+        if op == "sub":
+            return a - b
+        if op == "mul":
+            return a * b
+        if op == "div":
+            return a / b
+        if op == "eq":
+            return (a == b).astype(np.result_type(a, b))
+        raise ValueError(f"unknown binary op {op!r}")
+
+    def scalar(self, op, a, s):
+        if op == "add":
+            return a + s
+        if op == "mul":
+            return a * s
+        if op == "pow":
+            return a ** s
+        raise ValueError(f"unknown scalar op {op!r}")
+
+    def causal_fill(self, x, value):
+        return np.where(_causal(x.shape), np.asarray(value, x.dtype), x)
+
+    def dropout_mask(self, shape, p, seed, dtype=np.float32):
+        keep = np.random.default_rng(seed).random(shape) >= p
+        return (keep / (1.0 - p)).astype(dtype)
+
+    # --- reductions and matmul ---
+    def sum(self, a, axes, keepdims=False):
+        return np.asarray(a.sum(axis=axes, keepdims=keepdims))
+
+    def max(self, a, axes, keepdims=False):
+        return np.asarray(a.max(axis=axes, keepdims=keepdims))
+
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        if transpose_a:
+            a = a.swapaxes(-1, -2)
+        if transpose_b:
+            b = b.swapaxes(-1, -2)
+        return np.matmul(a, b)
+
+    # --- fused neural-network ops (over the last axis) ---
+    def softmax_forward(self, x, causal=False):
+        if causal:
+            x = self.causal_fill(x, -np.inf)
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def softmax_backward(self, y, g):
+        return y * (g - (g * y).sum(axis=-1, keepdims=True))
+
+    def log_softmax_forward(self, x):
+        shifted = x - x.max(axis=-1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+    def log_softmax_backward(self, y, g):
+        return g - np.exp(y) * g.sum(axis=-1, keepdims=True)
+
+    def layernorm_forward(self, x, weight, bias, eps):
+        mean = x.mean(axis=-1)
+        rstd = 1.0 / np.sqrt(((x - mean[..., None]) ** 2).mean(axis=-1) + eps)
+        y = (x - mean[..., None]) * rstd[..., None]
+        if weight is not None:
+            y = y * weight
+        if bias is not None:
+            y = y + bias
+        return y.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
+
+    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True):
+        xhat = (x - mean[..., None]) * rstd[..., None]
+        batch_axes = tuple(range(x.ndim - 1))
+        g_weight = (g * xhat).sum(axis=batch_axes) if weight is not None else None
+        g_bias = g.sum(axis=batch_axes) if has_bias else None
+        g_xhat = g * weight if weight is not None else g
+        g_x = rstd[..., None] * (g_xhat - g_xhat.mean(axis=-1, keepdims=True)
+                                 - xhat * (g_xhat * xhat).mean(axis=-1, keepdims=True))
+        return g_x.astype(x.dtype), g_weight, g_bias
+
+    def cross_entropy_forward(self, logits, targets, ignore_index):
+        """Mean negative log-likelihood of `targets` (N,) under `logits` (N, C); returns (loss, probs)."""
+        probs = self.softmax_forward(logits)
+        valid = targets != ignore_index
+        picked = probs[np.arange(len(targets)), np.where(valid, targets, 0)]
+        with np.errstate(invalid="ignore", divide="ignore"):  # no valid target: nan, like PyTorch
+            loss = -np.log(picked[valid]).sum() / valid.sum()
+        return np.asarray(loss, dtype=logits.dtype), probs
+
+    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index):
+        valid = targets != ignore_index
+        g = probs.copy()
+        g[np.arange(len(targets)), np.where(valid, targets, 0)] -= valid
+        g[~valid] = 0
+        return (g * (g_loss / max(valid.sum(), 1))).astype(probs.dtype)
+
+    def embedding_forward(self, weight, idx):
+        return weight[idx]
+
+    def embedding_backward(self, g, idx, num_embeddings):
+        out = np.zeros((num_embeddings, g.shape[-1]), dtype=g.dtype)
+        np.add.at(out, idx.reshape(-1), g.reshape(-1, g.shape[-1]))
+        return out
+
+    # --- optimizer ---
+    def global_norm(self, arrays):
+        total = sum(float((a.astype(np.float64) ** 2).sum()) for a in arrays)
+        return np.asarray(math.sqrt(total), dtype=arrays[0].dtype)
+
+    def clip_coefficient(self, norm, max_norm):
+        return np.asarray(min(1.0, max_norm / (float(norm) + 1e-6)), dtype=norm.dtype)
+
+    def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps,
+                      weight_decay, step, grad_scale=None):
+        scale = 1.0 if grad_scale is None else float(grad_scale)
+        bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
+        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+            g = g * scale
+            p *= 1.0 - lr * weight_decay  # decoupled weight decay (Loshchilov & Hutter)
+            m *= beta1
+            m += (1.0 - beta1) * g
+            v *= beta2
+            v += (1.0 - beta2) * g * g
+            p -= lr * (m / bias1) / (np.sqrt(v / bias2) + eps)
+
+    def sgd_update_(self, params, grads, momentum_buffers, *, lr, momentum, weight_decay, grad_scale=None):
+        scale = 1.0 if grad_scale is None else float(grad_scale)
+        for p, g, buf in zip(params, grads, momentum_buffers):
+            g = g * scale + weight_decay * p
+            buf *= momentum
+            buf += g
+            p -= lr * buf
+
+
+NUMPY = NumpyBackend()

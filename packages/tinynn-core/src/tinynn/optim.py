@@ -1,0 +1,128 @@
+"""Optimizers (SGD with momentum, AdamW) and the warmup + cosine learning-rate schedule.
+
+Updates run in place on the backend, one call per parameter group, so a GPU backend can fuse a whole update
+into one kernel. Gradient-norm clipping is an optimizer option: the norm and the clip coefficient stay on the
+backend (no host sync), and the coefficient scales the gradients inside the update.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tinynn.errors import TinynnError
+from tinynn.tensor import Tensor
+
+
+class Optimizer:
+    def __init__(self, params, defaults: dict, max_grad_norm: float | None):
+        params = list(params)
+        if params and isinstance(params[0], Tensor):
+            params = [{"params": params}]
+        self.groups = [{**defaults, **group, "params": list(group["params"])} for group in params]
+        self.max_grad_norm = max_grad_norm
+        self.steps = 0
+        self.state: dict[int, list] = {}  # id(param) -> its buffers
+        self.last_grad_norm: Tensor | None = None  # set by step() when clipping; read it only when logging
+
+    @property
+    def params(self) -> list[Tensor]:
+        return [p for g in self.groups for p in g["params"]]
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.groups:
+            g["lr"] = lr
+
+    def _buffers(self, p: Tensor, count: int) -> list:
+        if id(p) not in self.state:
+            self.state[id(p)] = [p.backend.zeros(p.shape, p.dtype) for _ in range(count)]
+        return self.state[id(p)]
+
+    def _grad_scale(self):
+        """The clip coefficient min(1, max_norm / ||g||) as a backend scalar, or None without clipping."""
+        if self.max_grad_norm is None:
+            return None
+        with_grad = [p for p in self.params if p.grad is not None]
+        if not with_grad:
+            return None
+        be = with_grad[0].backend
+        norm = be.global_norm([p.grad.data for p in with_grad])
+        self.last_grad_norm = Tensor(norm, be)
+        return be.clip_coefficient(norm, self.max_grad_norm)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        out = {"steps": np.asarray([self.steps])}
+        for i, p in enumerate(self.params):
+            for j, buf in enumerate(self.state.get(id(p), [])):
+                out[f"{i}.{j}"] = p.backend.to_numpy(buf)
+        return out
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self.steps = int(state["steps"].reshape(-1)[0])
+        self.state.clear()
+        for i, p in enumerate(self.params):
+            bufs = [state[f"{i}.{j}"] for j in range(self.n_buffers) if f"{i}.{j}" in state]
+            if not bufs:
+                continue
+            if len(bufs) != self.n_buffers or any(tuple(b.shape) != p.shape for b in bufs):
+                raise TinynnError(f"optimizer state for parameter {i} does not match its shape {p.shape}")
+            self.state[id(p)] = [p.backend.from_numpy(b.astype(p.dtype)) for b in bufs]
+
+
+class SGD(Optimizer):
+    n_buffers = 1
+
+    def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0, max_grad_norm=None):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay), max_grad_norm)
+
+    def step(self):
+        self.steps += 1
+        scale = self._grad_scale()
+        for g in self.groups:
+            ps = [p for p in g["params"] if p.grad is not None]
+            if ps:
+                ps[0].backend.sgd_update_([p.data for p in ps], [p.grad.data for p in ps],
+                                          [self._buffers(p, 1)[0] for p in ps], lr=g["lr"],
+                                          momentum=g["momentum"], weight_decay=g["weight_decay"], grad_scale=scale)
+
+
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter, 2019)."""
+    n_buffers = 2
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, max_grad_norm=None):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), max_grad_norm)
+
+    def step(self):
+        self.steps += 1
+        scale = self._grad_scale()
+        for g in self.groups:
+            ps = [p for p in g["params"] if p.grad is not None]
+            if not ps:
+                continue
+            bufs = [self._buffers(p, 2) for p in ps]
+            ps[0].backend.adamw_update_(
+                [p.data for p in ps], [p.grad.data for p in ps], [b[0] for b in bufs], [b[1] for b in bufs],
+                lr=g["lr"], beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
+                weight_decay=g["weight_decay"], step=self.steps, grad_scale=scale)
+
+
+def cosine_lr(step: int, base_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
+    """Linear warmup to base_lr over warmup_steps, then cosine decay to min_lr at max_steps."""
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    if step >= max_steps:
+        return min_lr
+    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+    return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def decay_groups(named_params, weight_decay: float) -> list[dict]:
+    """nanoGPT's grouping: weight decay on matrices (dim >= 2), none on biases and LayerNorm gains."""
+    decay = [p for _, p in named_params if p.ndim >= 2]
+    no_decay = [p for _, p in named_params if p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

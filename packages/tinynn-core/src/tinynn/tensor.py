@@ -1,0 +1,186 @@
+"""Tensor: an array of some backend plus the links reverse-mode autograd needs.
+
+A tensor made by an op remembers its inputs (`_parents`, a tuple) and a closure `_backward` that maps the
+gradient of its output to the gradients of those inputs. `backward()` orders the graph with an explicit loop
+(deep graphs would overflow Python's recursion limit), then walks it once from the output back. Only leaf
+tensors that require grad keep `.grad`; intermediate gradients are dropped as soon as they are used.
+
+    >>> x = tinynn.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    >>> (x * x).sum().backward(); x.grad.numpy()   # array([2., 4., 6.], dtype=float32)
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from tinynn import backends
+
+_grad_enabled = True
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Run ops without recording the graph (evaluation, sampling, optimizer updates)."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class Tensor:
+    __slots__ = ("data", "backend", "grad", "requires_grad", "_parents", "_backward", "__weakref__")
+    __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
+
+    def __init__(self, data, backend: backends.Backend, requires_grad=False, _parents=(), _backward=None):
+        self.data = data
+        self.backend = backend
+        self.grad: Tensor | None = None
+        self.requires_grad = requires_grad
+        self._parents = _parents
+        self._backward = _backward
+
+    # --- what it is ---
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.data.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, backend={self.backend.name}{grad})"
+
+    # --- to and from the host ---
+    def numpy(self) -> np.ndarray:
+        return self.backend.to_numpy(self.data)
+
+    def item(self) -> float:
+        if self.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def detach(self) -> Tensor:
+        return Tensor(self.data, self.backend)
+
+    def to(self, backend: backends.Backend | str) -> Tensor:
+        """This tensor's values on another backend (a copy; the graph is not carried)."""
+        if isinstance(backend, str):
+            backend = backends.select(backend)
+        return Tensor(backend.from_numpy(self.numpy()), backend, requires_grad=self.requires_grad)
+
+    # --- autograd ---
+    def backward(self, grad: Tensor | None = None) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's `.grad`."""
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad")
+        if grad is None:
+            if self.size != 1:
+                raise RuntimeError(f"backward() without a gradient needs a scalar, got shape {self.shape}")
+            grad_data = self.backend.from_numpy(np.ones(self.shape, dtype=self.dtype))
+        else:
+            grad_data = grad.data if isinstance(grad, Tensor) else self.backend.from_numpy(np.asarray(grad))
+        pending = {id(self): grad_data}
+        for node in reversed(self._topological_order()):
+            g = pending.pop(id(node), None)
+            if g is None:
+                continue
+            if node._backward is None:  # a leaf
+                node.grad = Tensor(g, node.backend) if node.grad is None else Tensor(
+                    node.backend.binary("add", node.grad.data, g), node.backend)
+                continue
+            for parent, parent_grad in zip(node._parents, node._backward(g)):
+                if parent_grad is None or not parent.requires_grad:
+                    continue
+                key = id(parent)
+                pending[key] = parent_grad if key not in pending else node.backend.binary(
+                    "add", pending[key], parent_grad)
+
+    def _topological_order(self) -> list[Tensor]:
+        order, seen, stack = [], set(), [(self, False)]
+        while stack:
+            node, children_done = stack.pop()
+            if children_done:
+                order.append(node)
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((p, False) for p in node._parents if p.requires_grad and id(p) not in seen)
+        return order
+
+    # --- operators (the ops themselves live in functional.py) ---
+    def __add__(self, other): return F.add(self, other)
+    def __radd__(self, other): return F.add(self, other)
+    def __sub__(self, other): return F.sub(self, other)
+    def __rsub__(self, other): return F.add(F.neg(self), other)
+    def __mul__(self, other): return F.mul(self, other)
+    def __rmul__(self, other): return F.mul(self, other)
+    def __truediv__(self, other): return F.div(self, other)
+    def __rtruediv__(self, other): return F.mul(F.pow(self, -1.0), other)
+    def __neg__(self): return F.neg(self)
+    def __pow__(self, exponent): return F.pow(self, exponent)
+    def __matmul__(self, other): return F.matmul(self, other)
+    def __getitem__(self, index): return F.getitem(self, index)
+
+    def sum(self, axis=None, keepdims=False): return F.sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims=False): return F.mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims=False): return F.max(self, axis, keepdims)
+    def reshape(self, *shape): return F.reshape(self, shape[0] if len(shape) == 1 else shape)
+    def permute(self, *axes): return F.permute(self, axes[0] if len(axes) == 1 else axes)
+    def transpose(self, dim0=-2, dim1=-1): return F.transpose(self, dim0, dim1)
+    def exp(self): return F.exp(self)
+    def log(self): return F.log(self)
+    def tanh(self): return F.tanh(self)
+    def relu(self): return F.relu(self)
+    def gelu(self): return F.gelu(self)
+    def softmax(self, axis=-1): return F.softmax(self, axis)
+    def log_softmax(self, axis=-1): return F.log_softmax(self, axis)
+
+    @property
+    def T(self):
+        return F.transpose(self, -2, -1)
+
+
+def tensor(data, requires_grad=False, dtype=None, backend: backends.Backend | str | None = None) -> Tensor:
+    """A leaf tensor from anything NumPy accepts; floats default to float32."""
+    if isinstance(backend, str):
+        backend = backends.select(backend)
+    backend = backend or backends.default()
+    array = np.asarray(data.numpy() if isinstance(data, Tensor) else data)
+    if dtype is not None:
+        array = array.astype(dtype)
+    elif array.dtype.kind == "f" and array.dtype != np.float32 and not isinstance(data, np.ndarray):
+        array = array.astype(np.float32)
+    return Tensor(backend.from_numpy(array), backend, requires_grad=requires_grad)
+
+
+def zeros(shape, requires_grad=False, dtype=np.float32, backend=None) -> Tensor:
+    return tensor(np.zeros(shape, dtype=dtype), requires_grad=requires_grad, backend=backend)
+
+
+def ones(shape, requires_grad=False, dtype=np.float32, backend=None) -> Tensor:
+    return tensor(np.ones(shape, dtype=dtype), requires_grad=requires_grad, backend=backend)
+
+
+from tinynn import functional as F  # noqa: E402  (functional builds on Tensor, defined above)

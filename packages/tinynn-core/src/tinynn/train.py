@@ -1,0 +1,148 @@
+"""The training loop: `train(config)` builds the data, model and optimizer, runs the steps with a progress
+bar, evaluates, checkpoints, and ends with a sample. The CLI's `tinynn train` is a thin wrapper around it.
+
+A step reads the loss back once (`loss.item()`): on a GPU backend that is the step's only host sync.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from tinynn import backends, checkpoint, rng
+from tinynn.config import TrainConfig, to_dict
+from tinynn.data import Batches, CharTokenizer, load_text
+from tinynn.errors import TinynnError
+from tinynn.model import GPT, GPTConfig
+from tinynn.optim import AdamW, cosine_lr, decay_groups
+from tinynn.tensor import no_grad
+
+CHECKPOINT_NAME = "ckpt.safetensors"
+
+
+@dataclass
+class TrainResult:
+    model: GPT
+    tokenizer: CharTokenizer
+    history: dict  # step, train_loss, val_step, val_loss
+    sample: str
+    checkpoint: Path
+
+
+def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: int, seed: int) -> float:
+    """Mean loss over `steps` batches drawn from a fixed stream (the same batches at every evaluation)."""
+    eval_rng = np.random.default_rng(seed)
+    model.eval()
+    with no_grad():
+        total = sum(model(*batches.sample(split, batch_size, eval_rng))[1].item() for _ in range(steps))
+    model.train()
+    return total / steps
+
+
+def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> TrainResult:
+    backend = backends.set_default(device)
+    if cfg.loss_plot:
+        _require_matplotlib()
+    ckpt_path = Path(cfg.out_dir) / CHECKPOINT_NAME
+    text = load_text(cfg.data)
+    saved = checkpoint.load(ckpt_path) if resume else None
+    if saved:
+        _check_same_model(saved["config"], cfg, ckpt_path)
+        tokenizer = CharTokenizer(saved["chars"])
+    else:
+        tokenizer = CharTokenizer.from_text(text)
+    batches = Batches(tokenizer.encode(text), cfg.block_size, cfg.val_fraction)
+
+    rng.manual_seed(cfg.seed)
+    model = GPT(cfg.model_config(tokenizer.vocab_size))
+    optimizer = AdamW(decay_groups(list(model.named_parameters()), cfg.weight_decay), lr=cfg.learning_rate,
+                      betas=(cfg.beta1, cfg.beta2), max_grad_norm=cfg.grad_clip)
+    history = {"step": [], "train_loss": [], "val_step": [], "val_loss": []}
+    start = 0
+    if saved:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        rng.set_state(saved["rng_state"])
+        start, history = saved["step"], saved["history"]
+
+    def save(step):
+        checkpoint.save(ckpt_path, model_state=model.state_dict(), optimizer_state=optimizer.state_dict(),
+                        config=to_dict(cfg), chars=tokenizer.chars, step=step, rng_state=rng.get_state(),
+                        history=history)
+
+    split_for_eval = "val" if batches.has_val else "train"
+    tokens_per_step = cfg.batch_size * cfg.block_size
+    bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps, disable=not progress,
+               desc=f"train ({backend.name})", unit="step", dynamic_ncols=True)
+    t_last = time.perf_counter()
+    for step in bar:
+        optimizer.set_lr(cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps))
+        x, y = batches.sample("train", cfg.batch_size, rng.generator())
+        _, loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            kept = f"the last good checkpoint {ckpt_path} is kept" if ckpt_path.exists() else "no checkpoint was saved"
+            raise TinynnError(f"loss became {loss_value} at step {step + 1}; stopping ({kept}); "
+                              "try a lower learning_rate or a grad_clip")
+        history["step"].append(step + 1)
+        history["train_loss"].append(loss_value)
+        now = time.perf_counter()
+        bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_step / max(now - t_last, 1e-9):,.0f}")
+        t_last = now
+        last = step + 1 == cfg.max_steps
+        if (step + 1) % cfg.eval_interval == 0 or last:
+            val = evaluate(model, batches, split_for_eval, cfg.eval_steps, cfg.batch_size, cfg.seed + 1)
+            history["val_step"].append(step + 1)
+            history["val_loss"].append(val)
+            bar.write(f"step {step + 1}: train loss {loss_value:.4f}, {split_for_eval} loss {val:.4f}")
+        if (cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0) or last:
+            save(step + 1)
+    bar.close()
+
+    prompt = tokenizer.encode(cfg.sample_prompt) if cfg.sample_prompt else np.zeros(1, dtype=np.int64)
+    out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, top_k=None,
+                         rng=np.random.default_rng(cfg.seed))
+    sample = tokenizer.decode(out[0])
+    if cfg.loss_plot:
+        plot_history(history, cfg.loss_plot)
+    return TrainResult(model, tokenizer, history, sample, ckpt_path)
+
+
+def _check_same_model(saved_config: dict, cfg: TrainConfig, path: Path) -> None:
+    for field in dataclasses.fields(GPTConfig):
+        if field.name != "vocab_size" and saved_config.get(field.name) != getattr(cfg, field.name):
+            raise TinynnError(f"cannot resume from {path}: it has {field.name}={saved_config.get(field.name)!r}, "
+                              f"the config says {getattr(cfg, field.name)!r}")
+
+
+def _require_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise TinynnError("loss_plot needs matplotlib: pip install 'tinynn-core[plot]'") from None
+
+
+def plot_history(history: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(history["step"], history["train_loss"], label="train", linewidth=0.8)
+    if history["val_step"]:
+        ax.plot(history["val_step"], history["val_loss"], "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,178 @@
+"""Every backend operation against the NumPy reference, once per available backend, on fresh random
+float32 inputs (relative Frobenius error <= 1e-5). On the CPU this checks the harness; with tinynn-gpu
+installed it checks every GPU kernel through the same interface core uses."""
+import numpy as np
+import pytest
+
+from tinynn import backends
+from helpers import relative_error
+
+REF = backends.reference()
+RTOL = 1e-5
+
+
+def run_both(backend, name, *args, **kwargs):
+    """Run op `name` on `backend` and on the reference; return both results as NumPy (tuples kept)."""
+    def to(be, x):
+        if isinstance(x, np.ndarray):
+            return be.from_numpy(x)
+        if isinstance(x, list):
+            return [to(be, v) for v in x]
+        return x
+
+    def back(be, x):
+        if isinstance(x, tuple):
+            return tuple(back(be, v) for v in x)
+        return None if x is None else be.to_numpy(x)
+    ours = back(backend, getattr(backend, name)(*[to(backend, a) for a in args], **kwargs))
+    ref = back(REF, getattr(REF, name)(*[to(REF, a) for a in args], **kwargs))
+    return ours, ref
+
+
+def check(backend, name, *args, rtol=RTOL, **kwargs):
+    ours, ref = run_both(backend, name, *args, **kwargs)
+    for o, r in zip(ours, ref) if isinstance(ref, tuple) else [(ours, ref)]:
+        if r is None:
+            assert o is None
+            continue
+        assert o.shape == r.shape, f"{name}: shape {o.shape} != {r.shape}"
+        assert o.dtype == r.dtype, f"{name}: dtype {o.dtype} != {r.dtype}"
+        err = relative_error(o, r)
+        assert err <= rtol, f"{name}: relative error {err:.3g} > {rtol}"
+    return ours
+
+
+def randn(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_transfer_roundtrip(backend, rng):
+    for x in (randn(rng, 3, 5), rng.integers(-5, 5, (4,)), np.float32(2.5) * np.ones(())):
+        y = backend.to_numpy(backend.from_numpy(x))
+        assert y.shape == x.shape
+        np.testing.assert_array_equal(y, x)
+    z = backend.zeros((2, 3), np.float32)
+    assert backend.to_numpy(z).tolist() == [[0.0] * 3] * 2
+
+
+@pytest.mark.parametrize("op", ["neg", "exp", "log", "tanh", "relu", "gelu"])
+def test_unary_and_backward(backend, op, rng):
+    x = randn(rng, 7, 33)
+    if op == "log":
+        x = np.abs(x) + 0.1
+    y = check(backend, "unary", op, x)
+    check(backend, "unary_backward", op, x, y, randn(rng, 7, 33))
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "eq"])
+def test_binary_broadcast(backend, op, rng):
+    a = randn(rng, 3, 4, 5)
+    for b in (randn(rng, 3, 4, 5), randn(rng, 5), randn(rng, 4, 1), randn(rng, 1, 1, 1)):
+        if op == "div":
+            b = np.sign(b) * (np.abs(b) + 0.5)
+        if op == "eq":
+            b = np.where(rng.random(b.shape) < 0.5, b, 0).astype(np.float32)
+            a = np.broadcast_to(b, a.shape).copy()
+            a[0] += 1
+        check(backend, "binary", op, a, b)
+        check(backend, "binary", op, b, a)
+
+
+@pytest.mark.parametrize("op,s", [("add", 1.5), ("mul", -0.25), ("pow", 2.0), ("pow", -1.0), ("pow", 0.5)])
+def test_scalar(backend, op, s, rng):
+    x = np.abs(randn(rng, 5, 9)) + 0.1
+    check(backend, "scalar", op, x, s)
+
+
+def test_layout(backend, rng):
+    x = randn(rng, 2, 3, 4, 5)
+    check(backend, "reshape", x, (6, 20))
+    check(backend, "permute", x, (2, 0, 3, 1))
+    check(backend, "broadcast_to", randn(rng, 3, 1, 5), (2, 3, 4, 5))
+    for index in ((slice(None), slice(1, 3)), (1,), (Ellipsis, slice(0, 5, 2)), (0, slice(None), 2)):
+        check(backend, "getitem", x, index)
+        out = REF.getitem(x, index)
+        check(backend, "getitem_backward", randn(rng, *out.shape), index, x.shape)
+    check(backend, "concatenate", [randn(rng, 2, 3), randn(rng, 2, 1), randn(rng, 2, 4)], 1)
+    check(backend, "concatenate", [randn(rng, 1, 3), randn(rng, 2, 3)], 0)
+    check(backend, "causal_fill", randn(rng, 2, 5, 5), -1e9)
+
+
+@pytest.mark.parametrize("axes,keepdims", [((0,), False), ((2,), True), ((1, 2), False), ((0, 2), True),
+                                           ((0, 1, 2), False)])
+def test_reductions(backend, axes, keepdims, rng):
+    x = randn(rng, 5, 6, 7)
+    check(backend, "sum", x, axes, keepdims)
+    check(backend, "max", x, axes, keepdims)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_matmul(backend, ta, tb, rng):
+    for batch, m, k, n in [((), 17, 33, 9), ((3,), 5, 70, 21), ((2, 2), 1, 1, 1), ((), 64, 64, 64)]:
+        a = randn(rng, *batch, *((k, m) if ta else (m, k)))
+        b = randn(rng, *batch, *((n, k) if tb else (k, n)))
+        check(backend, "matmul", a, b, ta, tb)
+    check(backend, "matmul", randn(rng, 4, 6, 8), randn(rng, 8, 3))  # one weight for every batch
+
+
+def test_softmax_family(backend, rng):
+    x = randn(rng, 2, 3, 6, 6)
+    for causal in (False, True):
+        y = check(backend, "softmax_forward", x, causal)
+        check(backend, "softmax_backward", y, randn(rng, *x.shape))
+    y = check(backend, "log_softmax_forward", x)
+    check(backend, "log_softmax_backward", y, randn(rng, *x.shape))
+
+
+def test_layernorm(backend, rng):
+    x, w, b = randn(rng, 4, 5, 48), randn(rng, 48), randn(rng, 48)
+    for weight, bias in ((w, b), (w, None), (None, None)):
+        _, mean, rstd = check(backend, "layernorm_forward", x, weight, bias, 1e-5)
+        check(backend, "layernorm_backward", randn(rng, *x.shape), x, weight, mean, rstd, has_bias=bias is not None)
+
+
+def test_cross_entropy(backend, rng):
+    logits, targets = randn(rng, 37, 11), rng.integers(0, 11, 37)
+    targets[3] = -100
+    _, probs = check(backend, "cross_entropy_forward", logits, targets, -100)
+    check(backend, "cross_entropy_backward", probs, targets, np.asarray(0.7, np.float32), -100)
+
+
+def test_embedding(backend, rng):
+    w, idx = randn(rng, 13, 24), rng.integers(0, 13, (3, 9))
+    check(backend, "embedding_forward", w, idx)
+    check(backend, "embedding_backward", randn(rng, 3, 9, 24), idx, 13)
+
+
+def test_dropout_mask(backend):
+    mask = backend.to_numpy(backend.dropout_mask((100, 100), 0.25, 7, np.float32))
+    assert set(np.unique(mask)) <= {0.0, np.float32(1 / 0.75)}
+    assert 0.7 < (mask != 0).mean() < 0.8
+
+
+def test_norm_and_clip(backend, rng):
+    arrays = [randn(rng, 3, 4), randn(rng, 10)]
+    norm = check(backend, "global_norm", arrays)
+    assert norm.shape == ()
+    for max_norm in (0.5, 1e3):
+        check(backend, "clip_coefficient", norm.astype(np.float32), max_norm)
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_optimizer_updates_in_place(backend, clip, rng):
+    shapes = [(3, 4), (10,), (1,)]
+    for name, kwargs, n_bufs in [
+        ("adamw_update_", dict(lr=0.01, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, step=3), 2),
+        ("sgd_update_", dict(lr=0.1, momentum=0.9, weight_decay=0.01), 1),
+    ]:
+        host = [[randn(rng, *s) for s in shapes] for _ in range(2 + n_bufs)]
+        host[3 if n_bufs == 2 else 2] = [np.abs(x) for x in host[-1]]  # second moments are non-negative
+        ref = [[x.copy() for x in group] for group in host]
+        ours = [[backend.from_numpy(x) for x in group] for group in host]
+        scale = None if clip is None else np.asarray(clip, np.float32)
+        getattr(REF, name)(*ref, grad_scale=scale, **kwargs)
+        getattr(backend, name)(*ours, grad_scale=None if scale is None else backend.from_numpy(scale), **kwargs)
+        for group_ours, group_ref in zip(ours, ref):
+            for o, r in zip(group_ours, group_ref):
+                assert relative_error(backend.to_numpy(o), r) <= RTOL, name

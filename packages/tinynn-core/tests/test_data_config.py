@@ -1,0 +1,90 @@
+"""The embedded corpus, the tokenizer, batches, and config validation."""
+import json
+
+import numpy as np
+import pytest
+
+from tinynn import config
+from tinynn.data import Batches, CharTokenizer, load_text, stdlib_docstrings
+from tinynn.errors import TinynnError
+
+
+def test_embedded_corpus_is_large_deterministic_english():
+    text = stdlib_docstrings()
+    assert len(text) > 300_000
+    assert 60 <= len(set(text)) <= 100
+    assert text.count(" the ") > 1000
+    stdlib_docstrings.cache_clear()
+    assert stdlib_docstrings() == text
+
+
+def test_tokenizer_roundtrip_and_unknown_characters():
+    tok = CharTokenizer.from_text("hello world")
+    assert tok.vocab_size == 8
+    assert tok.decode(tok.encode("low")) == "low"
+    with pytest.raises(TinynnError, match="'z'"):
+        tok.encode("zero")
+
+
+def test_batches_are_shifted_and_seeded():
+    tokens = np.arange(1000)
+    b = Batches(tokens, block_size=16, val_fraction=0.1)
+    x, y = b.sample("train", 4, np.random.default_rng(0))
+    assert x.shape == y.shape == (4, 16)
+    np.testing.assert_array_equal(y[:, :-1], x[:, 1:])
+    assert x.max() < 900 and b.sample("val", 2, np.random.default_rng(0))[0].min() >= 900
+    np.testing.assert_array_equal(x, b.sample("train", 4, np.random.default_rng(0))[0])
+    with pytest.raises(TinynnError, match="block_size"):
+        Batches(tokens[:10], block_size=16, val_fraction=0.0)
+
+
+def test_data_file_errors(tmp_path):
+    with pytest.raises(TinynnError, match="not found"):
+        load_text(str(tmp_path / "missing.txt"))
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(TinynnError, match="empty"):
+        load_text(str(tmp_path / "empty.txt"))
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00abc")
+    with pytest.raises(TinynnError, match="not UTF-8"):
+        load_text(str(tmp_path / "bin.txt"))
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"n_layers": 2}, "unknown key 'n_layers'"),
+    ({"batch_size": "16"}, "'batch_size' must be int"),
+    ({"batch_size": 1.5}, "'batch_size' must be int"),
+    ({"bias": 1}, "'bias' must be bool"),
+    ({"n_embd": 30, "n_head": 4}, "'n_embd' (30) must be divisible by n_head (4)"),
+    ({"dropout": 1.0}, "'dropout' must be in [0, 1)"),
+    ({"max_steps": 0}, "'max_steps' must be at least 1"),
+    ({"min_lr": 1.0, "learning_rate": 0.1}, "'min_lr' must be between"),
+    ({"grad_clip": -1}, "'grad_clip' must be positive or null"),
+    ([1, 2], "must hold a JSON object"),
+])
+def test_config_errors_name_the_key(raw, message, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(TinynnError) as e:
+        config.load(path)
+    assert message in str(e.value) and str(path) in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_config_file_errors_and_defaults(tmp_path):
+    with pytest.raises(TinynnError, match="config file not found"):
+        config.load(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text('{"n_layer": 2,,}')
+    with pytest.raises(TinynnError, match="not valid JSON .* line 1"):
+        config.load(tmp_path / "bad.json")
+    (tmp_path / "ok.json").write_text('{"learning_rate": 1, "grad_clip": null}')
+    cfg = config.load(tmp_path / "ok.json")
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float) and cfg.grad_clip is None
+
+
+def test_shipped_app_configs_are_valid():
+    from pathlib import Path
+    apps = Path(__file__).resolve().parents[3] / "apps" / "chargpt"
+    if not apps.is_dir():
+        pytest.skip("apps/ is not beside this test tree")
+    for path in apps.glob("*.json"):
+        config.load(path)

@@ -1,0 +1,165 @@
+"""Modules, the GPT, optimizers and the learning-rate schedule."""
+import numpy as np
+import pytest
+
+import tinynn
+from tinynn import functional as F
+from tinynn.errors import TinynnError
+from tinynn.model import GPT, GPTConfig
+from tinynn.nn import LayerNorm, Linear
+from tinynn.optim import SGD, AdamW, cosine_lr, decay_groups
+from helpers import assert_close, gradcheck
+
+SMALL = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
+
+
+def test_attention_block_gradients_in_float64(rng):
+    """The attention arithmetic as the model composes it, checked end to end by finite differences."""
+    B, T, nh, hs = 2, 4, 2, 3
+    x, w = rng.standard_normal((B, T, nh * hs)), rng.standard_normal((3 * nh * hs, nh * hs)) * 0.5
+
+    def attention(x, w):
+        qkv = F.linear(x, w).reshape(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        att = F.softmax(F.matmul(qkv[0], qkv[1], transpose_b=True) * (1 / np.sqrt(hs)), causal=True)
+        return (att @ qkv[2]).permute(0, 2, 1, 3).reshape(B, T, nh * hs)
+    gradcheck(attention, x, w)
+
+
+def test_gpt_forward_shapes_and_initial_loss(backend):
+    tinynn.manual_seed(0)
+    model = GPT(SMALL).to(backend)
+    idx = np.random.default_rng(0).integers(0, 11, (3, 8))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 8, 11)
+    assert abs(loss.item() - np.log(11)) < 0.1  # small init: close to uniform
+
+
+def test_gpt_is_causal(backend):
+    tinynn.manual_seed(0)
+    model = GPT(SMALL).to(backend)
+    idx = np.random.default_rng(1).integers(0, 11, (1, 8))
+    changed = idx.copy()
+    changed[0, 5:] = (changed[0, 5:] + 1) % 11
+    a, b = model(idx)[0].numpy(), model(changed)[0].numpy()
+    assert_close(a[0, :5], b[0, :5], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(a[0, 5:], b[0, 5:])
+
+
+def test_gpt_rejects_sequences_longer_than_block():
+    with pytest.raises(ValueError, match="block_size"):
+        GPT(SMALL)(np.zeros((1, 9), dtype=np.int64))
+
+
+def test_state_dict_roundtrip_and_mismatch():
+    tinynn.manual_seed(0)
+    a = GPT(SMALL)
+    tinynn.manual_seed(1)
+    b = GPT(SMALL)
+    b.load_state_dict(a.state_dict())
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
+    state = a.state_dict()
+    state["lm_head.weight"] = state["lm_head.weight"][:, :3]
+    with pytest.raises(TinynnError, match="lm_head.weight has shape"):
+        b.load_state_dict(state)
+    with pytest.raises(TinynnError, match="missing"):
+        b.load_state_dict({})
+
+
+def test_parameter_names_and_bias_option():
+    names = [n for n, _ in GPT(SMALL).named_parameters()]
+    assert names[:3] == ["wte.weight", "wpe.weight", "blocks.0.ln1.weight"]
+    assert "blocks.1.mlp.fc.bias" in names
+    nobias = GPT(GPTConfig(**{**SMALL.__dict__, "bias": False}))
+    assert not any(n.endswith(".bias") for n, _ in nobias.named_parameters())
+
+
+def test_train_eval_switches_dropout():
+    model = GPT(GPTConfig(**{**SMALL.__dict__, "dropout": 0.5}))
+    idx = np.zeros((1, 8), dtype=np.int64)
+    model.eval()
+    np.testing.assert_array_equal(model(idx)[0].numpy(), model(idx)[0].numpy())
+    model.train()
+    assert not np.array_equal(model(idx)[0].numpy(), model(idx)[0].numpy())
+
+
+def test_gpt_learns_a_repeating_sequence(backend):
+    tinynn.manual_seed(0)
+    model = GPT(SMALL).to(backend)
+    opt = AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    seq = np.arange(9) % 11
+    x, y = seq[None, :8], seq[None, 1:]
+    for _ in range(60):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    assert model.generate(x[:, :1], 7, temperature=0)[0].tolist() == seq[:8].tolist()
+
+
+def adamw_reference(p, g, steps, lr, b1, b2, eps, wd):
+    m = v = np.zeros_like(p)
+    for t in range(1, steps + 1):
+        p = p * (1 - lr * wd)
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        p = p - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+    return p
+
+
+def test_adamw_matches_the_paper(backend, rng):
+    p0, g = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    p = tinynn.tensor(p0, requires_grad=True, backend=backend)
+    opt = AdamW([p], lr=0.1, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for _ in range(3):
+        p.grad = tinynn.tensor(g, backend=backend)
+        opt.step()
+    assert_close(p.numpy(), adamw_reference(p0.astype(np.float64), g, 3, 0.1, 0.9, 0.95, 1e-8, 0.1), rtol=1e-5)
+
+
+def test_sgd_momentum(backend):
+    p = tinynn.tensor([1.0], requires_grad=True, backend=backend)
+    opt = SGD([p], lr=0.1, momentum=0.9)
+    for _ in range(2):
+        p.grad = tinynn.tensor([1.0], backend=backend)
+        opt.step()
+    assert_close(p.numpy(), [1.0 - 0.1 - 0.19], rtol=1e-6)
+
+
+def test_gradient_clipping(backend):
+    p = tinynn.tensor([0.0, 0.0], requires_grad=True, backend=backend)
+    opt = SGD([p], lr=1.0, max_grad_norm=1.0)
+    p.grad = tinynn.tensor([3.0, 4.0], backend=backend)
+    opt.step()
+    assert_close(opt.last_grad_norm.item(), 5.0, rtol=1e-6)
+    assert_close(p.numpy(), [-0.6, -0.8], rtol=1e-5)
+
+
+def test_decay_groups_and_optimizer_state_roundtrip():
+    model = GPT(SMALL)
+    groups = decay_groups(list(model.named_parameters()), 0.1)
+    assert all(p.ndim >= 2 for p in groups[0]["params"]) and all(p.ndim == 1 for p in groups[1]["params"])
+    opt = AdamW(groups, lr=1e-3)
+    _, loss = model(np.zeros((1, 8), dtype=np.int64), np.zeros((1, 8), dtype=np.int64))
+    loss.backward()
+    opt.step()
+    state = opt.state_dict()
+    fresh = AdamW(decay_groups(list(model.named_parameters()), 0.1), lr=1e-3)
+    fresh.load_state_dict(state)
+    assert fresh.steps == 1 and len(fresh.state) == len(opt.state)
+
+
+def test_cosine_schedule():
+    lrs = [cosine_lr(s, 1.0, 0.1, 10, 110) for s in range(120)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[60] == pytest.approx(0.55)
+    assert lrs[110] == lrs[119] == 0.1
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+
+
+def test_linear_and_layernorm_modules(rng):
+    lin, ln = Linear(4, 3), LayerNorm(3)
+    x = tinynn.tensor(rng.standard_normal((2, 4)).astype(np.float32))
+    y = ln(lin(x))
+    assert y.shape == (2, 3)
+    assert [n for n, _ in lin.named_parameters()] == ["weight", "bias"]
