@@ -1,0 +1,16 @@
+"""tinynn-gpu: WebGPU (wgpu) kernels for tinynn, plugged into core through the `tinynn.backends` entry point.
+
+Installing this package is all it takes: core's `auto` device then uses a hardware GPU when one is present,
+and the CPU otherwise. `create_backend` is the entry point: it opens the GPU once per process and raises
+`BackendUnavailable` with the reason when it cannot (no adapter, no driver, a kernel that fails to compile).
+"""
+from tinynn_gpu.numpy_ops import add_data, matmul_data, relu_data, scale_data
+
+__version__ = "0.1.0"
+__all__ = ["create_backend", "matmul_data", "scale_data", "add_data", "relu_data", "__version__"]
+
+
+def create_backend():
+    from tinynn_gpu.backend import WgpuBackend
+    from tinynn_gpu.context import create
+    return WgpuBackend(create())

@@ -1,0 +1,445 @@
+"""The wgpu backend: core's backend interface, every op a WGSL kernel on arrays that stay on the GPU.
+
+Ops only record dispatches (runtime.py); nothing waits for the GPU until a value is read back. Names match
+the NumPy reference (tinynn/numpy_backend.py), which every kernel is tested against. An array too large for
+one storage binding lives on the host instead, and the ops that touch it run through the NumPy fallback.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import numpy as np
+
+from tinynn.backends import Backend
+from tinynn_gpu.matmul import LessonMatmul
+from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
+
+UNARY = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "gelu": 5}
+BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "eq": 4}
+SCALAR = {"add": 0, "mul": 1, "pow": 2}
+MAX_DIMS = 6
+WG = 256
+
+
+def _contiguous_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _merge_dims(shape, *stride_sets):
+    """Drop size-1 dims and merge neighbours that are contiguous in every stride set (fewer loop dims)."""
+    dims = [(n, [s[i] for s in stride_sets]) for i, n in enumerate(shape) if n != 1]
+    merged = []
+    for n, strides in dims:
+        if merged and all(prev == cur * n for prev, cur in zip(merged[-1][1], strides)):
+            merged[-1] = (merged[-1][0] * n, strides)
+        else:
+            merged.append((n, strides))
+    if not merged:
+        merged = [(1, [0] * len(stride_sets))]
+    if len(merged) > MAX_DIMS:
+        raise TooLarge(f"a layout of {len(merged)} irreducible dims exceeds the kernels' {MAX_DIMS}")
+    shape_out = [n for n, _ in merged]
+    return shape_out, [[s[k] for _, s in merged] for k in range(len(stride_sets))]
+
+
+def _padded(values, length=MAX_DIMS):
+    return list(values) + [1] * (length - len(values))
+
+
+def _is_basic(index) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(i, (int, np.integer, slice)) or i is Ellipsis or i is None for i in items)
+
+
+_views: dict = {}
+
+
+def _basic_view(shape, index):
+    """(offset, shape, strides) of `array[index]` for a basic index, in elements, found by letting NumPy
+    index a fake byte-strided array (never read: only its pointer arithmetic is used). Cached: a training
+    step asks for the same few views every time."""
+    key = (tuple(shape), repr(index))
+    if key not in _views:
+        base = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=key[0],
+                                               strides=_contiguous_strides(key[0]))
+        view = base[index]
+        offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        _views[key] = (offset, view.shape, view.strides)
+    return _views[key]
+
+
+class WgpuBackend(Backend):
+    name = "gpu"
+    is_gpu = True
+
+    def __init__(self, ctx, matmul_tile: int | None = None):
+        super().__init__()
+        self.ctx = ctx
+        self.rt = Runtime(ctx)
+        self.device_name = ctx.name
+        self.is_software = ctx.is_software
+        self.mm = LessonMatmul(self.rt, matmul_tile or int(os.environ.get("TINYNN_MATMUL_TILE", "16")))
+        self._constants = {}
+
+    @property
+    def counters(self):
+        return self.rt.counters
+
+    def describe(self) -> dict:
+        return {**super().describe(), **self.ctx.describe(), "matmul": self.mm.describe()}
+
+    # --- transfer and creation ---
+    def from_numpy(self, x):
+        x = np.asarray(x)
+        if x.dtype.kind == "f":
+            x = x.astype(np.float32, copy=False)
+        elif x.dtype.kind in "iub":
+            if x.size and (x.max() > 2**31 - 1 or x.min() < -2**31):
+                raise ValueError("integer values do not fit the GPU's int32")
+            x = x.astype(np.int32, copy=False)
+        else:
+            raise TypeError(f"the GPU backend stores float32 and int32, not {x.dtype}")
+        try:
+            return self.rt.upload(x)
+        except TooLarge:
+            return GpuArray(None, x.shape, x.dtype, owner=np.array(x))  # host-resident: ops fall back
+
+    def to_numpy(self, a):
+        if a.buffer is None:
+            return np.array(a._owner)
+        return self.rt.read(a)
+
+    def is_array(self, a):
+        return isinstance(a, GpuArray)
+
+    def sync(self):
+        self.rt.sync()
+
+    def _empty(self, shape, dtype=np.float32, extra_elements=0):
+        return self.rt.empty(tuple(shape), dtype, extra_elements)
+
+    def _fill(self, out, value: float):
+        self.rt.dispatch("elementwise", "fill_main", _groups(out.size), {2: _buf(out)}, (out.size, float(value)))
+        return out
+
+    def _constant(self, value: float, n: int = 1):
+        """A cached array of n copies of value (stand-in for a missing LayerNorm weight or clip scale)."""
+        key = (value, n)
+        if key not in self._constants:
+            self._constants[key] = self._fill(self._empty((n,)), value)
+        return self._constants[key]
+
+    def zeros(self, shape, dtype=np.float32):
+        return self._fill(self._empty(shape, dtype), 0.0)
+
+    def assign_(self, dst, src):
+        self.rt.copy(_buf_array(src), _buf_array(dst), dst.nbytes)
+
+    # --- layout ---
+    def reshape(self, a, shape):
+        if a.buffer is None:
+            return GpuArray(None, shape, a.dtype, owner=a._owner.reshape(shape))
+        return a.view(shape)
+
+    def _gather(self, a, offset, shape, strides):
+        out = self._empty(shape, a.dtype)
+        merged, (view_strides,) = _merge_dims(shape, strides)
+        params = [out.size, len(merged), offset] + _padded(merged) + _padded(view_strides)
+        self.rt.dispatch("strided", "gather_main", _groups(out.size), {0: _buf(a), 2: out}, params)
+        return out
+
+    def _scatter(self, src, dst, offset, shape, strides):
+        merged, (view_strides,) = _merge_dims(shape, strides)
+        params = [src.size, len(merged), offset] + _padded(merged) + _padded(view_strides)
+        self.rt.dispatch("strided", "scatter_main", _groups(src.size), {0: _buf(src), 2: _buf(dst)}, params)
+
+    def permute(self, a, axes):
+        strides = _contiguous_strides(a.shape)
+        return self._gather(a, 0, tuple(a.shape[i] for i in axes), tuple(strides[i] for i in axes))
+
+    def broadcast_to(self, a, shape):
+        shape = tuple(shape)
+        lead = len(shape) - a.ndim
+        src = _contiguous_strides(a.shape)
+        strides = tuple(0 if i < lead or a.shape[i - lead] == 1 else src[i - lead] for i in range(len(shape)))
+        return self._gather(a, 0, shape, strides)
+
+    def getitem(self, a, index):
+        if not _is_basic(index):
+            return Backend.getitem(self, a, index)
+        offset, shape, strides = _basic_view(a.shape, index)
+        return self._gather(a, offset, shape, strides)
+
+    def getitem_backward(self, g, index, shape):
+        if not _is_basic(index):
+            return Backend.getitem_backward(self, g, index, shape)
+        out = self.zeros(shape, g.dtype)
+        offset, view_shape, strides = _basic_view(tuple(shape), index)
+        self._scatter(g, out, offset, view_shape, strides)
+        return out
+
+    def concatenate(self, arrays, axis):
+        axis = axis % arrays[0].ndim
+        shape = list(arrays[0].shape)
+        shape[axis] = sum(a.shape[axis] for a in arrays)
+        out = self._empty(shape, arrays[0].dtype)
+        strides, start = _contiguous_strides(shape), 0
+        for a in arrays:
+            self._scatter(a, out, start * strides[axis], a.shape, strides)
+            start += a.shape[axis]
+        return out
+
+    # --- elementwise ---
+    def unary(self, op, a):
+        out = self._empty(a.shape)
+        self.rt.dispatch("elementwise", "unary_main", _groups(a.size), {0: _buf(a), 2: out}, (a.size, UNARY[op]))
+        return out
+
+    def unary_backward(self, op, x, y, g):
+        out = self._empty(g.shape)
+        self.rt.dispatch("elementwise", "unary_backward_main", _groups(g.size),
+                         {0: _buf(x), 1: _buf(y), 4: _buf(g), 2: out}, (g.size, UNARY[op]))
+        return out
+
+    def binary(self, op, a, b):
+        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+        out = self._empty(shape)
+
+        def strides_in(x):
+            lead, own = len(shape) - x.ndim, _contiguous_strides(x.shape)
+            return [0 if i < lead or x.shape[i - lead] == 1 else own[i - lead] for i in range(len(shape))]
+        merged, (sa, sb) = _merge_dims(shape, strides_in(a), strides_in(b))
+        params = [out.size, BINARY[op], len(merged)] + _padded(merged) + _padded(sa) + _padded(sb)
+        self.rt.dispatch("elementwise", "binary_main", _groups(out.size), {0: _buf(a), 1: _buf(b), 2: out}, params)
+        return out
+
+    def scalar(self, op, a, s):
+        out = self._empty(a.shape)
+        self.rt.dispatch("elementwise", "scalar_main", _groups(a.size), {0: _buf(a), 2: out},
+                         (a.size, SCALAR[op], float(s)))
+        return out
+
+    def causal_fill(self, x, value):
+        out = self._empty(x.shape)
+        self.rt.dispatch("elementwise", "causal_fill_main", _groups(x.size), {0: _buf(x), 2: out},
+                         (x.size, x.shape[-2], x.shape[-1], float(value)))
+        return out
+
+    def dropout_mask(self, shape, p, seed, dtype=np.float32):
+        out = self._empty(shape)
+        threshold = min(int(p * 2**32), 2**32 - 1)
+        self.rt.dispatch("elementwise", "dropout_mask_main", _groups(out.size), {2: out},
+                         (out.size, seed & 0xFFFFFFFF, threshold, 1.0 / (1.0 - p)))
+        return out
+
+    # --- reductions and matmul ---
+    def _reduce(self, a, axes, keepdims, op):
+        axes = sorted(ax % a.ndim for ax in (axes if isinstance(axes, (tuple, list)) else (axes,)))
+        kept = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+        shape, x = list(a.shape), a
+        runs = []  # maximal runs of adjacent axes, reduced last run first so earlier indices stay valid
+        for ax in axes:
+            if runs and runs[-1][1] == ax - 1:
+                runs[-1][1] = ax
+            else:
+                runs.append([ax, ax])
+        for start, stop in reversed(runs):
+            outer, r, inner = (math.prod(shape[:start]), math.prod(shape[start:stop + 1]),
+                               math.prod(shape[stop + 1:]))
+            x = self._reduce_middle(x, outer, r, inner, op)
+            shape = shape[:start] + shape[stop + 1:]
+        if not runs:
+            x = self._gather(a, 0, a.shape, _contiguous_strides(a.shape))  # a copy, never an alias
+        return x.view(kept if keepdims else tuple(shape))
+
+    def _reduce_middle(self, a, outer, r, inner, op):
+        # enough threads to fill the GPU: split a long R into chunks when outer * inner is small
+        chunks = max(1, min(-(-r // 32), 16384 // max(1, outer * inner)))
+        chunk_len = -(-r // chunks)
+        chunks = -(-r // chunk_len)
+        out = self._empty((outer * chunks * inner,))
+        params = (outer, r, inner, op, chunk_len, chunks)
+        self.rt.dispatch("reduce", "reduce_main", _groups(out.size), {0: _buf(a), 2: out}, params)
+        return out if chunks == 1 else self._reduce_middle(out, outer, chunks, inner, op)
+
+    def sum(self, a, axes, keepdims=False):
+        return self._reduce(a, axes, keepdims, 0)
+
+    def max(self, a, axes, keepdims=False):
+        return self._reduce(a, axes, keepdims, 1)
+
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
+        n = b.shape[-2] if transpose_b else b.shape[-1]
+        shared_b = b.ndim == 2 and a.ndim > 2
+        if not shared_b and a.shape[:-2] != b.shape[:-2]:
+            batch_shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+            a = self.broadcast_to(a, batch_shape + a.shape[-2:])
+            b = self.broadcast_to(b, batch_shape + b.shape[-2:])
+        batch_shape = a.shape[:-2]
+        out = self._empty(batch_shape + (m, n))
+        if out.size:
+            if k == 0:
+                return self._fill(out, 0.0)
+            self.mm.record(_buf(a), _buf(b), out, math.prod(batch_shape), m, n, k, transpose_a, transpose_b,
+                           shared_b)
+        return out
+
+    # --- fused neural-network ops ---
+    def _rows(self, entry, shape, bindings, params, module="softmax"):
+        rows = math.prod(shape[:-1])
+        self.rt.dispatch(module, entry, rows, bindings, params)
+
+    def softmax_forward(self, x, causal=False):
+        out = self._empty(x.shape)
+        t_q = x.shape[-2] if causal else 1
+        self._rows("softmax_forward_main", x.shape, {0: _buf(x), 2: out},
+                   (math.prod(x.shape[:-1]), x.shape[-1], int(causal), t_q))
+        return out
+
+    def softmax_backward(self, y, g):
+        out = self._empty(y.shape)
+        self._rows("softmax_backward_main", y.shape, {0: _buf(y), 1: _buf(g), 2: out},
+                   (math.prod(y.shape[:-1]), y.shape[-1]))
+        return out
+
+    def log_softmax_forward(self, x):
+        out = self._empty(x.shape)
+        self._rows("log_softmax_forward_main", x.shape, {0: _buf(x), 2: out}, (math.prod(x.shape[:-1]), x.shape[-1]))
+        return out
+
+    def log_softmax_backward(self, y, g):
+        out = self._empty(y.shape)
+        self._rows("log_softmax_backward_main", y.shape, {0: _buf(y), 1: _buf(g), 2: out},
+                   (math.prod(y.shape[:-1]), y.shape[-1]))
+        return out
+
+    def layernorm_forward(self, x, weight, bias, eps):
+        c = x.shape[-1]
+        rows = math.prod(x.shape[:-1])
+        y, mean, rstd = self._empty(x.shape), self._empty(x.shape[:-1]), self._empty(x.shape[:-1])
+        w = weight if weight is not None else self._constant(1.0, c)
+        b = bias if bias is not None else self._constant(0.0, c)
+        self._rows("layernorm_forward_main", x.shape,
+                   {0: _buf(x), 1: _buf(w), 2: _buf(b), 4: y, 5: mean, 6: rstd}, (rows, c, float(eps)),
+                   module="layernorm")
+        return y, mean, rstd
+
+    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True):
+        c = x.shape[-1]
+        rows = math.prod(x.shape[:-1])
+        w = weight if weight is not None else self._constant(1.0, c)
+        gx = self._empty(x.shape)
+        common = {0: _buf(x), 1: _buf(w), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g)}
+        self._rows("layernorm_backward_main", x.shape, {**common, 4: gx}, (rows, c), module="layernorm")
+        g_weight = g_bias = None
+        if weight is not None or has_bias:
+            chunk = 64
+            chunks = -(-rows // chunk)
+            gw_part, gb_part = self._empty((chunks, c)), self._empty((chunks, c))
+            self.rt.dispatch("layernorm", "layernorm_param_grads_main", _groups(chunks * c),
+                             {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 4: gw_part, 8: gb_part},
+                             (rows, c, chunk, chunks))
+            g_weight = self._reduce_middle(gw_part, 1, chunks, c, 0).view((c,)) if weight is not None else None
+            g_bias = self._reduce_middle(gb_part, 1, chunks, c, 0).view((c,)) if has_bias else None
+        return gx, g_weight, g_bias
+
+    def cross_entropy_forward(self, logits, targets, ignore_index):
+        n, c = logits.shape
+        probs = self._empty((n, c), extra_elements=1)  # + the valid count, for the backward
+        rows, loss = self._empty((n, 2)), self._empty(())
+        params = (n, c, int(ignore_index))
+        bindings = {0: _buf(logits), 1: _buf(targets), 2: probs, 4: rows}
+        self.rt.dispatch("cross_entropy", "cross_entropy_forward_rows_main", n, bindings, params)
+        self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {2: probs, 4: rows, 5: loss}, params)
+        return loss, probs
+
+    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index):
+        n, c = probs.shape
+        grad = self._empty((n, c))
+        self.rt.dispatch("cross_entropy", "cross_entropy_backward_main", _groups(n * c),
+                         {1: _buf(targets), 2: _buf(probs), 6: _buf(g_loss), 7: grad}, (n, c, int(ignore_index)))
+        return grad
+
+    def embedding_forward(self, weight, idx):
+        c = weight.shape[-1]
+        out = self._empty(idx.shape + (c,))
+        self.rt.dispatch("embedding", "embedding_forward_main", _groups(out.size), {0: _buf(weight), 1: _buf(idx),
+                                                                                    2: out}, (out.size, c))
+        return out
+
+    def embedding_backward(self, g, idx, num_embeddings):
+        c = g.shape[-1]
+        out = self._empty((num_embeddings, c))
+        self.rt.dispatch("embedding", "embedding_backward_main", _groups(out.size),
+                         {1: _buf(idx), 4: _buf(g), 2: out}, (out.size, c, idx.size))
+        return out
+
+    # --- optimizer ---
+    def global_norm(self, arrays):
+        partials, norm = self._empty((len(arrays),)), self._empty(())
+        for slot, a in enumerate(arrays):
+            self.rt.dispatch("norm", "sum_squares_main", 1, {0: _buf(a), 2: partials}, (a.size, slot))
+        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, (len(arrays),))
+        return norm
+
+    def clip_coefficient(self, norm, max_norm):
+        out = self._empty(())
+        self.rt.dispatch("norm", "clip_coefficient_main", 1, {0: _buf(norm), 2: out}, (float(max_norm),))
+        return out
+
+    def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps, weight_decay, step,
+                      grad_scale=None):
+        step_values = self.from_numpy(np.array([lr, 1.0 - beta1**step, 1.0 - beta2**step], np.float32))
+        scale = grad_scale if grad_scale is not None else self._constant(1.0)
+        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+            self.rt.dispatch("optimizer", "adamw_main", _groups(p.size),
+                             {0: _buf(p), 1: _buf(g), 2: _buf(m), 4: _buf(v), 5: step_values, 6: _buf(scale)},
+                             (p.size, float(beta1), float(beta2), float(eps), float(weight_decay)))
+
+    def sgd_update_(self, params, grads, momentum_buffers, *, lr, momentum, weight_decay, grad_scale=None):
+        step_values = self.from_numpy(np.array([lr], np.float32))
+        scale = grad_scale if grad_scale is not None else self._constant(1.0)
+        for p, g, buf in zip(params, grads, momentum_buffers):
+            self.rt.dispatch("optimizer", "sgd_main", _groups(p.size),
+                             {0: _buf(p), 1: _buf(g), 2: _buf(buf), 5: step_values, 6: _buf(scale)},
+                             (p.size, float(momentum), float(weight_decay)))
+
+
+def _groups(n: int) -> int:
+    return -(-n // WG)
+
+
+def _buf(a: GpuArray):
+    """The array's buffer; a host-resident array raises TooLarge so the op runs on the CPU instead."""
+    if a.buffer is None:
+        raise TooLarge("array lives on the host")
+    return a.buffer
+
+
+def _buf_array(a: GpuArray) -> GpuArray:
+    _buf(a)
+    return a
+
+
+def _cpu_when_too_large(name):
+    gpu_op, cpu_op = getattr(WgpuBackend, name), getattr(Backend, name)
+
+    @functools.wraps(gpu_op)
+    def op(self, *args, **kwargs):
+        try:
+            return gpu_op(self, *args, **kwargs)
+        except TooLarge:
+            return cpu_op(self, *args, **kwargs)
+    return op
+
+
+for _name in Backend.OPS + Backend.INPLACE_OPS:
+    if _name != "assign_":
+        setattr(WgpuBackend, _name, _cpu_when_too_large(_name))

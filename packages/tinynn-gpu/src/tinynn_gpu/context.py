@@ -1,0 +1,106 @@
+"""The GPU context: adapter choice, the device, and the compiled shader modules, created once per process.
+
+Adapter choice: `TINYNN_ADAPTER` (a substring of the adapter's name) when set; otherwise hardware first
+(discrete, then integrated, then other), Vulkan/Metal/DX12 before OpenGL. Software adapters (lavapipe,
+llvmpipe, SwiftShader: wgpu reports their type as CPU) come last; the backend marks them, and core's `auto`
+device does not use them. Any failure raises `BackendUnavailable` with the reason.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+
+from tinynn.backends import BackendUnavailable
+
+# the limits we need above WebGPU's defaults (256 MiB buffers, 128 MiB storage bindings, 8 storage buffers)
+WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
+                 "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+                 "max-compute-workgroup-size-x", "max-compute-workgroup-size-y")
+TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
+BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
+KERNEL_FILES = ("elementwise", "strided", "reduce", "softmax", "layernorm", "cross_entropy", "embedding",
+                "optimizer", "norm")
+
+
+@dataclass
+class GpuContext:
+    adapter: object
+    device: object
+    info: dict
+    limits: dict
+    features: set
+    modules: dict = field(default_factory=dict)  # kernel file name -> GPUShaderModule
+
+    @property
+    def name(self) -> str:
+        return self.info.get("device") or self.info.get("description") or "unknown adapter"
+
+    @property
+    def is_software(self) -> bool:
+        return is_software(self.info)
+
+    def describe(self) -> dict:
+        return {"adapter": self.name, "adapter_type": self.info.get("adapter_type"),
+                "graphics_backend": self.info.get("backend_type"),
+                "max_storage_binding_bytes": self.limits["max-storage-buffer-binding-size"],
+                "timestamp_query": "timestamp-query" in self.features}
+
+
+def is_software(info: dict) -> bool:
+    name = f"{info.get('device', '')} {info.get('description', '')}".lower()
+    return info.get("adapter_type") == "CPU" or any(s in name for s in ("llvmpipe", "lavapipe", "swiftshader"))
+
+
+def kernel_source(name: str) -> str:
+    """A kernel file's WGSL, with common.wgsl prepended (lesson.wgsl is self-contained)."""
+    folder = resources.files("tinynn_gpu") / "kernels"
+    text = (folder / f"{name}.wgsl").read_text(encoding="utf-8")
+    if name.startswith("lesson") or name.startswith("matmul"):
+        return text
+    return (folder / "common.wgsl").read_text(encoding="utf-8") + "\n" + text
+
+
+def choose_adapter(adapters):
+    wanted = os.environ.get("TINYNN_ADAPTER", "").strip().lower()
+    if wanted:
+        named = [a for a in adapters if wanted in str(a.info.get("device", "")).lower()]
+        if not named:
+            names = ", ".join(str(a.info.get("device")) for a in adapters) or "none"
+            raise BackendUnavailable(f"TINYNN_ADAPTER={wanted!r} matches no adapter (found: {names})")
+        adapters = named
+
+    def rank(a):
+        info = a.info
+        return (is_software(info), TYPE_RANK.get(info.get("adapter_type"), 3),
+                BACKEND_RANK.get(info.get("backend_type"), 2))
+    return min(adapters, key=rank)
+
+
+def create() -> GpuContext:
+    """Pick an adapter, open the device with the adapter's own limits, compile every kernel module."""
+    try:
+        import wgpu
+    except ImportError as e:
+        raise BackendUnavailable(f"wgpu is not importable ({e})") from None
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # silences Mesa's startup complaint on headless Linux
+    try:
+        adapters = wgpu.gpu.enumerate_adapters_sync()
+    except Exception as e:
+        raise BackendUnavailable(f"adapter enumeration failed ({type(e).__name__}: {e})") from None
+    if not adapters:
+        raise BackendUnavailable("no WebGPU adapter found (no Vulkan, Metal or DX12 driver?)")
+    adapter = choose_adapter(adapters)
+    limits = {k: adapter.limits[k] for k in WANTED_LIMITS if k in adapter.limits}
+    features = set(adapter.features) & {"timestamp-query", "timestamp-query-inside-passes"}
+    try:
+        device = adapter.request_device_sync(required_limits=limits, required_features=sorted(features))
+    except Exception as e:
+        raise BackendUnavailable(f"could not open {adapter.info.get('device')} ({type(e).__name__}: {e})") from None
+    ctx = GpuContext(adapter, device, dict(adapter.info), dict(device.limits), set(device.features))
+    for name in KERNEL_FILES:
+        try:
+            ctx.modules[name] = device.create_shader_module(label=name, code=kernel_source(name))
+        except Exception as e:
+            raise BackendUnavailable(f"kernel {name}.wgsl failed to compile on {ctx.name}: {e}") from None
+    return ctx

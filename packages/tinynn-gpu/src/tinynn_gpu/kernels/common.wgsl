@@ -1,0 +1,47 @@
+// Prepended by the loader to every kernel file except lesson.wgsl (which keeps the lesson's own 16-byte
+// Params). Parameters travel in one uniform block of 32 u32 slots; f32 values are passed as bitcast bits.
+
+struct Params { v: array<vec4<u32>, 8> }
+
+fn param(i: u32) -> u32 { return params.v[i / 4u][i % 4u]; }
+fn paramf(i: u32) -> f32 { return bitcast<f32>(param(i)); }
+
+// 1-D work over a 2-D grid of 256-wide workgroups, so counts above 65535 * 256 still fit one dispatch.
+fn element_index(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return (wg.y * nwg.x + wg.x) * 256u + lid;
+}
+
+// One workgroup per row, rows laid over a 2-D grid for the same reason.
+fn row_index(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wg.y * nwg.x + wg.x;
+}
+
+// Workgroup-wide reductions for the one-workgroup-per-row kernels (256 threads). Call them from uniform
+// control flow only: they contain barriers.
+var<workgroup> scratch: array<f32, 256>;
+
+fn workgroup_sum(lid: u32, x: f32) -> f32 {
+    scratch[lid] = x;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) { scratch[lid] = scratch[lid] + scratch[lid + s]; }
+        workgroupBarrier();
+    }
+    let total = scratch[0];
+    workgroupBarrier();  // all have read the total before scratch is reused
+    return total;
+}
+
+fn workgroup_max(lid: u32, x: f32) -> f32 {
+    scratch[lid] = x;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) { scratch[lid] = max(scratch[lid], scratch[lid + s]); }
+        workgroupBarrier();
+    }
+    let best = scratch[0];
+    workgroupBarrier();
+    return best;
+}
+
+fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }

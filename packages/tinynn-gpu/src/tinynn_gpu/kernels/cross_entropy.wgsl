@@ -1,0 +1,69 @@
+// Cross entropy over logits (N, C) with integer targets, softmax fused in.
+// forward_rows: one workgroup per row writes the row's probabilities and (loss, valid) pair;
+// forward_mean: one workgroup averages the valid rows' losses. The valid count is kept in the element
+// after the probabilities (probs has N*C + 1 floats) so that the backward need not count again.
+// Bindings: 0:logits 1:targets 2:probs 3:params 4:rows 5:loss 6:g_loss 7:grad
+// p0 = N, p1 = C, p2 = ignore_index (i32 bits)
+
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read> targets: array<i32>;
+@group(0) @binding(2) var<storage, read_write> probs: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read_write> rows: array<f32>;
+@group(0) @binding(5) var<storage, read_write> loss: array<f32>;
+@group(0) @binding(6) var<storage, read> g_loss: array<f32>;
+@group(0) @binding(7) var<storage, read_write> grad: array<f32>;
+
+fn is_valid(t: i32) -> bool { return t != bitcast<i32>(param(2u)); }
+
+@compute @workgroup_size(256)
+fn cross_entropy_forward_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                                   @builtin(local_invocation_index) lid: u32) {
+    let row = row_index(wg, nwg);
+    if (row >= param(0u)) { return; }
+    let cols = param(1u);
+    let base = row * cols;
+    var m = neg_inf();
+    for (var j = lid; j < cols; j = j + 256u) { m = max(m, logits[base + j]); }
+    m = workgroup_max(lid, m);
+    var s = 0.0;
+    for (var j = lid; j < cols; j = j + 256u) { s = s + exp(logits[base + j] - m); }
+    s = workgroup_sum(lid, s);
+    for (var j = lid; j < cols; j = j + 256u) { probs[base + j] = exp(logits[base + j] - m) / s; }
+    if (lid == 0u) {
+        let t = targets[row];
+        let valid = is_valid(t);
+        rows[2u * row] = select(0.0, log(s) + m - logits[base + u32(max(t, 0))], valid);
+        rows[2u * row + 1u] = select(0.0, 1.0, valid);
+    }
+}
+
+@compute @workgroup_size(256)
+fn cross_entropy_forward_mean_main(@builtin(local_invocation_index) lid: u32) {
+    var total = 0.0;
+    var count = 0.0;
+    for (var r = lid; r < param(0u); r = r + 256u) {
+        total = total + rows[2u * r];
+        count = count + rows[2u * r + 1u];
+    }
+    total = workgroup_sum(lid, total);
+    count = workgroup_sum(lid, count);
+    if (lid == 0u) {
+        loss[0] = total / count;  // no valid target: 0/0 = NaN, as in PyTorch
+        probs[param(0u) * param(1u)] = count;
+    }
+}
+
+// grad = (probs - onehot(target)) * g_loss / count, zero on ignored rows
+@compute @workgroup_size(256)
+fn cross_entropy_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                               @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(wg, nwg, lid);
+    let n = param(0u);
+    let cols = param(1u);
+    if (i >= n * cols) { return; }
+    let t = targets[i / cols];
+    let hit = select(0.0, 1.0, i32(i % cols) == t);
+    let scale = g_loss[0] / max(probs[n * cols], 1.0);
+    grad[i] = select(0.0, (probs[i] - hit) * scale, is_valid(t));
+}

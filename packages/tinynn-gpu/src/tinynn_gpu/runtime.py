@@ -1,0 +1,230 @@
+"""The runtime under every GPU op: arrays that live in GPU buffers, a buffer pool, the caches, and the
+recorder that batches dispatches into one compute pass and submits only when it must.
+
+- `GpuArray`: shape + dtype over a pooled buffer (contiguous, so reshape is free). When the last array on
+  a buffer is dropped, the buffer goes back to the pool. Reusing it at once is safe: work on one queue runs
+  in order, and uploads (`queue.write_buffer`, which jumps ahead of unsubmitted commands) flush first.
+- Caches: pipelines by (kernel file, entry point); uniform buffers by their bytes; bind groups by
+  (pipeline, buffers), because creating a bind group costs ~50 us and a training step repeats them all.
+- The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
+  is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it.
+"""
+from __future__ import annotations
+
+import struct
+import weakref
+from collections import Counter, OrderedDict, defaultdict
+
+import numpy as np
+import wgpu
+
+STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+MAX_GROUPS = 65535  # per dispatch dimension
+CACHE_SIZE = 8192
+PARAMS_BYTES = 128  # common.wgsl's Params: 8 x vec4<u32>
+LESSON_PARAMS_BYTES = 16  # lesson.wgsl's Params {p0, p1, p2, p3}
+
+
+class TooLarge(Exception):
+    """An array exceeds the device's storage-binding limit: the backend computes that op on the CPU."""
+
+
+class GpuArray:
+    __slots__ = ("buffer", "shape", "dtype", "_owner", "__weakref__")
+
+    def __init__(self, buffer, shape, dtype, owner=None):
+        self.buffer = buffer
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self._owner = owner  # a _Lease that returns the buffer to the pool when the last array goes
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def view(self, shape) -> GpuArray:
+        return GpuArray(self.buffer, shape, self.dtype, self._owner)
+
+    def __repr__(self):
+        return f"GpuArray(shape={self.shape}, dtype={self.dtype})"
+
+
+class _Lease:
+    """Ties a pooled buffer to the arrays that share it; its finalizer hands the buffer back."""
+    __slots__ = ("__weakref__",)
+
+
+def _bucket(nbytes: int) -> int:
+    """Round a size up to 1, 1.25, 1.5 or 1.75 times a power of two (at most 25% waste), 256 B at least."""
+    if nbytes <= 256:
+        return 256
+    top = 1 << (nbytes - 1).bit_length()
+    step = top // 8
+    return -(-nbytes // step) * step
+
+
+class Runtime:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.device = ctx.device
+        self.queue = ctx.device.queue
+        self.max_binding = ctx.limits["max-storage-buffer-binding-size"]
+        self.free = defaultdict(list)  # bucket size -> buffers
+        self.pipelines = {}
+        self.uniforms = OrderedDict()
+        self.bind_groups = OrderedDict()
+        self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
+        self.encoder = None
+        self.compute_pass = None
+        self.counters = Counter()
+        self._sync_source = None
+
+    # --- memory ---
+    def empty(self, shape, dtype=np.float32, extra_elements=0) -> GpuArray:
+        dtype = np.dtype(dtype)
+        nbytes = max(4, (int(np.prod(shape)) + extra_elements) * dtype.itemsize)
+        if nbytes > self.max_binding:
+            raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
+        size = min(_bucket(nbytes), self.max_binding)
+        pool = self.free[size]
+        buffer = pool.pop() if pool else self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+        lease = _Lease()
+        weakref.finalize(lease, pool.append, buffer)
+        return GpuArray(buffer, shape, dtype, lease)
+
+    def upload(self, x: np.ndarray) -> GpuArray:
+        arr = self.empty(x.shape, x.dtype)
+        self.flush()  # queue.write_buffer runs before commands not yet submitted: submit those first
+        if arr.nbytes:
+            self.queue.write_buffer(arr.buffer, 0, np.ascontiguousarray(x).tobytes())
+        self.counters["uploads"] += 1
+        return arr
+
+    def read(self, arr: GpuArray) -> np.ndarray:
+        """Copy an array back to the host: the one place the host waits for the GPU."""
+        nbytes = arr.nbytes
+        if nbytes == 0:
+            return np.zeros(arr.shape, arr.dtype)
+        size = _bucket(nbytes)
+        staging = self.staging.get(size)
+        if staging is None:
+            staging = self.staging[size] = self.device.create_buffer(
+                size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self._end_pass()
+        self._encoder().copy_buffer_to_buffer(arr.buffer, 0, staging, 0, _round4(nbytes))
+        self.flush()
+        staging.map_sync(wgpu.MapMode.READ, 0, _round4(nbytes))
+        data = staging.read_mapped(0, _round4(nbytes), copy=True)
+        staging.unmap()
+        self.counters["host_syncs"] += 1
+        return np.frombuffer(data, dtype=arr.dtype, count=arr.size).reshape(arr.shape).copy()
+
+    def sync(self) -> None:
+        if self._sync_source is None:
+            self._sync_source = self.empty((1,), np.float32)
+        self.read(self._sync_source)
+
+    # --- caches ---
+    def pipeline(self, module_name: str, entry: str, module=None):
+        key = (module_name, entry)
+        pipe = self.pipelines.get(key)
+        if pipe is None:
+            module = module or self.ctx.modules[module_name]
+            pipe = self.pipelines[key] = self.device.create_compute_pipeline(
+                layout="auto", compute={"module": module, "entry_point": entry}, label=f"{module_name}.{entry}")
+        return pipe
+
+    def uniform(self, values, nbytes: int = PARAMS_BYTES) -> object:
+        """A uniform buffer of `nbytes` holding `values` (u32; f32 as their bits), cached by its bytes."""
+        data = b"".join(struct.pack("<f", v) if isinstance(v, float) else struct.pack("<I", v & 0xFFFFFFFF)
+                        for v in values)
+        if len(data) > nbytes:
+            raise ValueError(f"{len(values)} parameters do not fit a {nbytes}-byte uniform")
+        data = data.ljust(nbytes, b"\0")
+        buf = self.uniforms.get(data)
+        if buf is None:
+            buf = self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
+            self.uniforms[data] = buf
+            if len(self.uniforms) > CACHE_SIZE:
+                self.uniforms.popitem(last=False)
+        else:
+            self.uniforms.move_to_end(data)
+        return buf
+
+    def bind_group(self, pipeline, bindings: dict):
+        key = (id(pipeline),) + tuple((slot, buf.uid) for slot, buf in sorted(bindings.items()))
+        group = self.bind_groups.get(key)
+        if group is None:
+            entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
+                       for slot, buf in sorted(bindings.items())]
+            group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+            self.bind_groups[key] = group
+            self.counters["bind_groups_created"] += 1
+            if len(self.bind_groups) > CACHE_SIZE:
+                self.bind_groups.popitem(last=False)
+        else:
+            self.bind_groups.move_to_end(key)
+        return group
+
+    # --- recording ---
+    def dispatch(self, module_name: str, entry: str, groups, bindings: dict, params=(), module=None,
+                 params_bytes: int = PARAMS_BYTES):
+        """Record one dispatch. `bindings` maps binding slots to GpuArrays (or raw buffers); `params`
+        become the uniform at slot 3; `groups` is a workgroup count or an (x, y, z) tuple."""
+        if isinstance(groups, int):
+            groups = grid(groups)
+        if min(groups) == 0:
+            return
+        pipe = self.pipeline(module_name, entry, module)
+        buffers = {slot: getattr(v, "buffer", v) for slot, v in bindings.items()}
+        buffers[3] = self.uniform(params, params_bytes)
+        group = self.bind_group(pipe, buffers)
+        if self.compute_pass is None:
+            self.compute_pass = self._encoder().begin_compute_pass()
+        self.compute_pass.set_pipeline(pipe)
+        self.compute_pass.set_bind_group(0, group)
+        self.compute_pass.dispatch_workgroups(*groups)
+        self.counters["dispatches"] += 1
+
+    def copy(self, src: GpuArray, dst: GpuArray, nbytes: int) -> None:
+        if nbytes:
+            self._end_pass()
+            self._encoder().copy_buffer_to_buffer(src.buffer, 0, dst.buffer, 0, _round4(nbytes))
+
+    def flush(self) -> None:
+        """Submit everything recorded so far (no waiting)."""
+        if self.encoder is None:
+            return
+        self._end_pass()
+        self.queue.submit([self.encoder.finish()])
+        self.encoder = None
+        self.counters["submissions"] += 1
+
+    def _encoder(self):
+        if self.encoder is None:
+            self.encoder = self.device.create_command_encoder()
+        return self.encoder
+
+    def _end_pass(self):
+        if self.compute_pass is not None:
+            self.compute_pass.end()
+            self.compute_pass = None
+
+
+def grid(workgroups: int) -> tuple[int, int, int]:
+    """A workgroup count laid out as (x, y, 1) with x <= 65535; kernels recover the flat index."""
+    if workgroups <= MAX_GROUPS:
+        return (workgroups, 1, 1)
+    return (MAX_GROUPS, -(-workgroups // MAX_GROUPS), 1)
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
