@@ -43,7 +43,7 @@ class TrainConfig:
     checkpoint_interval: int = 100
     out_dir: str = "out"
     sample_tokens: int = 200
-    sample_prompt: str = "\n"
+    sample_prompt: str = ""  # empty: start from the first character of the training text
     loss_plot: str | None = None  # a PNG path for the loss curve (needs matplotlib)
 
     def model_config(self, vocab_size: int) -> GPTConfig:

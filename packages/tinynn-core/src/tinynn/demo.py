@@ -89,7 +89,7 @@ def demo_gpt(out=print, steps=60):
     out("  sample: " + result.sample.replace("\n", "\n          "))
 
 
-def demo_gpu(out=print):
+def demo_gpu(out=print, size=512):
     out("demo 4: GPU check")
     gpu = backends.default()
     if not gpu.is_gpu:
@@ -97,7 +97,7 @@ def demo_gpu(out=print):
         return None
     cpu, g = backends.reference(), np.random.default_rng(0)
     out(f"  device: {gpu.device_name} ({gpu.name})")
-    a, b = g.standard_normal((512, 512), dtype=np.float32), g.standard_normal((512, 512), dtype=np.float32)
+    a, b = g.standard_normal((size, size), dtype=np.float32), g.standard_normal((size, size), dtype=np.float32)
 
     def best_ms(fn, repeat=5):
         fn()  # warm-up: pipeline compilation, buffer allocation
@@ -121,9 +121,10 @@ def demo_gpu(out=print):
         "relu": np.array_equal(gpu.to_numpy(gpu.unary("relu", dv)), np.maximum(v, 0)),
         "add": np.allclose(gpu.to_numpy(gpu.binary("add", dv, dw)), v + w, rtol=1e-6),
     }
-    rows = [("512x512 matmul, CPU (NumPy)", f"{t_cpu:.3f} ms"),
-            ("512x512 matmul, GPU incl. upload + read back", f"{t_round:.3f} ms ({t_cpu / t_round:.1f}x)"),
-            ("512x512 matmul, GPU data resident", f"{t_resident:.3f} ms ({t_cpu / t_resident:.1f}x)"),
+    mm = f"{size}x{size} matmul"
+    rows = [(f"{mm}, CPU (NumPy)", f"{t_cpu:.3f} ms"),
+            (f"{mm}, GPU incl. upload + read back", f"{t_round:.3f} ms ({t_cpu / t_round:.1f}x)"),
+            (f"{mm}, GPU data resident", f"{t_resident:.3f} ms ({t_cpu / t_resident:.1f}x)"),
             ("batched matmul (4x67x45 @ 4x45x33) max abs error", f"{err:.2e}"),
             ("elementwise scale / relu / add", " / ".join("ok" if v else "FAILED" for v in checks.values()))]
     width = max(len(r[0]) for r in rows)

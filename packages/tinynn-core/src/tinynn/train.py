@@ -56,7 +56,12 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
         tokenizer = CharTokenizer(saved["chars"])
     else:
         tokenizer = CharTokenizer.from_text(text)
-    batches = Batches(tokenizer.encode(text), cfg.block_size, cfg.val_fraction)
+    tokens = tokenizer.encode(text)
+    batches = Batches(tokens, cfg.block_size, cfg.val_fraction)
+    try:  # checked now, not after the training it would end
+        prompt = tokenizer.encode(cfg.sample_prompt) if cfg.sample_prompt else tokens[:1]
+    except TinynnError as e:
+        raise TinynnError(f"sample_prompt: {e}") from None
 
     rng.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(tokenizer.vocab_size))
@@ -107,7 +112,6 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
             save(step + 1)
     bar.close()
 
-    prompt = tokenizer.encode(cfg.sample_prompt) if cfg.sample_prompt else np.zeros(1, dtype=np.int64)
     out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, top_k=None,
                          rng=np.random.default_rng(cfg.seed))
     sample = tokenizer.decode(out[0])

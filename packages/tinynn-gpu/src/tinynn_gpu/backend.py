@@ -94,6 +94,10 @@ class WgpuBackend(Backend):
     def describe(self) -> dict:
         return {**super().describe(), **self.ctx.describe(), "matmul": self.mm.describe()}
 
+    def profile(self, fn) -> list[dict]:
+        """GPU time per kernel while fn() runs (needs the timestamp-query feature)."""
+        return self.rt.profile(fn)
+
     # --- transfer and creation ---
     def from_numpy(self, x):
         x = np.asarray(x)
@@ -121,8 +125,8 @@ class WgpuBackend(Backend):
     def sync(self):
         self.rt.sync()
 
-    def _empty(self, shape, dtype=np.float32, extra_elements=0):
-        return self.rt.empty(tuple(shape), dtype, extra_elements)
+    def _empty(self, shape, dtype=np.float32):
+        return self.rt.empty(tuple(shape), dtype)
 
     def _fill(self, out, value: float):
         self.rt.dispatch("elementwise", "fill_main", _groups(out.size), {2: _buf(out)}, (out.size, float(value)))
@@ -352,19 +356,20 @@ class WgpuBackend(Backend):
 
     def cross_entropy_forward(self, logits, targets, ignore_index):
         n, c = logits.shape
-        probs = self._empty((n, c), extra_elements=1)  # + the valid count, for the backward
-        rows, loss = self._empty((n, 2)), self._empty(())
+        probs, rows, loss = self._empty((n, c)), self._empty((n, 2)), self._empty(())
         params = (n, c, int(ignore_index))
         bindings = {0: _buf(logits), 1: _buf(targets), 2: probs, 4: rows}
         self.rt.dispatch("cross_entropy", "cross_entropy_forward_rows_main", n, bindings, params)
-        self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {2: probs, 4: rows, 5: loss}, params)
+        self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss}, params)
         return loss, probs
 
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index):
         n, c = probs.shape
-        grad = self._empty((n, c))
+        grad, count = self._empty((n, c)), self._empty(())
+        params = (n, c, int(ignore_index))
+        self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1, {1: _buf(targets), 5: count}, params)
         self.rt.dispatch("cross_entropy", "cross_entropy_backward_main", _groups(n * c),
-                         {1: _buf(targets), 2: _buf(probs), 6: _buf(g_loss), 7: grad}, (n, c, int(ignore_index)))
+                         {1: _buf(targets), 2: _buf(probs), 5: count, 6: _buf(g_loss), 7: grad}, params)
         return grad
 
     def embedding_forward(self, weight, idx):

@@ -11,6 +11,7 @@ recorder that batches dispatches into one compute pass and submits only when it 
 """
 from __future__ import annotations
 
+import heapq
 import struct
 import weakref
 from collections import Counter, OrderedDict, defaultdict
@@ -21,6 +22,7 @@ import wgpu
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 MAX_GROUPS = 65535  # per dispatch dimension
 CACHE_SIZE = 8192
+QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
 PARAMS_BYTES = 128  # common.wgsl's Params: 8 x vec4<u32>
 LESSON_PARAMS_BYTES = 16  # lesson.wgsl's Params {p0, p1, p2, p3}
 
@@ -77,7 +79,7 @@ class Runtime:
         self.device = ctx.device
         self.queue = ctx.device.queue
         self.max_binding = ctx.limits["max-storage-buffer-binding-size"]
-        self.free = defaultdict(list)  # bucket size -> buffers
+        self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
         self.pipelines = {}
         self.uniforms = OrderedDict()
         self.bind_groups = OrderedDict()
@@ -86,18 +88,22 @@ class Runtime:
         self.compute_pass = None
         self.counters = Counter()
         self._sync_source = None
+        self._profile = None  # while profiling: {"queries", "labels", "times"}
 
     # --- memory ---
-    def empty(self, shape, dtype=np.float32, extra_elements=0) -> GpuArray:
+    def empty(self, shape, dtype=np.float32) -> GpuArray:
         dtype = np.dtype(dtype)
-        nbytes = max(4, (int(np.prod(shape)) + extra_elements) * dtype.itemsize)
+        nbytes = max(4, int(np.prod(shape)) * dtype.itemsize)
         if nbytes > self.max_binding:
             raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
         size = min(_bucket(nbytes), self.max_binding)
         pool = self.free[size]
-        buffer = pool.pop() if pool else self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+        # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
+        # not on the order Python freed them, so every training step reuses the same buffers in the same
+        # places and finds its bind groups in the cache.
+        buffer = heapq.heappop(pool)[1] if pool else self.device.create_buffer(size=size, usage=STORAGE_USAGE)
         lease = _Lease()
-        weakref.finalize(lease, pool.append, buffer)
+        weakref.finalize(lease, heapq.heappush, pool, (buffer.uid, buffer))
         return GpuArray(buffer, shape, dtype, lease)
 
     def upload(self, x: np.ndarray) -> GpuArray:
@@ -187,12 +193,56 @@ class Runtime:
         buffers = {slot: getattr(v, "buffer", v) for slot, v in bindings.items()}
         buffers[3] = self.uniform(params, params_bytes)
         group = self.bind_group(pipe, buffers)
-        if self.compute_pass is None:
+        if self._profile is not None:
+            self._begin_timed_pass(f"{module_name}.{entry}")
+        elif self.compute_pass is None:
             self.compute_pass = self._encoder().begin_compute_pass()
         self.compute_pass.set_pipeline(pipe)
         self.compute_pass.set_bind_group(0, group)
         self.compute_pass.dispatch_workgroups(*groups)
         self.counters["dispatches"] += 1
+        if self._profile is not None:
+            self._end_pass()
+
+    # --- profiling: each dispatch in its own pass, timestamps at its start and end ---
+    def profile(self, fn) -> list[dict]:
+        """Run fn() with every dispatch timed on the GPU; GPU time per kernel, largest first."""
+        if "timestamp-query" not in self.ctx.features:
+            raise RuntimeError(f"{self.ctx.name} has no timestamp-query feature")
+        self.flush()
+        queries = self.device.create_query_set(type="timestamp", count=QUERY_CAPACITY)
+        self._profile = {"queries": queries, "labels": [], "times": defaultdict(float), "calls": Counter()}
+        try:
+            fn()
+            self._collect_timestamps()
+        finally:
+            profile, self._profile = self._profile, None
+        rows = [{"kernel": k, "calls": profile["calls"][k], "ms": t / 1e6} for k, t in profile["times"].items()]
+        return sorted(rows, key=lambda r: -r["ms"])
+
+    def _begin_timed_pass(self, label):
+        if 2 * len(self._profile["labels"]) + 2 > QUERY_CAPACITY:
+            self._collect_timestamps()
+        self._end_pass()
+        i = 2 * len(self._profile["labels"])
+        self._profile["labels"].append(label)
+        self.compute_pass = self._encoder().begin_compute_pass(timestamp_writes={
+            "query_set": self._profile["queries"], "beginning_of_pass_write_index": i,
+            "end_of_pass_write_index": i + 1})
+
+    def _collect_timestamps(self):
+        labels = self._profile["labels"]
+        if not labels:
+            return
+        resolved = self.device.create_buffer(size=16 * len(labels),
+                                             usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        self._end_pass()
+        self._encoder().resolve_query_set(self._profile["queries"], 0, 2 * len(labels), resolved, 0)
+        stamps = self.read(GpuArray(resolved, (2 * len(labels),), np.uint64))  # nanoseconds
+        for label, start, end in zip(labels, stamps[0::2], stamps[1::2]):
+            self._profile["times"][label] += float(end - start)
+            self._profile["calls"][label] += 1
+        labels.clear()
 
     def copy(self, src: GpuArray, dst: GpuArray, nbytes: int) -> None:
         if nbytes:

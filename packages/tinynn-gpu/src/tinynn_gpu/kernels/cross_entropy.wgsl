@@ -1,8 +1,8 @@
 // Cross entropy over logits (N, C) with integer targets, softmax fused in.
 // forward_rows: one workgroup per row writes the row's probabilities and (loss, valid) pair;
-// forward_mean: one workgroup averages the valid rows' losses. The valid count is kept in the element
-// after the probabilities (probs has N*C + 1 floats) so that the backward need not count again.
-// Bindings: 0:logits 1:targets 2:probs 3:params 4:rows 5:loss 6:g_loss 7:grad
+// forward_mean: one workgroup averages the valid rows' losses into result[0];
+// count + backward: one workgroup counts the valid targets into result[0], then one thread per logit.
+// Bindings: 0:logits 1:targets 2:probs 3:params 4:rows 5:result 6:g_loss 7:grad
 // p0 = N, p1 = C, p2 = ignore_index (i32 bits)
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
@@ -10,7 +10,7 @@
 @group(0) @binding(2) var<storage, read_write> probs: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read_write> rows: array<f32>;
-@group(0) @binding(5) var<storage, read_write> loss: array<f32>;
+@group(0) @binding(5) var<storage, read_write> result: array<f32>;
 @group(0) @binding(6) var<storage, read> g_loss: array<f32>;
 @group(0) @binding(7) var<storage, read_write> grad: array<f32>;
 
@@ -48,13 +48,18 @@ fn cross_entropy_forward_mean_main(@builtin(local_invocation_index) lid: u32) {
     }
     total = workgroup_sum(lid, total);
     count = workgroup_sum(lid, count);
-    if (lid == 0u) {
-        loss[0] = total / count;  // no valid target: 0/0 = NaN, as in PyTorch
-        probs[param(0u) * param(1u)] = count;
-    }
+    if (lid == 0u) { result[0] = total / count; }  // no valid target: 0/0 = NaN, as in PyTorch
 }
 
-// grad = (probs - onehot(target)) * g_loss / count, zero on ignored rows
+@compute @workgroup_size(256)
+fn cross_entropy_count_main(@builtin(local_invocation_index) lid: u32) {
+    var count = 0.0;
+    for (var r = lid; r < param(0u); r = r + 256u) { count = count + select(0.0, 1.0, is_valid(targets[r])); }
+    count = workgroup_sum(lid, count);
+    if (lid == 0u) { result[0] = count; }
+}
+
+// grad = (probs - onehot(target)) * g_loss / count, zero on ignored rows; result = [count]
 @compute @workgroup_size(256)
 fn cross_entropy_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                @builtin(local_invocation_index) lid: u32) {
@@ -64,6 +69,6 @@ fn cross_entropy_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(nu
     if (i >= n * cols) { return; }
     let t = targets[i / cols];
     let hit = select(0.0, 1.0, i32(i % cols) == t);
-    let scale = g_loss[0] / max(probs[n * cols], 1.0);
+    let scale = g_loss[0] / max(result[0], 1.0);
     grad[i] = select(0.0, (probs[i] - hit) * scale, is_valid(t));
 }

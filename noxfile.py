@@ -1,0 +1,32 @@
+"""Test sessions. Each installs the packages the way a user does (built wheels, not editable), so a file
+missing from a wheel fails here too.
+
+    nox -s tests-cpu tests-gpu
+"""
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+
+TEST_TOOLS = ["pytest>=7", "hypothesis>=6"]
+CORE, GPU = "./packages/tinynn-core", "./packages/tinynn-gpu"
+
+
+@nox.session(name="tests-cpu")
+def tests_cpu(session):
+    """tinynn-core alone: the NumPy reference, autograd, model, training and CLI. No GPU package."""
+    session.install(f"{CORE}[plot]", *TEST_TOOLS)
+    session.run("python", "-c", "import importlib.util as u, sys; "
+                "bad = [m for m in ('wgpu', 'tinynn_gpu') if u.find_spec(m)]; "
+                "sys.exit(f'tinynn-core pulled in {bad}') if bad else print('no GPU package installed: ok')")
+    session.run("pytest", "packages/tinynn-core/tests", *session.posargs)
+
+
+@nox.session(name="tests-gpu")
+def tests_gpu(session):
+    """tinynn-core + tinynn-gpu on a real WebGPU adapter (lavapipe in CI): the GPU kernels against the CPU,
+    then the whole core suite again with the GPU backend active. A missing adapter fails, never skips."""
+    session.install(f"{CORE}[plot]", GPU, *TEST_TOOLS)
+    env = {"TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp"}
+    session.run("tinynn", "info", "--device", "gpu", env=env)
+    session.run("pytest", "packages/tinynn-gpu/tests", "packages/tinynn-core/tests", *session.posargs, env=env)

@@ -1,0 +1,138 @@
+"""`tinynn bench`: matmul throughput and training-step time, CPU against the active GPU backend.
+
+Matmuls are timed with their data already on the device (the GPU's upload and read-back are not what a
+training step pays); a training step is timed end to end, `loss.item()` included, as a training loop runs
+it. With a GPU backend it also reports host syncs, dispatches and submissions per step, NumPy fallbacks,
+and (`--profile`, where the adapter has timestamp queries) GPU time per kernel.
+
+    tinynn bench                     # matmul 256..4096 and the lesson config's step, CPU and GPU
+    tinynn bench --json --sizes 512,1024 --steps 30
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from tinynn import backends, rng
+from tinynn.config import TrainConfig
+from tinynn.errors import TinynnError
+from tinynn.model import GPT
+from tinynn.optim import AdamW, decay_groups
+
+LESSON = dict(block_size=128, n_layer=4, n_head=4, n_embd=256, batch_size=16)
+VOCAB = 65  # the reference's vocabulary (Shakespeare's characters)
+
+
+def time_call(fn, sync, min_seconds=0.3, max_reps=50) -> float:
+    """Seconds per call: one warm-up, then as many calls as fit in min_seconds (at least 2)."""
+    fn()
+    sync()
+    reps, t0 = 0, time.perf_counter()
+    while reps < 2 or (time.perf_counter() - t0 < min_seconds and reps < max_reps):
+        fn()
+        reps += 1
+        if reps in (2, 5, 10):
+            sync()  # a GPU backend only records; let the queue drain now and then
+    sync()
+    return (time.perf_counter() - t0) / reps
+
+
+def bench_matmul(backend, sizes) -> list[dict]:
+    g = np.random.default_rng(0)
+    rows = []
+    for n in sizes:
+        a, b = (g.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+        da, db = backend.from_numpy(a), backend.from_numpy(b)
+        seconds = time_call(lambda: backend.matmul(da, db), backend.sync)
+        err = float(np.abs(backend.to_numpy(backend.matmul(da, db)) - a @ b).max()) if n <= 1024 else None
+        rows.append({"size": n, "ms": seconds * 1e3, "gflops": 2 * n**3 / seconds / 1e9, "max_abs_err": err,
+                     "kernel": backend.describe().get("matmul", "numpy")})
+    return rows
+
+
+def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
+    rng.manual_seed(0)
+    backends.set_default(backend)
+    model = GPT(cfg.model_config(VOCAB))
+    opt = AdamW(decay_groups(list(model.named_parameters()), 0.1), lr=3e-4, max_grad_norm=1.0)
+    x = np.random.default_rng(0).integers(0, VOCAB, (cfg.batch_size, cfg.block_size))
+
+    def step():
+        _, loss = model(x, x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()  # one host sync per step, like a logging loop
+    for _ in range(3 if backend.is_gpu else 1):
+        step()
+    counters = getattr(backend, "counters", {})
+    before = dict(counters)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    seconds = (time.perf_counter() - t0) / steps
+    per_step = {k: (counters[k] - before.get(k, 0)) / steps for k in counters}
+    return {"ms_per_step": seconds * 1e3, "tokens_per_s": cfg.batch_size * cfg.block_size / seconds,
+            "host_syncs_per_step": per_step.get("host_syncs"), "dispatches_per_step": per_step.get("dispatches"),
+            "submissions_per_step": per_step.get("submissions"), "fallbacks": dict(backend.fallbacks),
+            "config": {k: getattr(cfg, k) for k in LESSON}}
+
+
+def profile_step(backend, cfg: TrainConfig) -> list[dict]:
+    """GPU time per kernel over one training step (timestamp queries around each dispatch)."""
+    if not hasattr(backend, "profile"):
+        raise TinynnError(f"--profile needs a GPU backend with timestamp queries; {backend.name} has none")
+    rng.manual_seed(0)
+    model = GPT(cfg.model_config(VOCAB))
+    opt = AdamW(model.parameters(), lr=3e-4, max_grad_norm=1.0)
+    x = np.random.default_rng(0).integers(0, VOCAB, (cfg.batch_size, cfg.block_size))
+
+    def step():
+        _, loss = model(x, x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+    step()
+    return backend.profile(step)
+
+
+def main(args) -> None:
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if args.config:
+        from tinynn import config
+        cfg = config.load(args.config)
+    else:
+        cfg = TrainConfig(**LESSON)
+    active = backends.select(args.device)
+    targets = [backends.reference()] + ([active] if active.is_gpu else [])
+    report = {"backends": {}}
+    for be in targets:
+        entry = {"device": be.device_name, "matmul": bench_matmul(be, sizes) if sizes else [],
+                 "train_step": bench_train(be, cfg, args.steps if be.is_gpu else max(2, args.steps // 5))}
+        if args.profile and be.is_gpu:
+            entry["profile"] = profile_step(be, cfg)
+        report["backends"][be.name] = entry
+        if not args.json:
+            print_entry(be, entry)
+    if args.json:
+        print(json.dumps(report, indent=2))
+
+
+def print_entry(be, entry) -> None:
+    print(f"== {be.name}: {be.device_name}")
+    for r in entry["matmul"]:
+        err = "" if r["max_abs_err"] is None else f"  max err {r['max_abs_err']:.1e}"
+        print(f"  matmul {r['size']:>5}^2  {r['ms']:9.3f} ms  {r['gflops']:9.1f} GFLOP/s  [{r['kernel']}]{err}")
+    t = entry["train_step"]
+    extra = ""
+    if t["host_syncs_per_step"] is not None:
+        extra = (f", {t['host_syncs_per_step']:.0f} host sync(s), {t['dispatches_per_step']:.0f} dispatches, "
+                 f"{t['submissions_per_step']:.0f} submissions per step")
+    print(f"  train step {t['config']}: {t['ms_per_step']:.2f} ms, {t['tokens_per_s']:,.0f} tokens/s{extra}")
+    if t["fallbacks"]:
+        print(f"  NumPy fallbacks: {t['fallbacks']}")
+    for row in entry.get("profile", [])[:15]:
+        print(f"    {row['kernel']:<40} {row['calls']:5d} calls {row['ms']:8.3f} ms")

@@ -1,0 +1,40 @@
+"""Fixtures for the GPU tests. They run on whatever adapter wgpu finds (lavapipe in CI). With
+TINYNN_REQUIRE_GPU=1 (set by `nox -s tests-gpu`) a missing adapter fails the run instead of skipping it."""
+import os
+
+import numpy as np
+import pytest
+
+from tinynn import backends
+from tinynn_gpu import runtime
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    try:
+        return backends.select("gpu")
+    except Exception as e:
+        if os.environ.get("TINYNN_REQUIRE_GPU") == "1":
+            pytest.fail(f"TINYNN_REQUIRE_GPU=1 but the GPU backend is unusable: {e}")
+        pytest.skip(f"no usable GPU backend: {e}")
+
+
+@pytest.fixture
+def poisoned(gpu, monkeypatch):
+    """Every array the GPU backend allocates starts as NaN, so an element a kernel fails to write shows."""
+    plain_empty = runtime.Runtime.empty
+
+    def empty(self, shape, dtype=np.float32):
+        arr = plain_empty(self, shape, dtype)
+        if arr.dtype == np.float32 and arr.buffer is not None:
+            n = arr.buffer.size // 4
+            self.dispatch("elementwise", "fill_main", -(-n // 256), {2: arr.buffer}, (n, float("nan")))
+        return arr
+    monkeypatch.setattr(runtime.Runtime, "empty", empty)
+    return gpu
+
+
+@pytest.fixture
+def rng(request):
+    import zlib
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

@@ -1,0 +1,136 @@
+"""The GPU backend as core uses it: selection, fallback to the CPU, training on the GPU against the CPU,
+host syncs per step, caching, and inputs larger than a storage binding."""
+import numpy as np
+import pytest
+import wgpu
+
+import tinynn
+from tinynn import backends
+from tinynn.backends import BackendUnavailable
+from tinynn.model import GPT, GPTConfig
+from tinynn.optim import AdamW, decay_groups
+from tinynn_gpu import create_backend
+
+CFG = GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=32)
+
+
+def test_entry_point_is_registered_and_lazy():
+    assert "gpu" in backends.discovered()
+    assert backends.discovered()["gpu"].value == "tinynn_gpu:create_backend"
+
+
+def test_gpu_backend_describes_its_adapter(gpu):
+    info = gpu.describe()
+    assert info["backend"] == "gpu" and info["adapter"] and info["graphics_backend"]
+    assert info["max_storage_binding_bytes"] >= 128 * 2**20  # the adapter's limit, not WebGPU's default cap
+
+
+def test_no_adapter_means_cpu_with_the_reason(monkeypatch):
+    monkeypatch.setattr(wgpu.gpu, "enumerate_adapters_sync", lambda: [])
+    with pytest.raises(BackendUnavailable, match="no WebGPU adapter found"):
+        create_backend()
+    backends.reset_discovery()
+    try:
+        assert backends.select("auto").name == "cpu"
+        assert "no WebGPU adapter found" in backends.why_not_gpu()
+        with pytest.raises(tinynn.TinynnError, match="no WebGPU adapter found"):
+            backends.select("gpu")
+        losses = train_losses(backends.select("auto"), steps=3)
+        assert losses == train_losses(backends.reference(), steps=3)  # the same backend, identical numbers
+    finally:
+        backends.reset_discovery()
+
+
+def test_adapter_choice_by_name(monkeypatch):
+    monkeypatch.setenv("TINYNN_ADAPTER", "no-such-gpu")
+    with pytest.raises(BackendUnavailable, match="matches no adapter"):
+        create_backend()
+
+
+def test_software_adapter_is_not_used_by_auto(gpu):
+    if not gpu.is_software:
+        pytest.skip("a hardware adapter is present")
+    assert backends.select("auto").name == "cpu"
+    assert "software adapter" in backends.why_not_gpu()
+
+
+def train_losses(backend, steps, seed=0):
+    tinynn.manual_seed(seed)
+    model = GPT(CFG).to(backend)
+    opt = AdamW(decay_groups(list(model.named_parameters()), 0.1), lr=3e-3, max_grad_norm=1.0)
+    data = np.random.default_rng(seed)
+    losses = []
+    for _ in range(steps):  # counting sequences from random starts: learnable, so the curve moves
+        seq = (data.integers(0, CFG.vocab_size, (4, 1)) + np.arange(CFG.block_size + 1)) % CFG.vocab_size
+        _, loss = model(seq[:, :-1], seq[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_training_matches_the_cpu_step_by_step(gpu):
+    """Same seed, same data: the GPU's loss curve follows the CPU's within 1e-3 relative for 50 steps."""
+    cpu_losses, gpu_losses = train_losses(backends.reference(), 50), train_losses(gpu, 50)
+    rel = np.abs(np.array(gpu_losses) - cpu_losses) / np.abs(cpu_losses)
+    assert rel.max() <= 1e-3, f"max relative difference {rel.max():.2e} at step {rel.argmax()}"
+    assert gpu_losses[-1] < gpu_losses[0] - 0.3  # and it learns
+
+
+def test_one_host_sync_per_step_and_cached_bind_groups(gpu):
+    tinynn.manual_seed(0)
+    model = GPT(CFG).to(gpu)
+    opt = AdamW(model.parameters(), lr=1e-3, max_grad_norm=1.0)
+    x = np.random.default_rng(0).integers(0, CFG.vocab_size, (4, CFG.block_size))
+
+    def step():
+        _, loss = model(x, x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    for _ in range(12):  # warm up: pipelines, buffers and bind groups settle within ~8 steps
+        step()
+    before = dict(gpu.counters)
+    for _ in range(3):
+        step()
+    delta = {k: gpu.counters[k] - before.get(k, 0) for k in gpu.counters}
+    assert delta["host_syncs"] == 3
+    assert delta.get("bind_groups_created", 0) == 0
+    assert sum(gpu.fallbacks.values()) == 0, dict(gpu.fallbacks)
+
+
+def test_arrays_beyond_the_binding_limit_run_on_the_cpu(gpu, monkeypatch, rng):
+    monkeypatch.setattr(gpu.rt, "max_binding", 4096)  # pretend the device binds at most 1024 floats
+    a, b = rng.standard_normal((40, 50)).astype(np.float32), rng.standard_normal((50, 30)).astype(np.float32)
+    da, db = gpu.from_numpy(a), gpu.from_numpy(b)
+    assert da.buffer is None  # 8000 bytes: kept on the host
+    got = gpu.to_numpy(gpu.matmul(da, db))
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+    assert gpu.fallbacks["matmul"] >= 1
+    small = gpu.from_numpy(a[:4])
+    np.testing.assert_allclose(gpu.to_numpy(gpu.unary("relu", small)), np.maximum(a[:4], 0))
+
+
+def test_demo_4_on_the_gpu(gpu, capsys):
+    from tinynn import demo
+    backends.set_default(gpu)
+    try:
+        result = demo.demo_gpu(size=128)  # lavapipe emulates the GPU on the CPU: keep it small
+    finally:
+        backends.reset_discovery()
+    assert result["max_abs_error"] < 1e-4 and result["elementwise_ok"]
+    assert "128x128 matmul" in capsys.readouterr().out
+
+
+def test_cli_trains_on_the_gpu(gpu, tmp_path, monkeypatch, capsys):
+    from tinynn.cli import main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.txt").write_text("abcabcabd " * 200)
+    (tmp_path / "c.json").write_text('{"data": "d.txt", "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16,'
+                                     ' "batch_size": 4, "max_steps": 5, "eval_interval": 5, "eval_steps": 1,'
+                                     ' "sample_tokens": 10, "out_dir": "o"}')
+    assert main(["train", "--config", "c.json", "--device", "gpu", "--quiet"]) == 0
+    assert "sample:" in capsys.readouterr().out
+    backends.reset_discovery()

@@ -1,0 +1,107 @@
+"""GPU kernels against a float64 NumPy reference, with every output poisoned (NaN) before the run.
+Shapes are drawn by hypothesis: sizes off the tile grid, B = 1, M/N/K = 1, K much larger than the tile."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tinynn_gpu import add_data, matmul_data, relu_data, scale_data
+from tinynn_gpu.matmul import LESSON_TILES, LessonMatmul
+
+RTOL = 1e-5
+
+
+def rel_err(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
+    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
+    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
+
+
+dims = st.one_of(st.integers(1, 3), st.integers(4, 70), st.sampled_from([1, 15, 16, 17, 31, 32, 33]))
+matmul_cases = st.tuples(st.integers(1, 3), dims, dims, st.one_of(dims, st.integers(200, 700)),
+                         st.booleans(), st.booleans(), st.booleans(), st.integers(0, 2**31))
+
+
+def reference(a, b, ta, tb):
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return np.matmul(a.swapaxes(-1, -2) if ta else a, b.swapaxes(-1, -2) if tb else b)
+
+
+@pytest.mark.parametrize("tile", LESSON_TILES)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=matmul_cases)
+def test_lesson_matmul_every_tile(poisoned, tile, case):
+    batch, m, n, k, ta, tb, shared, seed = case
+    gpu = poisoned
+    kernel = LessonMatmul(gpu.rt, tile)
+    g = np.random.default_rng(seed)
+    a = g.standard_normal((batch, k, m) if ta else (batch, m, k)).astype(np.float32)
+    b = g.standard_normal(((n, k) if tb else (k, n)) if shared else ((batch, n, k) if tb else (batch, k, n)))
+    b = b.astype(np.float32)
+    da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))  # held: buffers stay ours
+    kernel.record(da.buffer, db.buffer, out, batch, m, n, k, ta, tb, shared)
+    assert rel_err(gpu.to_numpy(out), reference(a, b, ta, tb)) <= RTOL
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=matmul_cases)
+def test_backend_matmul(poisoned, case):
+    batch, m, n, k, ta, tb, shared, seed = case
+    gpu = poisoned
+    g = np.random.default_rng(seed)
+    a = g.standard_normal((batch, k, m) if ta else (batch, m, k)).astype(np.float32)
+    b = g.standard_normal(((n, k) if tb else (k, n)) if shared else ((batch, n, k) if tb else (batch, k, n)))
+    b = b.astype(np.float32)
+    got = gpu.to_numpy(gpu.matmul(gpu.from_numpy(a), gpu.from_numpy(b), ta, tb))
+    assert rel_err(got, reference(a, b, ta, tb)) <= RTOL
+
+
+def test_lesson_entries_numpy_in_numpy_out(poisoned, rng):
+    a, b = rng.standard_normal((3, 37, 20)).astype(np.float32), rng.standard_normal((3, 20, 9)).astype(np.float32)
+    assert rel_err(matmul_data(a, b), a.astype(np.float64) @ b) <= RTOL
+    assert rel_err(matmul_data(a[0], b[0]), a[0].astype(np.float64) @ b[0]) <= RTOL
+    x, y = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    np.testing.assert_array_equal(relu_data(x), np.maximum(x, 0))
+    assert rel_err(scale_data(x, -1.5), x * -1.5) <= RTOL
+    assert rel_err(add_data(x, y), x.astype(np.float64) + y) <= RTOL
+    with pytest.raises(ValueError, match="inner dimensions"):
+        matmul_data(a, a)
+
+
+def test_elementwise_over_65535_workgroups(poisoned, rng):
+    """More than 65535 * 256 elements need the 2-D dispatch grid."""
+    x = rng.standard_normal(65535 * 256 + 1000).astype(np.float32)
+    gpu = poisoned
+    got = gpu.to_numpy(gpu.scalar("mul", gpu.from_numpy(x), 2.0))
+    np.testing.assert_array_equal(got, x * 2)
+
+
+@pytest.mark.parametrize("shape,axes", [((3000, 7), (0,)), ((5, 100_000), (1,)), ((2, 3, 4, 5), (1, 3)),
+                                        ((200_000,), (0,))])
+def test_reductions_split_long_axes(poisoned, shape, axes, rng):
+    x = rng.standard_normal(shape).astype(np.float32)
+    gpu = poisoned
+    assert rel_err(gpu.to_numpy(gpu.sum(gpu.from_numpy(x), axes)), x.astype(np.float64).sum(axis=axes)) <= RTOL
+    np.testing.assert_array_equal(gpu.to_numpy(gpu.max(gpu.from_numpy(x), axes)), x.max(axis=axes))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(1, 40), cols=st.one_of(st.integers(1, 300), st.sampled_from([255, 256, 257, 1000])),
+       seed=st.integers(0, 2**31))
+def test_row_kernels_any_width(poisoned, rows, cols, seed):
+    """The one-workgroup-per-row kernels for widths below, at and above their 256 threads."""
+    gpu, ref = poisoned, __import__("tinynn").backends.reference()
+    g = np.random.default_rng(seed)
+    x = (g.standard_normal((rows, cols)) * 3).astype(np.float32)
+    w, b = g.standard_normal(cols).astype(np.float32), g.standard_normal(cols).astype(np.float32)
+    dx, dw, db = gpu.from_numpy(x), gpu.from_numpy(w), gpu.from_numpy(b)
+    for name, args in [("softmax_forward", ()), ("log_softmax_forward", ())]:
+        assert rel_err(gpu.to_numpy(getattr(gpu, name)(dx, *args)), getattr(ref, name)(x.astype(np.float64))) <= RTOL
+    for ours, theirs in zip(gpu.layernorm_forward(dx, dw, db, 1e-5), ref.layernorm_forward(x.astype(np.float64),
+                                                                                          w, b, 1e-5)):
+        assert rel_err(gpu.to_numpy(ours), theirs) <= RTOL
+    t = g.integers(0, cols, rows)
+    loss, _ = gpu.cross_entropy_forward(dx, gpu.from_numpy(t), -100)
+    ref_loss, _ = ref.cross_entropy_forward(x.astype(np.float64), t, -100)
+    assert rel_err(gpu.to_numpy(loss), ref_loss) <= RTOL
