@@ -1,12 +1,15 @@
 """GPU kernels against a float64 NumPy reference, with every output poisoned (NaN) before the run.
 Shapes are drawn by hypothesis: sizes off the tile grid, B = 1, M/N/K = 1, K much larger than the tile."""
+import json
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tinynn_gpu import add_data, matmul_data, relu_data, scale_data
-from tinynn_gpu.matmul import LESSON_TILES, LessonMatmul
+from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, LessonMatmul, MatmulSelector
+from tinynn_gpu.matmul_blocked import BlockedMatmul
 
 RTOL = 1e-5
 
@@ -42,6 +45,47 @@ def test_lesson_matmul_every_tile(poisoned, tile, case):
     da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))  # held: buffers stay ours
     kernel.record(da.buffer, db.buffer, out, batch, m, n, k, ta, tb, shared)
     assert rel_err(gpu.to_numpy(out), reference(a, b, ta, tb)) <= RTOL
+
+
+@pytest.mark.parametrize("config", BLOCK_CONFIGS, ids=lambda c: c.name)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=matmul_cases)
+def test_blocked_matmul_every_variant(poisoned, config, case):
+    batch, m, n, k, ta, tb, shared, seed = case
+    gpu = poisoned
+    g = np.random.default_rng(seed)
+    a = g.standard_normal((batch, k, m) if ta else (batch, m, k)).astype(np.float32)
+    b = g.standard_normal(((n, k) if tb else (k, n)) if shared else ((batch, n, k) if tb else (batch, k, n)))
+    b = b.astype(np.float32)
+    da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))
+    BlockedMatmul(gpu.rt, config).record(da.buffer, db.buffer, out, batch, m, n, k, ta, tb, shared)
+    assert rel_err(gpu.to_numpy(out), reference(a, b, ta, tb)) <= RTOL
+
+
+def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):
+    monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
+    tuner = MatmulSelector(gpu.rt, autotune=True)
+    a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 33)).astype(np.float32)
+    da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((40, 33))
+    tuner.record(da.buffer, db.buffer, out, 1, 40, 33, 24, False, False, False)
+    assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
+    cached = json.loads((tmp_path / "matmul-autotune.json").read_text())["choices"][tuner.cache_key]
+    assert list(cached.values()) == [tuner.choices[next(iter(cached))]]
+
+    def no_tuning(*args):
+        raise AssertionError("the cached choice should have been used")
+    again = MatmulSelector(gpu.rt, autotune=True)
+    monkeypatch.setattr(again, "_tune", no_tuning)
+    again.record(da.buffer, db.buffer, out, 1, 40, 33, 24, False, False, False)
+    assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
+
+
+def test_a_variant_can_be_forced(gpu, monkeypatch):
+    monkeypatch.setenv("TINYNN_MATMUL", "lesson8")
+    assert MatmulSelector(gpu.rt).variant("lesson8").describe() == "lesson tiled 8x8"
+    monkeypatch.setenv("TINYNN_MATMUL", "nope")
+    with pytest.raises(ValueError, match="not a variant"):
+        MatmulSelector(gpu.rt)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import numpy as np
 
 from tinynn.backends import Backend
-from tinynn_gpu.matmul import LessonMatmul
+from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
 
 UNARY = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "gelu": 5}
@@ -78,13 +77,13 @@ class WgpuBackend(Backend):
     name = "gpu"
     is_gpu = True
 
-    def __init__(self, ctx, matmul_tile: int | None = None):
+    def __init__(self, ctx):
         super().__init__()
         self.ctx = ctx
         self.rt = Runtime(ctx)
         self.device_name = ctx.name
         self.is_software = ctx.is_software
-        self.mm = LessonMatmul(self.rt, matmul_tile or int(os.environ.get("TINYNN_MATMUL_TILE", "16")))
+        self.mm = MatmulSelector(self.rt)
         self._constants = {}
 
     @property
@@ -388,10 +387,13 @@ class WgpuBackend(Backend):
 
     # --- optimizer ---
     def global_norm(self, arrays):
-        partials, norm = self._empty((len(arrays),)), self._empty(())
-        for slot, a in enumerate(arrays):
-            self.rt.dispatch("norm", "sum_squares_main", 1, {0: _buf(a), 2: partials}, (a.size, slot))
-        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, (len(arrays),))
+        groups = [min(64, -(-a.size // (WG * 16))) for a in arrays]  # ~16 elements a thread, 64 groups at most
+        partials, norm = self._empty((sum(groups),)), self._empty(())
+        slot = 0
+        for a, n_groups in zip(arrays, groups):
+            self.rt.dispatch("norm", "sum_squares_main", n_groups, {0: _buf(a), 2: partials}, (a.size, slot))
+            slot += n_groups
+        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, (slot,))
         return norm
 
     def clip_coefficient(self, norm, max_norm):

@@ -1,14 +1,40 @@
-"""Matmul kernels: the lesson's tiled kernel (lesson.wgsl, tile 8, 16 or 32).
+"""Matmul kernels and the choice between them.
 
-`LessonMatmul.record` records `out[B,M,N] = op(a) @ op(b)` for any M, N, K, either operand stored
-transposed, and b shared by every batch (a weight). Dispatch: x over rows, y over columns, z over batches.
+Two families: the lesson's tiled kernel (lesson.wgsl, tile 8, 16 or 32) and the generated register-blocked
+kernel (matmul_blocked.py). Both record `out[B,M,N] = op(a) @ op(b)` for any M, N, K, either operand stored
+transposed, b shared by every batch (a weight).
+
+`MatmulSelector` picks a variant per shape class (layout, and M, N, K, batch rounded up to powers of two).
+TINYNN_MATMUL=<variant> forces one variant everywhere (the lesson's tile exercise: lesson8, lesson16,
+lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) the first matmul of a
+class times every candidate on the real operands, with GPU timestamps where the adapter has them, and the
+winner is kept in a JSON file keyed by adapter and wgpu version (TINYNN_CACHE_DIR, default
+~/.cache/tinynn). Without tuning, `default_variant` is a fixed choice measured on an H200 (BENCHMARKS.md).
 """
 from __future__ import annotations
 
+import json
+import os
+import time
+from pathlib import Path
+
+import wgpu
+
 from tinynn_gpu.context import kernel_source
+from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul
 from tinynn_gpu.runtime import LESSON_PARAMS_BYTES
 
 LESSON_TILES = (8, 16, 32)
+BLOCK_CONFIGS = (
+    BlockConfig(32, 32, 8, 4, 4),
+    BlockConfig(64, 64, 8, 4, 4),
+    BlockConfig(64, 64, 16, 4, 4),
+    BlockConfig(128, 64, 8, 8, 4),
+    BlockConfig(64, 128, 8, 4, 8),
+    BlockConfig(128, 128, 8, 8, 8),
+    BlockConfig(128, 128, 16, 8, 8),
+)
+CACHE_VERSION = 1
 
 
 def lesson_source(tile: int) -> str:
@@ -32,3 +58,121 @@ class LessonMatmul:
         groups = (-(-m // self.tile), -(-n // self.tile), batch)
         self.rt.dispatch(self.name, "matmul_main", groups, {0: a, 1: b, 2: out}, (m, n, k, flags),
                          module=self.module, params_bytes=LESSON_PARAMS_BYTES)
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+class MatmulSelector:
+    def __init__(self, runtime, autotune: bool | None = None):
+        self.rt = runtime
+        if autotune is None:
+            env = os.environ.get("TINYNN_AUTOTUNE")
+            autotune = (env == "1") if env in ("0", "1") else not runtime.ctx.is_software
+        self.autotune = autotune
+        self.variants = {f"lesson{t}": None for t in LESSON_TILES}
+        self.variants.update({f"blocked {c.name}": c for c in BLOCK_CONFIGS})
+        self._built = {}
+        self.choices: dict[str, str] = {}  # shape class -> variant name
+        self.cache_key = f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}"
+        self.cache_path = Path(os.environ.get("TINYNN_CACHE_DIR") or Path.home() / ".cache" / "tinynn") / \
+            "matmul-autotune.json"
+        if self.autotune:
+            self.choices.update(self._read_cache().get(self.cache_key, {}))
+        self.forced = os.environ.get("TINYNN_MATMUL")  # one variant for every shape, e.g. "lesson8"
+        if self.forced and self.forced not in self.variants:
+            raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
+        self.last = None
+
+    def describe(self) -> str:
+        return self.last or "not used yet"
+
+    def variant(self, name: str):
+        if name not in self._built:
+            config = self.variants[name]
+            self._built[name] = LessonMatmul(self.rt, int(name[6:])) if config is None else BlockedMatmul(self.rt,
+                                                                                                          config)
+        return self._built[name]
+
+    @staticmethod
+    def default_variant(batch, m, n, k) -> str:
+        if m >= 128 and n >= 128 and batch * m * n >= 512 * 512:
+            return "blocked 128x128x8/8x8"
+        if m >= 64 and n >= 64:
+            return "blocked 64x64x8/4x4"
+        return "blocked 32x32x8/4x4"
+
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b):
+        key = (f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} "
+               f"b={_pow2(batch)} m={_pow2(m)} n={_pow2(n)} k={_pow2(k)}")
+        name = self.forced or self.choices.get(key)
+        if name not in self.variants:
+            if self.autotune and not self.rt.profiling:  # (tuning times with the profiler itself)
+                name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b))
+            else:
+                name = self.default_variant(batch, m, n, k)
+            self.choices[key] = name
+        self.last = self.variant(name).describe()
+        self.variant(name).record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b)
+
+    def time_variants(self, args, names=None, reps=3) -> dict[str, float]:
+        """Milliseconds per call of each variant on these operands (GPU timestamps where available)."""
+        names = [n for n in (names or self.variants) if self._fits(n)]
+        if "timestamp-query" in self.rt.ctx.features:
+            for name in names:  # compile outside the timed region
+                self.variant(name)
+            rows = self.rt.profile(lambda: [self.variant(n).record(*args) for n in names for _ in range(reps)])
+            by_label = {r["kernel"]: r["ms"] / r["calls"] for r in rows}
+            return {n: by_label[self._label(n, args)] for n in names}
+        times = {}
+        for name in names:
+            self.variant(name).record(*args)
+            self.rt.sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                self.variant(name).record(*args)
+            self.rt.sync()
+            times[name] = (time.perf_counter() - t0) / reps * 1e3
+        return times
+
+    def _label(self, name, args):
+        ta, tb = bool(args[7]), bool(args[8])
+        if name.startswith("lesson"):
+            return f"{name}.matmul_main"
+        return f"matmul {self.variants[name].name} ta={int(ta)} tb={int(tb)}.matmul_main"
+
+    def _fits(self, name) -> bool:
+        config = self.variants[name]
+        if config is None:
+            return int(name[6:]) ** 2 <= self.rt.ctx.limits.get("max-compute-invocations-per-workgroup", 256)
+        try:
+            config.check(self.rt.ctx.limits.get("max-compute-invocations-per-workgroup", 256),
+                         self.rt.ctx.limits.get("max-compute-workgroup-storage-size", 16384))
+            return True
+        except ValueError:
+            return False
+
+    def _tune(self, key, args) -> str:
+        times = self.time_variants(args)
+        best = min(times, key=times.get)
+        cache = self._read_cache()
+        cache.setdefault(self.cache_key, {})[key] = best
+        self._write_cache(cache)
+        return best
+
+    def _read_cache(self) -> dict:
+        try:
+            data = json.loads(self.cache_path.read_text())
+            return data["choices"] if data.get("version") == CACHE_VERSION else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}  # no cache yet, or an unreadable one: tune again
+
+    def _write_cache(self, cache: dict) -> None:
+        try:
+            self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"version": CACHE_VERSION, "choices": cache}, indent=1, sort_keys=True))
+            os.replace(tmp, self.cache_path)
+        except OSError:
+            pass  # a read-only home only costs re-tuning in the next process

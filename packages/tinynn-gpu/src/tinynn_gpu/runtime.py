@@ -205,6 +205,10 @@ class Runtime:
             self._end_pass()
 
     # --- profiling: each dispatch in its own pass, timestamps at its start and end ---
+    @property
+    def profiling(self) -> bool:
+        return self._profile is not None
+
     def profile(self, fn) -> list[dict]:
         """Run fn() with every dispatch timed on the GPU; GPU time per kernel, largest first."""
         if "timestamp-query" not in self.ctx.features:
