@@ -162,17 +162,19 @@ def test_norm_and_clip(backend, rng):
 @pytest.mark.parametrize("clip", [None, 0.5])
 def test_optimizer_updates_in_place(backend, clip, rng):
     shapes = [(3, 4), (10,), (1,)]
-    for name, kwargs, n_bufs in [
-        ("adamw_update_", dict(lr=0.01, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1, step=3), 2),
-        ("sgd_update_", dict(lr=0.1, momentum=0.9, weight_decay=0.01), 1),
+    for name, hyper, kwargs, n_bufs in [
+        ("adamw_update_", [0.01, 1 - 0.9**3, 1 - 0.99**3], dict(beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1), 2),
+        ("sgd_update_", [0.1], dict(momentum=0.9, weight_decay=0.01), 1),
     ]:
+        hyper = np.asarray(hyper, np.float32)
         host = [[randn(rng, *s) for s in shapes] for _ in range(2 + n_bufs)]
         host[3 if n_bufs == 2 else 2] = [np.abs(x) for x in host[-1]]  # second moments are non-negative
         ref = [[x.copy() for x in group] for group in host]
         ours = [[backend.from_numpy(x) for x in group] for group in host]
         scale = None if clip is None else np.asarray(clip, np.float32)
-        getattr(REF, name)(*ref, grad_scale=scale, **kwargs)
-        getattr(backend, name)(*ours, grad_scale=None if scale is None else backend.from_numpy(scale), **kwargs)
+        getattr(REF, name)(*ref, hyper, grad_scale=scale, **kwargs)
+        getattr(backend, name)(*ours, backend.from_numpy(hyper),
+                               grad_scale=None if scale is None else backend.from_numpy(scale), **kwargs)
         for group_ours, group_ref in zip(ours, ref):
             for o, r in zip(group_ours, group_ref):
                 assert relative_error(backend.to_numpy(o), r) <= RTOL, name

@@ -9,6 +9,7 @@ from tinynn import backends
 from tinynn.backends import BackendUnavailable
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
+from tinynn.train import TrainStep
 from tinynn_gpu import create_backend
 
 CFG = GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -134,3 +135,46 @@ def test_cli_trains_on_the_gpu(gpu, tmp_path, monkeypatch, capsys):
     assert main(["train", "--config", "c.json", "--device", "gpu", "--quiet"]) == 0
     assert "sample:" in capsys.readouterr().out
     backends.reset_discovery()
+
+
+def captured_losses(backend, steps, dropout=0.0, seed=0):
+    tinynn.manual_seed(seed)
+    model = GPT(GPTConfig(**{**CFG.__dict__, "dropout": dropout})).to(backend)
+    opt = AdamW(decay_groups(list(model.named_parameters()), 0.1), lr=3e-3, max_grad_norm=1.0)
+    step = TrainStep(model, opt, 4, CFG.block_size)
+    data = np.random.default_rng(seed)
+    losses = []
+    for i in range(steps):
+        seq = (data.integers(0, CFG.vocab_size, (4, 1)) + np.arange(CFG.block_size + 1)) % CFG.vocab_size
+        losses.append(step(seq[:, :-1], seq[:, 1:], 3e-3 * (1 - i / steps)).item())
+    return losses, step
+
+
+def test_captured_step_replays_exactly_what_eager_computes(gpu, monkeypatch):
+    replayed, step = captured_losses(gpu, 12)
+    assert step._run.tape is not None and step._run.eager_reason is None
+    assert len(step._run.tape.events) > 100
+    replays = gpu.counters["replays"]
+    monkeypatch.setattr(gpu, "capture", lambda fn: fn)  # the same run uncaptured: the same kernels, same order
+    eager, _ = captured_losses(gpu, 12)
+    monkeypatch.undo()
+    assert replayed == eager
+    assert gpu.counters["replays"] == replays
+    cpu, _ = captured_losses(backends.reference(), 12)
+    np.testing.assert_allclose(replayed, cpu, rtol=1e-3)
+
+
+def test_replayed_steps_sync_once_and_skip_python(gpu):
+    _, step = captured_losses(gpu, 6)
+    before = dict(gpu.counters)
+    x = np.zeros((4, CFG.block_size), np.int64)
+    for _ in range(3):
+        step(x, x, 1e-3).item()
+    assert gpu.counters["host_syncs"] - before["host_syncs"] == 3
+    assert gpu.counters["replays"] - before.get("replays", 0) == 3
+    assert gpu.counters.get("bind_groups_created", 0) == before.get("bind_groups_created", 0)
+
+
+def test_dropout_keeps_the_step_eager(gpu):
+    _, step = captured_losses(gpu, 5, dropout=0.1)
+    assert step._run.tape is None and "dropout" in step._run.eager_reason

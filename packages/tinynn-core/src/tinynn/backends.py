@@ -58,8 +58,21 @@ class Backend:
     def is_array(self, a) -> bool:
         raise NotImplementedError
 
+    def write_(self, dst, src: np.ndarray) -> None:
+        """Overwrite an existing array with host values (same shape), keeping its storage."""
+        raise NotImplementedError
+
     def sync(self) -> None:
         """Wait until all work recorded so far has finished."""
+
+    def capture(self, fn):
+        """A callable equivalent to `fn()` (no arguments) that the backend may record once and replay.
+
+        fn must read its per-call inputs from arrays that live across calls (written with `write_`
+        before each call) and return a Tensor. The default runs fn every time; a GPU backend replays
+        the recorded dispatches without running Python again.
+        """
+        return fn
 
     # --- everything else falls back to the reference (see _install_fallbacks) ---
     OPS = (
@@ -76,7 +89,7 @@ class Backend:
         # optimizer
         "global_norm", "clip_coefficient",
     )
-    INPLACE_OPS = ("adamw_update_", "sgd_update_", "assign_")
+    INPLACE_OPS = ("adamw_update_", "sgd_update_")
 
 
 def reference() -> Backend:
@@ -103,7 +116,7 @@ def _install_fallbacks():
             if inplace:  # write the reference's in-place results back into this backend's arrays
                 for dst, src in zip(_flatten(args), _flatten(np_args)):
                     if self.is_array(dst):
-                        self.assign_(dst, self.from_numpy(src))
+                        self.write_(dst, src)
                 return None
             return from_numpy(self, out)
         op.__name__ = name
@@ -113,8 +126,7 @@ def _install_fallbacks():
     for name in Backend.OPS:
         setattr(Backend, name, make(name, inplace=False))
     for name in Backend.INPLACE_OPS:
-        if name != "assign_":
-            setattr(Backend, name, make(name, inplace=True))
+        setattr(Backend, name, make(name, inplace=True))
 
 
 def _flatten(xs):

@@ -84,7 +84,7 @@ class Module:
         for name, p in params.items():
             if tuple(state[name].shape) != p.shape:
                 raise TinynnError(f"state dict: {name} has shape {tuple(state[name].shape)}, model wants {p.shape}")
-            p.data = p.backend.from_numpy(np.asarray(state[name], dtype=p.dtype))
+            p.backend.write_(p.data, np.asarray(state[name], dtype=p.dtype))  # in place: storage kept
 
 
 class Linear(Module):

@@ -43,7 +43,7 @@ class NumpyBackend(Backend):
     def zeros(self, shape, dtype=np.float32):
         return np.zeros(shape, dtype=dtype)
 
-    def assign_(self, dst, src):
+    def write_(self, dst, src):
         dst[...] = src
 
     # --- layout ---
@@ -213,10 +213,11 @@ class NumpyBackend(Backend):
     def clip_coefficient(self, norm, max_norm):
         return np.asarray(min(1.0, max_norm / (float(norm) + 1e-6)), dtype=norm.dtype)
 
-    def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps,
-                      weight_decay, step, grad_scale=None):
+    def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
+                      grad_scale=None):
+        """hyper = [lr, 1 - beta1^t, 1 - beta2^t]: the values that change every step, kept in an array."""
         scale = 1.0 if grad_scale is None else float(grad_scale)
-        bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
+        lr, bias1, bias2 = (float(v) for v in hyper)
         for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
             g = g * scale
             p *= 1.0 - lr * weight_decay  # decoupled weight decay (Loshchilov & Hutter)
@@ -226,8 +227,10 @@ class NumpyBackend(Backend):
             v += (1.0 - beta2) * g * g
             p -= lr * (m / bias1) / (np.sqrt(v / bias2) + eps)
 
-    def sgd_update_(self, params, grads, momentum_buffers, *, lr, momentum, weight_decay, grad_scale=None):
+    def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
+        """hyper = [lr]."""
         scale = 1.0 if grad_scale is None else float(grad_scale)
+        lr = float(hyper[0])
         for p, g, buf in zip(params, grads, momentum_buffers):
             g = g * scale + weight_decay * p
             buf *= momentum

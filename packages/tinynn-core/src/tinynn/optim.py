@@ -1,8 +1,11 @@
 """Optimizers (SGD with momentum, AdamW) and the warmup + cosine learning-rate schedule.
 
-Updates run in place on the backend, one call per parameter group, so a GPU backend can fuse a whole update
-into one kernel. Gradient-norm clipping is an optimizer option: the norm and the clip coefficient stay on the
-backend (no host sync), and the coefficient scales the gradients inside the update.
+Updates run in place on the backend, one call per parameter group. A step has two halves: `prepare_step`
+(host: advance the count, write the learning rate and bias corrections into a small backend array) and
+`apply_step` (backend only: the updates, which read that array). `step()` runs both; a captured training
+step (train.py) runs the first outside the capture and the second inside it.
+Gradient-norm clipping is an optimizer option: the norm and the clip coefficient stay on the backend (no
+host sync), and the coefficient scales the gradients inside the update.
 """
 from __future__ import annotations
 
@@ -36,6 +39,23 @@ class Optimizer:
     def set_lr(self, lr: float) -> None:
         for g in self.groups:
             g["lr"] = lr
+
+    def step(self):
+        self.prepare_step()
+        self.apply_step()
+
+    def prepare_step(self):
+        """Advance the step count and write each group's per-step values to its backend array."""
+        self.steps += 1
+        for g in self.groups:
+            if not g["params"]:
+                continue
+            be = g["params"][0].backend
+            values = np.asarray(self._per_step_values(g), dtype=g["params"][0].dtype)
+            if g.get("hyper") is None or g["hyper"][0] is not be:
+                g["hyper"] = (be, be.from_numpy(values))
+            else:
+                be.write_(g["hyper"][1], values)
 
     def _buffers(self, p: Tensor, count: int) -> list:
         if id(p) not in self.state:
@@ -79,14 +99,16 @@ class SGD(Optimizer):
     def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0, max_grad_norm=None):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay), max_grad_norm)
 
-    def step(self):
-        self.steps += 1
+    def _per_step_values(self, group):
+        return [group["lr"]]
+
+    def apply_step(self):
         scale = self._grad_scale()
         for g in self.groups:
             ps = [p for p in g["params"] if p.grad is not None]
             if ps:
                 ps[0].backend.sgd_update_([p.data for p in ps], [p.grad.data for p in ps],
-                                          [self._buffers(p, 1)[0] for p in ps], lr=g["lr"],
+                                          [self._buffers(p, 1)[0] for p in ps], g["hyper"][1],
                                           momentum=g["momentum"], weight_decay=g["weight_decay"], grad_scale=scale)
 
 
@@ -97,8 +119,11 @@ class AdamW(Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, max_grad_norm=None):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), max_grad_norm)
 
-    def step(self):
-        self.steps += 1
+    def _per_step_values(self, group):
+        beta1, beta2 = group["betas"]
+        return [group["lr"], 1.0 - beta1**self.steps, 1.0 - beta2**self.steps]
+
+    def apply_step(self):
         scale = self._grad_scale()
         for g in self.groups:
             ps = [p for p in g["params"] if p.grad is not None]
@@ -107,8 +132,8 @@ class AdamW(Optimizer):
             bufs = [self._buffers(p, 2) for p in ps]
             ps[0].backend.adamw_update_(
                 [p.data for p in ps], [p.grad.data for p in ps], [b[0] for b in bufs], [b[1] for b in bufs],
-                lr=g["lr"], beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
-                weight_decay=g["weight_decay"], step=self.steps, grad_scale=scale)
+                g["hyper"][1], beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
+                weight_decay=g["weight_decay"], grad_scale=scale)
 
 
 def cosine_lr(step: int, base_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:

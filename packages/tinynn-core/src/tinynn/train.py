@@ -20,7 +20,7 @@ from tinynn.data import Batches, CharTokenizer, load_text
 from tinynn.errors import TinynnError
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, cosine_lr, decay_groups
-from tinynn.tensor import no_grad
+from tinynn.tensor import Tensor, no_grad
 
 CHECKPOINT_NAME = "ckpt.safetensors"
 
@@ -32,6 +32,33 @@ class TrainResult:
     history: dict  # step, train_loss, val_step, val_loss
     sample: str
     checkpoint: Path
+
+
+class TrainStep:
+    """One optimisation step over persistent input arrays, so that a backend can capture it once and replay
+    it (the GPU backend does: see `Backend.capture`). Call it with a batch and the learning rate; it returns
+    the loss, still on the backend: reading it (`.item()`) is the step's one host sync."""
+
+    def __init__(self, model: GPT, optimizer, batch_size: int, block_size: int):
+        self.model, self.optimizer = model, optimizer
+        self.backend = be = model.parameters()[0].backend
+        self.x = Tensor(be.from_numpy(np.zeros((batch_size, block_size), np.int64)), be)  # (B, T) token ids
+        self.y = Tensor(be.from_numpy(np.zeros((batch_size, block_size), np.int64)), be)  # (B, T) next ids
+        self._run = be.capture(self._body)
+
+    def _body(self):
+        _, loss = self.model(self.x, self.y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.apply_step()
+        return loss
+
+    def __call__(self, x: np.ndarray, y: np.ndarray, lr: float):
+        self.backend.write_(self.x.data, x)
+        self.backend.write_(self.y.data, y)
+        self.optimizer.set_lr(lr)
+        self.optimizer.prepare_step()
+        return self._run()
 
 
 def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: int, seed: int) -> float:
@@ -84,15 +111,12 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
     tokens_per_step = cfg.batch_size * cfg.block_size
     bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps, disable=not progress,
                desc=f"train ({backend.name})", unit="step", dynamic_ncols=True)
+    train_step = TrainStep(model, optimizer, cfg.batch_size, cfg.block_size)
     t_last = time.perf_counter()
     for step in bar:
-        optimizer.set_lr(cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps))
+        lr = cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
         x, y = batches.sample("train", cfg.batch_size, rng.generator())
-        _, loss = model(x, y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        loss_value = loss.item()
+        loss_value = train_step(x, y, lr).item()
         if not math.isfinite(loss_value):
             kept = f"the last good checkpoint {ckpt_path} is kept" if ckpt_path.exists() else "no checkpoint was saved"
             raise TinynnError(f"loss became {loss_value} at step {step + 1}; stopping ({kept}); "

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from tinynn.backends import Backend
+from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
 
@@ -139,10 +140,16 @@ class WgpuBackend(Backend):
         return self._constants[key]
 
     def zeros(self, shape, dtype=np.float32):
-        return self._fill(self._empty(shape, dtype), 0.0)
+        return self._fill(self._empty(shape, np.int32 if np.dtype(dtype).kind in "iub" else np.float32), 0.0)
 
-    def assign_(self, dst, src):
-        self.rt.copy(_buf_array(src), _buf_array(dst), dst.nbytes)
+    def write_(self, dst, src):
+        if dst.buffer is None:
+            dst._owner[...] = src
+        else:
+            self.rt.write(dst, np.asarray(src))
+
+    def capture(self, fn):
+        return CapturedStep(self, fn)
 
     # --- layout ---
     def reshape(self, a, shape):
@@ -235,6 +242,8 @@ class WgpuBackend(Backend):
         return out
 
     def dropout_mask(self, shape, p, seed, dtype=np.float32):
+        if self.rt.tape is not None:
+            self.rt.tape.broken = "dropout draws a new mask every step"
         out = self._empty(shape)
         threshold = min(int(p * 2**32), 2**32 - 1)
         self.rt.dispatch("elementwise", "dropout_mask_main", _groups(out.size), {2: out},
@@ -401,21 +410,19 @@ class WgpuBackend(Backend):
         self.rt.dispatch("norm", "clip_coefficient_main", 1, {0: _buf(norm), 2: out}, (float(max_norm),))
         return out
 
-    def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps, weight_decay, step,
+    def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
                       grad_scale=None):
-        step_values = self.from_numpy(np.array([lr, 1.0 - beta1**step, 1.0 - beta2**step], np.float32))
         scale = grad_scale if grad_scale is not None else self._constant(1.0)
         for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
             self.rt.dispatch("optimizer", "adamw_main", _groups(p.size),
-                             {0: _buf(p), 1: _buf(g), 2: _buf(m), 4: _buf(v), 5: step_values, 6: _buf(scale)},
+                             {0: _buf(p), 1: _buf(g), 2: _buf(m), 4: _buf(v), 5: _buf(hyper), 6: _buf(scale)},
                              (p.size, float(beta1), float(beta2), float(eps), float(weight_decay)))
 
-    def sgd_update_(self, params, grads, momentum_buffers, *, lr, momentum, weight_decay, grad_scale=None):
-        step_values = self.from_numpy(np.array([lr], np.float32))
+    def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)
         for p, g, buf in zip(params, grads, momentum_buffers):
             self.rt.dispatch("optimizer", "sgd_main", _groups(p.size),
-                             {0: _buf(p), 1: _buf(g), 2: _buf(buf), 5: step_values, 6: _buf(scale)},
+                             {0: _buf(p), 1: _buf(g), 2: _buf(buf), 5: _buf(hyper), 6: _buf(scale)},
                              (p.size, float(momentum), float(weight_decay)))
 
 
@@ -423,15 +430,10 @@ def _groups(n: int) -> int:
     return -(-n // WG)
 
 
-def _buf(a: GpuArray):
-    """The array's buffer; a host-resident array raises TooLarge so the op runs on the CPU instead."""
+def _buf(a: GpuArray) -> GpuArray:
+    """An array a kernel can bind; a host-resident one raises TooLarge so the op runs on the CPU instead."""
     if a.buffer is None:
         raise TooLarge("array lives on the host")
-    return a.buffer
-
-
-def _buf_array(a: GpuArray) -> GpuArray:
-    _buf(a)
     return a
 
 
@@ -443,10 +445,11 @@ def _cpu_when_too_large(name):
         try:
             return gpu_op(self, *args, **kwargs)
         except TooLarge:
+            if self.rt.tape is not None:
+                self.rt.tape.broken = f"{name} ran on the CPU (an array exceeds the binding limit)"
             return cpu_op(self, *args, **kwargs)
     return op
 
 
 for _name in Backend.OPS + Backend.INPLACE_OPS:
-    if _name != "assign_":
-        setattr(WgpuBackend, _name, _cpu_when_too_large(_name))
+    setattr(WgpuBackend, _name, _cpu_when_too_large(_name))

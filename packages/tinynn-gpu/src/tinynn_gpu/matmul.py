@@ -33,6 +33,10 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 128, 8, 4, 8),
     BlockConfig(128, 128, 8, 8, 8),
     BlockConfig(128, 128, 16, 8, 8),
+    BlockConfig(32, 32, 8, 4, 4, splits=4),
+    BlockConfig(64, 64, 16, 4, 4, splits=4),
+    BlockConfig(64, 64, 16, 4, 4, splits=8),
+    BlockConfig(128, 128, 16, 8, 8, splits=4),
 )
 CACHE_VERSION = 1
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 
-from tinynn_gpu.runtime import LESSON_PARAMS_BYTES
-
 XYZW = "xyzw"
 
 
@@ -22,10 +20,12 @@ class BlockConfig:
     tm: int
     tn: int
     group: int = 8
+    splits: int = 1  # split-K: this many workgroups share each output block's K range
 
     @property
     def name(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}"
+        split = f" split{self.splits}" if self.splits > 1 else ""
+        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}"
 
     @property
     def threads(self) -> int:
@@ -52,9 +52,9 @@ def _load_lines(cfg: BlockConfig, operand: str, k_fastest: bool) -> list[str]:
         else:  # m (or n) contiguous: neighbouring threads take neighbouring 4-wide groups
             k, w4 = f"({slot}) / {width4}u", f"({slot}) % {width4}u"
         if operand == "a":
-            values = ", ".join(f"load_a(a_base, row0 + 4u * w4 + {c}u, k0 + k)" for c in range(4))
+            values = ", ".join(f"load_a(a_base, row0 + 4u * w4 + {c}u, k0 + k, k_end)" for c in range(4))
         else:
-            values = ", ".join(f"load_b(b_base, k0 + k, col0 + 4u * w4 + {c}u)" for c in range(4))
+            values = ", ".join(f"load_b(b_base, k0 + k, col0 + 4u * w4 + {c}u, k_end)" for c in range(4))
         body = (f"let k = {k}; let w4 = {w4}; "
                 f"{operand}_tile[k * {width4}u + w4] = vec4<f32>({values});")
         guard = f"if ({slot} < {total}u) " if (i + 1) * cfg.threads > total else ""
@@ -80,8 +80,8 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool) -> str:
         "B_TILE_VEC4": cfg.bk * cfg.bn // 4,
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
-        "A_INDEX": "base + k * params.p0 + m" if transpose_a else "base + m * params.p2 + k",
-        "B_INDEX": "base + n * params.p2 + k" if transpose_b else "base + k * params.p1 + n",
+        "A_INDEX": "base + k * params.m + m" if transpose_a else "base + m * params.k + k",
+        "B_INDEX": "base + n * params.k + k" if transpose_b else "base + k * params.n + n",
         "DECLARE": "\n".join(declare), "LOAD": "\n".join(load), "INNER": "\n".join(inner),
         "STORE": "\n".join(store),
     }
@@ -105,9 +105,16 @@ class BlockedMatmul:
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b):
         layout = (bool(transpose_a), bool(transpose_b))
-        name = f"matmul {self.config.name} ta={int(layout[0])} tb={int(layout[1])}"
+        cfg = self.config
+        name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}"
         if layout not in self.modules:
-            self.modules[layout] = self.rt.device.create_shader_module(label=name, code=generate(self.config, *layout))
-        groups = (-(-n // self.config.bn), -(-m // self.config.bm), batch)
-        self.rt.dispatch(name, "matmul_main", groups, {0: a, 1: b, 2: out}, (m, n, k, int(shared_b)),
-                         module=self.modules[layout], params_bytes=LESSON_PARAMS_BYTES)
+            self.modules[layout] = self.rt.device.create_shader_module(label=name, code=generate(cfg, *layout))
+        splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
+        k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
+        target = out if splits == 1 else self.rt.empty((batch * splits * m * n,))  # one slice per split
+        groups = (-(-n // cfg.bn), -(-m // cfg.bm), batch * splits)
+        self.rt.dispatch(name, "matmul_main", groups, {0: a, 1: b, 2: target},
+                         (m, n, k, int(shared_b), splits, k_chunk), module=self.modules[layout], params_bytes=32)
+        if splits > 1:  # out[b] = sum of the splits' slices
+            self.rt.dispatch("reduce", "reduce_main", -(-batch * m * n // 256), {0: target, 2: out},
+                             (batch, splits, m * n, 0, splits, 1))

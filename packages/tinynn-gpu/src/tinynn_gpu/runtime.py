@@ -89,6 +89,7 @@ class Runtime:
         self.counters = Counter()
         self._sync_source = None
         self._profile = None  # while profiling: {"queries", "labels", "times"}
+        self.tape = None  # while capturing a step (capture.py): the Tape recording it
 
     # --- memory ---
     def empty(self, shape, dtype=np.float32) -> GpuArray:
@@ -108,15 +109,27 @@ class Runtime:
 
     def upload(self, x: np.ndarray) -> GpuArray:
         arr = self.empty(x.shape, x.dtype)
-        self.flush()  # queue.write_buffer runs before commands not yet submitted: submit those first
-        if arr.nbytes:
-            self.queue.write_buffer(arr.buffer, 0, np.ascontiguousarray(x).tobytes())
-        self.counters["uploads"] += 1
+        self.write(arr, x)
         return arr
+
+    def write(self, arr: GpuArray, x: np.ndarray) -> None:
+        """Overwrite arr's buffer with x (same byte size)."""
+        data = np.ascontiguousarray(x, dtype=arr.dtype).tobytes()
+        if len(data) != arr.nbytes:
+            raise ValueError(f"cannot write {x.shape} {x.dtype} into a {arr.shape} {arr.dtype} array")
+        self.flush()  # queue.write_buffer runs before commands not yet submitted: submit those first
+        if data:
+            self.queue.write_buffer(arr.buffer, 0, data)
+        self.counters["uploads"] += 1
+        if self.tape is not None:  # inside a captured step this is a constant: replay writes the same bytes
+            self.tape.events.append(("write", arr.buffer, data))
+            self.tape.hold(arr)
 
     def read(self, arr: GpuArray) -> np.ndarray:
         """Copy an array back to the host: the one place the host waits for the GPU."""
         nbytes = arr.nbytes
+        if self.tape is not None:
+            self.tape.broken = "the step reads a value back"
         if nbytes == 0:
             return np.zeros(arr.shape, arr.dtype)
         size = _bucket(nbytes)
@@ -193,6 +206,10 @@ class Runtime:
         buffers = {slot: getattr(v, "buffer", v) for slot, v in bindings.items()}
         buffers[3] = self.uniform(params, params_bytes)
         group = self.bind_group(pipe, buffers)
+        if self.tape is not None:
+            self.tape.events.append(("dispatch", pipe, group, tuple(groups)))
+            for value in bindings.values():
+                self.tape.hold(value)
         if self._profile is not None:
             self._begin_timed_pass(f"{module_name}.{entry}")
         elif self.compute_pass is None:
@@ -213,6 +230,9 @@ class Runtime:
         """Run fn() with every dispatch timed on the GPU; GPU time per kernel, largest first."""
         if "timestamp-query" not in self.ctx.features:
             raise RuntimeError(f"{self.ctx.name} has no timestamp-query feature")
+        if self.tape is not None:
+            self.tape.broken = "the step profiles itself"
+            return []
         self.flush()
         queries = self.device.create_query_set(type="timestamp", count=QUERY_CAPACITY)
         self._profile = {"queries": queries, "labels": [], "times": defaultdict(float), "calls": Counter()}
@@ -248,10 +268,21 @@ class Runtime:
             self._profile["calls"][label] += 1
         labels.clear()
 
-    def copy(self, src: GpuArray, dst: GpuArray, nbytes: int) -> None:
-        if nbytes:
-            self._end_pass()
-            self._encoder().copy_buffer_to_buffer(src.buffer, 0, dst.buffer, 0, _round4(nbytes))
+    def replay(self, tape) -> None:
+        """Re-encode a captured step: the same dispatches and writes, no Python autograd, no cache look-ups."""
+        for event in tape.events:
+            if event[0] == "dispatch":
+                _, pipe, group, groups = event
+                if self.compute_pass is None:
+                    self.compute_pass = self._encoder().begin_compute_pass()
+                self.compute_pass.set_pipeline(pipe)
+                self.compute_pass.set_bind_group(0, group)
+                self.compute_pass.dispatch_workgroups(*groups)
+            else:
+                self.flush()
+                self.queue.write_buffer(event[1], 0, event[2])
+        self.counters["dispatches"] += sum(e[0] == "dispatch" for e in tape.events)
+        self.counters["replays"] += 1
 
     def flush(self) -> None:
         """Submit everything recorded so far (no waiting)."""

@@ -11,11 +11,14 @@
 // conflicts. Edges: out-of-range loads read 0 and out-of-range stores are skipped; no thread leaves
 // before a barrier. Workgroups are visited GROUP block-rows at a time so that the A and B panels being
 // read stay in L2 (the raster order would stream all of B once per block-row).
+// Split-K: with `splits` > 1 the z axis runs over (batch, split) and each split sums its own k_chunk of
+// K into its own (M, N) slice of `out`; the launcher then adds the slices (a long K over a small M x N
+// output would otherwise leave most of the GPU idle).
 //
-// Bindings: 0:a 1:b 2:out 3:params. Params: p0 = M, p1 = N, p2 = K, p3 = 1 when b is shared by all batches.
+// Bindings: 0:a 1:b 2:out 3:params.
 // Layout of this variant: a {{A_LAYOUT}}, b {{B_LAYOUT}}.
 
-struct Params { p0: u32, p1: u32, p2: u32, p3: u32 }
+struct Params { m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
@@ -33,34 +36,36 @@ const GROUP: u32 = {{GROUP}}u;
 var<workgroup> a_tile: array<vec4<f32>, {{A_TILE_VEC4}}>;  // [k][m / 4]
 var<workgroup> b_tile: array<vec4<f32>, {{B_TILE_VEC4}}>;  // [k][n / 4]
 
-fn load_a(base: u32, m: u32, k: u32) -> f32 {
-    if (m >= params.p0 || k >= params.p2) { return 0.0; }
+fn load_a(base: u32, m: u32, k: u32, k_end: u32) -> f32 {
+    if (m >= params.m || k >= k_end) { return 0.0; }
     return a[{{A_INDEX}}];
 }
 
-fn load_b(base: u32, k: u32, n: u32) -> f32 {
-    if (k >= params.p2 || n >= params.p1) { return 0.0; }
+fn load_b(base: u32, k: u32, n: u32, k_end: u32) -> f32 {
+    if (k >= k_end || n >= params.n) { return 0.0; }
     return b[{{B_INDEX}}];
 }
 
 fn store(base: u32, m: u32, n: u32, v: vec4<f32>) {
-    if (m >= params.p0) { return; }
-    let i = base + m * params.p1 + n;
-    if (n + 3u < params.p1) {
+    if (m >= params.m) { return; }
+    let i = base + m * params.n + n;
+    if (n + 3u < params.n) {
         out[i] = v.x; out[i + 1u] = v.y; out[i + 2u] = v.z; out[i + 3u] = v.w;
     } else {
-        if (n < params.p1) { out[i] = v.x; }
-        if (n + 1u < params.p1) { out[i + 1u] = v.y; }
-        if (n + 2u < params.p1) { out[i + 2u] = v.z; }
+        if (n < params.n) { out[i] = v.x; }
+        if (n + 1u < params.n) { out[i + 1u] = v.y; }
+        if (n + 2u < params.n) { out[i + 2u] = v.z; }
     }
 }
 
 @compute @workgroup_size({{THREADS}})
 fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
-    let m_dim = params.p0;
-    let n_dim = params.p1;
-    let k_dim = params.p2;
+    let m_dim = params.m;
+    let n_dim = params.n;
+    let batch = wg.z / params.splits;
+    let k_begin = (wg.z % params.splits) * params.k_chunk;
+    let k_end = min(params.k, k_begin + params.k_chunk);
     // grouped order: GROUP block-rows share the B panels they read while they are in L2
     let linear = wg.y * nwg.x + wg.x;
     let per_group = GROUP * nwg.x;
@@ -70,17 +75,17 @@ fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let block_n = (linear % per_group) / rows_here;
     let row0 = block_m * BM;
     let col0 = block_n * BN;
-    let a_base = wg.z * m_dim * k_dim;
-    let b_base = select(wg.z * k_dim * n_dim, 0u, params.p3 == 1u);
+    let a_base = batch * m_dim * params.k;
+    let b_base = select(batch * params.k * n_dim, 0u, params.shared_b == 1u);
     let tx = lid % THREADS_N;
     let ty = lid / THREADS_N;
 {{DECLARE}}
-    for (var k0 = 0u; k0 < k_dim; k0 = k0 + BK) {
+    for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
 {{LOAD}}
         workgroupBarrier();
 {{INNER}}
         workgroupBarrier();
     }
-    let out_base = wg.z * m_dim * n_dim;
+    let out_base = wg.z * m_dim * n_dim;  // with splits: this split's own slice
 {{STORE}}
 }
