@@ -23,6 +23,7 @@ STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.Buff
 MAX_GROUPS = 65535  # per dispatch dimension
 CACHE_SIZE = 8192
 QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
+REPLAY_CHUNK = 96  # dispatches per submission in a replay (a new pass costs the GPU ~50 us)
 PARAMS_BYTES = 128  # common.wgsl's Params: 8 x vec4<u32>
 LESSON_PARAMS_BYTES = 16  # lesson.wgsl's Params {p0, p1, p2, p3}
 
@@ -86,6 +87,7 @@ class Runtime:
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
         self.encoder = None
         self.compute_pass = None
+        self._pass_pipeline = None  # the pipeline set in the open pass
         self.counters = Counter()
         self._sync_source = None
         self._profile = None  # while profiling: {"queries", "labels", "times"}
@@ -212,11 +214,7 @@ class Runtime:
                 self.tape.hold(value)
         if self._profile is not None:
             self._begin_timed_pass(f"{module_name}.{entry}")
-        elif self.compute_pass is None:
-            self.compute_pass = self._encoder().begin_compute_pass()
-        self.compute_pass.set_pipeline(pipe)
-        self.compute_pass.set_bind_group(0, group)
-        self.compute_pass.dispatch_workgroups(*groups)
+        self._encode(pipe, group, groups)
         self.counters["dispatches"] += 1
         if self._profile is not None:
             self._end_pass()
@@ -269,15 +267,16 @@ class Runtime:
         labels.clear()
 
     def replay(self, tape) -> None:
-        """Re-encode a captured step: the same dispatches and writes, no Python autograd, no cache look-ups."""
+        """Re-encode a captured step: the same dispatches and writes, no Python autograd, no cache look-ups.
+        Submitted every REPLAY_CHUNK dispatches, so the GPU starts on the step while the rest is encoded."""
+        since_submit = 0
         for event in tape.events:
             if event[0] == "dispatch":
-                _, pipe, group, groups = event
-                if self.compute_pass is None:
-                    self.compute_pass = self._encoder().begin_compute_pass()
-                self.compute_pass.set_pipeline(pipe)
-                self.compute_pass.set_bind_group(0, group)
-                self.compute_pass.dispatch_workgroups(*groups)
+                since_submit += 1
+                if since_submit > REPLAY_CHUNK:
+                    self.flush()
+                    since_submit = 1
+                self._encode(*event[1:])
             else:
                 self.flush()
                 self.queue.write_buffer(event[1], 0, event[2])
@@ -293,6 +292,15 @@ class Runtime:
         self.encoder = None
         self.counters["submissions"] += 1
 
+    def _encode(self, pipe, group, groups):
+        if self.compute_pass is None:
+            self.compute_pass = self._encoder().begin_compute_pass()
+        if pipe is not self._pass_pipeline:  # runs of one kernel (the optimizer's) set it once
+            self.compute_pass.set_pipeline(pipe)
+            self._pass_pipeline = pipe
+        self.compute_pass.set_bind_group(0, group)
+        self.compute_pass.dispatch_workgroups(*groups)
+
     def _encoder(self):
         if self.encoder is None:
             self.encoder = self.device.create_command_encoder()
@@ -302,6 +310,7 @@ class Runtime:
         if self.compute_pass is not None:
             self.compute_pass.end()
             self.compute_pass = None
+            self._pass_pipeline = None
 
 
 def grid(workgroups: int) -> tuple[int, int, int]:
