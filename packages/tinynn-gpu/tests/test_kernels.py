@@ -149,3 +149,9 @@ def test_row_kernels_any_width(poisoned, rows, cols, seed):
     loss, _ = gpu.cross_entropy_forward(dx, gpu.from_numpy(t), -100)
     ref_loss, _ = ref.cross_entropy_forward(x.astype(np.float64), t, -100)
     assert rel_err(gpu.to_numpy(loss), ref_loss) <= RTOL
+
+
+@pytest.mark.parametrize("shape", [(1, 4096, 4096, 4096), (1, 1024, 1024, 1024), (1, 2048, 256, 256),
+                                   (1, 256, 256, 2048), (64, 128, 128, 64), (1, 1, 1, 1)])
+def test_default_variant_is_a_shipped_candidate(gpu, shape):
+    assert MatmulSelector.default_variant(*shape) in MatmulSelector(gpu.rt, autotune=False).variants

@@ -26,10 +26,15 @@ LESSON = dict(block_size=128, n_layer=4, n_head=4, n_embd=256, batch_size=16)
 VOCAB = 65  # the reference's vocabulary (Shakespeare's characters)
 
 
-def time_call(fn, sync, min_seconds=0.3, max_reps=50) -> float:
-    """Seconds per call: one warm-up, then as many calls as fit in min_seconds (at least 2)."""
-    fn()
-    sync()
+def time_call(fn, sync, min_seconds=0.3, max_reps=50, warmup_seconds=0.1) -> float:
+    """Seconds per call: warm-up calls for warmup_seconds (a GPU raises its clocks under load), then as
+    many calls as fit in min_seconds (at least 2)."""
+    t0 = time.perf_counter()
+    while True:
+        fn()
+        sync()
+        if time.perf_counter() - t0 >= warmup_seconds:
+            break
     reps, t0 = 0, time.perf_counter()
     while reps < 2 or (time.perf_counter() - t0 < min_seconds and reps < max_reps):
         fn()

@@ -101,10 +101,15 @@ class MatmulSelector:
 
     @staticmethod
     def default_variant(batch, m, n, k) -> str:
-        if m >= 128 and n >= 128 and batch * m * n >= 512 * 512:
-            return "blocked 128x128x8/8x8"
+        """The choice without tuning, from the H200 variant table in BENCHMARKS.md: big blocks for big
+        outputs, split-K when a long K meets an output too small to fill the GPU."""
+        outputs = batch * m * n
+        if outputs >= 2048 * 2048:
+            return "blocked 128x128x16/8x8"
+        if outputs >= 1024 * 1024:
+            return "blocked 128x128x16/8x8 split4" if k >= 1024 else "blocked 64x64x16/4x4"
         if m >= 64 and n >= 64:
-            return "blocked 64x64x8/4x4"
+            return "blocked 64x64x16/4x4 split4" if k >= 512 else "blocked 64x64x16/4x4"
         return "blocked 32x32x8/4x4"
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b):
