@@ -26,6 +26,15 @@ matmul_cases = st.tuples(st.integers(1, 3), dims, dims, st.one_of(dims, st.integ
                          st.booleans(), st.booleans(), st.booleans(), st.integers(0, 2**31))
 
 
+def operands(case):
+    """Random a and b for a drawn case, stored as its layout says (transposed, b shared by the batch)."""
+    batch, m, n, k, ta, tb, shared, seed = case
+    g = np.random.default_rng(seed)
+    a = g.standard_normal((batch, k, m) if ta else (batch, m, k)).astype(np.float32)
+    b = g.standard_normal(((n, k) if tb else (k, n)) if shared else ((batch, n, k) if tb else (batch, k, n)))
+    return a, b.astype(np.float32)
+
+
 def reference(a, b, ta, tb):
     a, b = a.astype(np.float64), b.astype(np.float64)
     return np.matmul(a.swapaxes(-1, -2) if ta else a, b.swapaxes(-1, -2) if tb else b)
@@ -35,13 +44,10 @@ def reference(a, b, ta, tb):
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=matmul_cases)
 def test_lesson_matmul_every_tile(poisoned, tile, case):
-    batch, m, n, k, ta, tb, shared, seed = case
+    batch, m, n, k, ta, tb, shared, _ = case
     gpu = poisoned
     kernel = LessonMatmul(gpu.rt, tile)
-    g = np.random.default_rng(seed)
-    a = g.standard_normal((batch, k, m) if ta else (batch, m, k)).astype(np.float32)
-    b = g.standard_normal(((n, k) if tb else (k, n)) if shared else ((batch, n, k) if tb else (batch, k, n)))
-    b = b.astype(np.float32)
+    a, b = operands(case)
     da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))  # held: buffers stay ours
     kernel.record(da.buffer, db.buffer, out, batch, m, n, k, ta, tb, shared)
     assert rel_err(gpu.to_numpy(out), reference(a, b, ta, tb)) <= RTOL
@@ -51,12 +57,9 @@ def test_lesson_matmul_every_tile(poisoned, tile, case):
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=matmul_cases)
 def test_blocked_matmul_every_variant(poisoned, config, case):
-    batch, m, n, k, ta, tb, shared, seed = case
+    batch, m, n, k, ta, tb, shared, _ = case
     gpu = poisoned
-    g = np.random.default_rng(seed)
-    a = g.standard_normal((batch, k, m) if ta else (batch, m, k)).astype(np.float32)
-    b = g.standard_normal(((n, k) if tb else (k, n)) if shared else ((batch, n, k) if tb else (batch, k, n)))
-    b = b.astype(np.float32)
+    a, b = operands(case)
     da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))
     BlockedMatmul(gpu.rt, config).record(da.buffer, db.buffer, out, batch, m, n, k, ta, tb, shared)
     assert rel_err(gpu.to_numpy(out), reference(a, b, ta, tb)) <= RTOL
@@ -91,12 +94,9 @@ def test_a_variant_can_be_forced(gpu, monkeypatch):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=matmul_cases)
 def test_backend_matmul(poisoned, case):
-    batch, m, n, k, ta, tb, shared, seed = case
+    batch, m, n, k, ta, tb, shared, _ = case
     gpu = poisoned
-    g = np.random.default_rng(seed)
-    a = g.standard_normal((batch, k, m) if ta else (batch, m, k)).astype(np.float32)
-    b = g.standard_normal(((n, k) if tb else (k, n)) if shared else ((batch, n, k) if tb else (batch, k, n)))
-    b = b.astype(np.float32)
+    a, b = operands(case)
     got = gpu.to_numpy(gpu.matmul(gpu.from_numpy(a), gpu.from_numpy(b), ta, tb))
     assert rel_err(got, reference(a, b, ta, tb)) <= RTOL
 

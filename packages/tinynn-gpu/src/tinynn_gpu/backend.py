@@ -271,8 +271,9 @@ class WgpuBackend(Backend):
         return x.view(kept if keepdims else tuple(shape))
 
     def _reduce_middle(self, a, outer, r, inner, op):
-        # enough threads to fill the GPU: split a long R into chunks when outer * inner is small
-        chunks = max(1, min(-(-r // 32), 16384 // max(1, outer * inner)))
+        # enough threads to fill the GPU: split a long R into chunks when outer * inner is small (an R of
+        # 256 or less is summed in one pass: a second dispatch would cost more than it saves)
+        chunks = 1 if r <= 256 else max(1, min(-(-r // 32), 16384 // max(1, outer * inner)))
         chunk_len = -(-r // chunks)
         chunks = -(-r // chunk_len)
         out = self._empty((outer * chunks * inner,))

@@ -56,7 +56,7 @@ def kernel_source(name: str) -> str:
     """A kernel file's WGSL, with common.wgsl prepended (lesson.wgsl is self-contained)."""
     folder = resources.files("tinynn_gpu") / "kernels"
     text = (folder / f"{name}.wgsl").read_text(encoding="utf-8")
-    if name.startswith("lesson") or name.startswith("matmul"):
+    if name == "lesson":
         return text
     return (folder / "common.wgsl").read_text(encoding="utf-8") + "\n" + text
 

@@ -4,7 +4,8 @@ usable, the CPU otherwise or when an input exceeds the GPU's binding limit. Resu
     >>> from tinynn_gpu import matmul_data
     >>> c = matmul_data(a, b)   # a (B, M, K) or (M, K), b (B, K, N) or (K, N)
 
-Each runs one of the lesson module's four entries (lesson.wgsl) with its 16-byte `Params`.
+scale, add and relu run the lesson module's own entries (lesson.wgsl, with its 16-byte `Params`);
+matmul_data runs the backend's matmul, which picks the fastest variant (matmul.py).
 """
 from __future__ import annotations
 

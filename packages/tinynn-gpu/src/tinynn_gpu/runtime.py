@@ -12,6 +12,7 @@ recorder that batches dispatches into one compute pass and submits only when it 
 from __future__ import annotations
 
 import heapq
+import math
 import struct
 import weakref
 from collections import Counter, OrderedDict, defaultdict
@@ -43,7 +44,7 @@ class GpuArray:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
     @property
     def ndim(self) -> int:
