@@ -155,3 +155,11 @@ def test_row_kernels_any_width(poisoned, rows, cols, seed):
                                    (1, 256, 256, 2048), (64, 128, 128, 64), (1, 1, 1, 1)])
 def test_default_variant_is_a_shipped_candidate(gpu, shape):
     assert MatmulSelector.default_variant(*shape) in MatmulSelector(gpu.rt, autotune=False).variants
+
+
+def test_embedding_backward_over_many_chunks(poisoned, rng):
+    """Enough positions that the backward splits them into chunks and adds the partial tables."""
+    gpu, ref = poisoned, __import__("tinynn").backends.reference()
+    idx, g = rng.integers(0, 7, 5000), rng.standard_normal((5000, 16)).astype(np.float32)
+    got = gpu.to_numpy(gpu.embedding_backward(gpu.from_numpy(g), gpu.from_numpy(idx), 7))
+    assert rel_err(got, ref.embedding_backward(g.astype(np.float64), idx, 7)) <= RTOL

@@ -14,6 +14,7 @@ import numpy as np
 from tinynn.backends import Backend
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.matmul import MatmulSelector
+from tinynn_gpu.multi_tensor import MultiTensor
 from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
 
 UNARY = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "gelu": 5}
@@ -85,6 +86,7 @@ class WgpuBackend(Backend):
         self.device_name = ctx.name
         self.is_software = ctx.is_software
         self.mm = MatmulSelector(self.rt)
+        self.multi = MultiTensor(self.rt)
         self._constants = {}
 
     @property
@@ -389,21 +391,21 @@ class WgpuBackend(Backend):
         return out
 
     def embedding_backward(self, g, idx, num_embeddings):
-        c = g.shape[-1]
-        out = self._empty((num_embeddings, c))
-        self.rt.dispatch("embedding", "embedding_backward_main", _groups(out.size),
-                         {1: _buf(idx), 4: _buf(g), 2: out}, (out.size, c, idx.size))
-        return out
+        c, n = g.shape[-1], idx.size
+        table = num_embeddings * c
+        chunk = max(64, -(-n // max(1, 65536 // table)))  # ~64K threads, at least 64 positions each
+        chunks = -(-n // chunk)
+        partial = self._empty((chunks * table,))
+        self.rt.dispatch("embedding", "embedding_backward_main", _groups(partial.size),
+                         {1: _buf(idx), 4: _buf(g), 2: partial}, (table, c, n, chunk, chunks))
+        out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
+        return out.view((num_embeddings, c))
 
     # --- optimizer ---
     def global_norm(self, arrays):
-        groups = [min(64, -(-a.size // (WG * 16))) for a in arrays]  # ~16 elements a thread, 64 groups at most
-        partials, norm = self._empty((sum(groups),)), self._empty(())
-        slot = 0
-        for a, n_groups in zip(arrays, groups):
-            self.rt.dispatch("norm", "sum_squares_main", n_groups, {0: _buf(a), 2: partials}, (a.size, slot))
-            slot += n_groups
-        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, (slot,))
+        partials, count = self.multi.sum_squares([_buf(a) for a in arrays], lambda n: self._empty((n,)))
+        norm = self._empty(())
+        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, (count,))
         return norm
 
     def clip_coefficient(self, norm, max_norm):
@@ -414,10 +416,8 @@ class WgpuBackend(Backend):
     def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
                       grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)
-        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-            self.rt.dispatch("optimizer", "adamw_main", _groups(p.size),
-                             {0: _buf(p), 1: _buf(g), 2: _buf(m), 4: _buf(v), 5: _buf(hyper), 6: _buf(scale)},
-                             (p.size, float(beta1), float(beta2), float(eps), float(weight_decay)))
+        self.multi.adamw([_buf(p) for p in params], [_buf(g) for g in grads], [_buf(m) for m in exp_avgs],
+                         [_buf(v) for v in exp_avg_sqs], _buf(hyper), _buf(scale), beta1, beta2, eps, weight_decay)
 
     def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)

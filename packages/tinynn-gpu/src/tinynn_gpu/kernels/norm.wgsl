@@ -1,21 +1,11 @@
-// The global gradient norm for clipping, without leaving the GPU: each workgroup of each array writes the
-// sum of squares of its share into its own slot of `partials`, one workgroup adds the slots and takes the
-// square root, and one thread turns that into the clip coefficient min(1, max_norm / (norm + 1e-6)).
+// The global gradient norm for clipping, without leaving the GPU: multi_tensor.wgsl's sum_squares_main
+// leaves per-workgroup sums of squares in `partials`; here one workgroup adds them and takes the square
+// root, and one thread turns that into the clip coefficient min(1, max_norm / (norm + 1e-6)).
 // Bindings: 0:a 2:out 3:params
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
-
-// p0 = n, p1 = first slot (one slot per workgroup)
-@compute @workgroup_size(256)
-fn sum_squares_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_index) lid: u32) {
-    var s = 0.0;
-    for (var i = wg.x * 256u + lid; i < param(0u); i = i + nwg.x * 256u) { s = s + a[i] * a[i]; }
-    s = workgroup_sum(lid, s);
-    if (lid == 0u) { out[param(1u) + wg.x] = s; }
-}
 
 // a = partials; p0 = slots. out = [norm]
 @compute @workgroup_size(256)

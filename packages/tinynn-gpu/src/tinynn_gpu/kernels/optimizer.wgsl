@@ -1,35 +1,15 @@
-// In-place optimizer updates, one dispatch per parameter. Values that change every step (learning rate,
-// bias corrections) come in the small `step` buffer rather than the uniform, so the uniform and the bind
-// group of each parameter stay the same from step to step and are reused from the cache.
+// SGD with momentum, in place, one dispatch per parameter (AdamW, the hot path, is multi_tensor.wgsl).
+// Values that change every step (the learning rate) come in the small `step` buffer rather than the
+// uniform, so the uniform and the bind group of each parameter stay the same from step to step.
 // `scale` is the gradient-clip coefficient (1 without clipping), computed on the GPU: no host sync.
-// Bindings: 0:param 1:grad 2:buf1 3:params 4:buf2 5:step 6:scale
+// Bindings: 0:param 1:grad 2:buf1 3:params 5:step 6:scale
 
 @group(0) @binding(0) var<storage, read_write> param_: array<f32>;
 @group(0) @binding(1) var<storage, read> grad: array<f32>;
 @group(0) @binding(2) var<storage, read_write> buf1: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read_write> buf2: array<f32>;
 @group(0) @binding(5) var<storage, read> step: array<f32>;
 @group(0) @binding(6) var<storage, read> scale: array<f32>;
-
-// AdamW. buf1 = m, buf2 = v; step = [lr, 1 - beta1^t, 1 - beta2^t].
-// p0 = n, p1 = beta1, p2 = beta2, p3 = eps, p4 = weight decay
-@compute @workgroup_size(256)
-fn adamw_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
-    if (i >= param(0u)) { return; }
-    let lr = step[0];
-    let g = grad[i] * scale[0];
-    let b1 = paramf(1u);
-    let b2 = paramf(2u);
-    let m = b1 * buf1[i] + (1.0 - b1) * g;
-    let v = b2 * buf2[i] + (1.0 - b2) * g * g;
-    buf1[i] = m;
-    buf2[i] = v;
-    let p = param_[i] * (1.0 - lr * paramf(4u));  // decoupled weight decay
-    param_[i] = p - lr * (m / step[1]) / (sqrt(v / step[2]) + paramf(3u));
-}
 
 // SGD with momentum. buf1 = momentum buffer; step = [lr]. p0 = n, p1 = momentum, p2 = weight decay
 @compute @workgroup_size(256)

@@ -1,0 +1,90 @@
+"""Multi-tensor optimizer kernels, generated from kernels/multi_tensor.wgsl for as many tensors per dispatch
+as the device's storage-binding count allows (at most 8): AdamW and the gradient norm's sums of squares."""
+from __future__ import annotations
+
+from tinynn_gpu.context import kernel_source
+
+MAX_SLOTS = 8
+WG = 256
+
+
+def generate(slots: int) -> str:
+    bindings, functions, adamw, squares = [], [], [], []
+    for i in range(slots):
+        b = 4 + 4 * i
+        bindings += [f"@group(0) @binding({b}) var<storage, read_write> param_{i}: array<f32>;",
+                     f"@group(0) @binding({b + 1}) var<storage, read> grad_{i}: array<f32>;",
+                     f"@group(0) @binding({b + 2}) var<storage, read_write> m_{i}: array<f32>;",
+                     f"@group(0) @binding({b + 3}) var<storage, read_write> v_{i}: array<f32>;"]
+        functions.append(
+            f"fn adamw_{i}(j: u32) {{\n"
+            f"    let g = grad_{i}[j] * scale[0];\n"
+            f"    let m = paramf(9u) * m_{i}[j] + (1.0 - paramf(9u)) * g;\n"
+            f"    let v = paramf(10u) * v_{i}[j] + (1.0 - paramf(10u)) * g * g;\n"
+            f"    m_{i}[j] = m;\n"
+            f"    v_{i}[j] = v;\n"
+            f"    let p = param_{i}[j] * (1.0 - step[0] * paramf(12u));\n"
+            f"    param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + paramf(11u));\n}}")
+        start = "0u" if i == 0 else f"param({i}u)"
+        keyword = "if" if i == 0 else "} else if"
+        adamw.append(f"    {keyword} (e < param({i + 1}u)) {{ adamw_{i}(e - {start});")
+        squares.append(f"        {keyword} (e < param({i + 1}u)) {{ let x = grad_{i}[e - {start}]; s = s + x * x;")
+    text = kernel_source("multi_tensor")
+    fills = {"BINDINGS": "\n".join(bindings), "ADAMW_FUNCTIONS": "\n\n".join(functions),
+             "ADAMW_SELECT": "\n".join(adamw) + "\n    }", "SQUARES_SELECT": "\n".join(squares) + "\n        }"}
+    for key, value in fills.items():
+        text = text.replace("{{" + key + "}}", value)
+    return text
+
+
+def _chunks(items, size):
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+class MultiTensor:
+    def __init__(self, runtime):
+        self.rt = runtime
+        storage = runtime.ctx.limits.get("max-storage-buffers-per-shader-stage", 8)
+        self.slots = max(1, min(MAX_SLOTS, (storage - 3) // 4))
+        self.name = f"multi_tensor x{self.slots}"
+        self.module = runtime.device.create_shader_module(label=self.name, code=generate(self.slots))
+        # the kernels name every slot's bindings, so a group smaller than `slots` binds these in the gaps
+        # (distinct buffers: two writable bindings may not share one); their index ranges are empty
+        self.unused = [runtime.empty((1,)) for _ in range(4 * self.slots)]
+
+    def _tensor(self, group, i, k):
+        """Slot i's k-th tensor (param, grad, m, v) of a group, or its stand-in when the group is short."""
+        return group[i][k] if i < len(group) else self.unused[4 * i + k]
+
+    def _ends(self, arrays):
+        ends, total = [], 0
+        for a in arrays:
+            total += a.size
+            ends.append(total)
+        return ends + [total] * (MAX_SLOTS - len(ends))  # unused slots: empty ranges
+
+    def adamw(self, params, grads, exp_avgs, exp_avg_sqs, hyper, scale, beta1, beta2, eps, weight_decay):
+        for group in _chunks(list(zip(params, grads, exp_avgs, exp_avg_sqs)), self.slots):
+            bindings = {0: hyper, 1: scale}
+            bindings.update({4 + 4 * i + k: self._tensor(group, i, k) for i in range(self.slots) for k in range(4)})
+            ends = self._ends([t[0] for t in group])
+            total = ends[-1]
+            self.rt.dispatch(self.name, "adamw_main", -(-total // WG), bindings,
+                             [total] + ends + [float(beta1), float(beta2), float(eps), float(weight_decay), 0],
+                             module=self.module)
+
+    def sum_squares(self, arrays, partials_of):
+        """Record per-workgroup sums of squares of all arrays; returns (partials, how many it filled).
+        partials_of(n) allocates the partials array once n is known."""
+        groups = _chunks(list(arrays), self.slots)
+        counts = [min(128, -(-sum(a.size for a in g) // (WG * 16))) for g in groups]  # ~16 elements a thread
+        partials = partials_of(sum(counts))
+        first = 0
+        for group, n_groups in zip(groups, counts):
+            bindings = {2: partials}
+            bindings.update({5 + 4 * i: self._tensor([(None, a) for a in group], i, 1) for i in range(self.slots)})
+            ends = self._ends(group)
+            self.rt.dispatch(self.name, "sum_squares_main", (n_groups, 1, 1), bindings,
+                             [ends[-1]] + ends + [0.0, 0.0, 0.0, 0.0, first], module=self.module)
+            first += n_groups
+        return partials, first
