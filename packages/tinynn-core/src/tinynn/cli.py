@@ -65,7 +65,7 @@ def info() -> dict:
         "backends": [{"name": s.name, "usable": s.backend is not None, "reason": s.reason,
                       **(s.backend.describe() if s.backend else {})} for s in backends.statuses()],
         "active": active.describe() if active else None,
-        "why_not_gpu": backends.why_not_gpu() or None,
+        "why_not_gpu": None if active and active.is_gpu else backends.why_not_gpu() or None,
     }
 
 
@@ -87,7 +87,11 @@ def cmd_info(args):
     print(f"tinynn {report['tinynn']}  (python {report['python']}, numpy {report['numpy']})")
     print("backends:")
     for b in report["backends"]:
-        detail = f"{b['device']}" + (" [software adapter]" if b.get("software") else "") if b["usable"] else b["reason"]
+        if b["usable"]:
+            kind = ", ".join(str(b[k]) for k in ("adapter_type", "graphics_backend") if b.get(k))
+            detail = b["device"] + (f" ({kind})" if kind else "") + (" [software adapter]" if b["software"] else "")
+        else:
+            detail = b["reason"]
         print(f"  {b['name']:<6} {'usable' if b['usable'] else 'unavailable':<12} {detail}")
     active = report["active"]
     print(f"active: {active['backend']} ({active['device']})" if active else "active: none (see TINYNN_DEVICE)")

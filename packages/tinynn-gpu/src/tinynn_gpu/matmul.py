@@ -129,11 +129,12 @@ class MatmulSelector:
         """Milliseconds per call of each variant on these operands (GPU timestamps where available)."""
         names = [n for n in (names or self.variants) if self._fits(n)]
         if "timestamp-query" in self.rt.ctx.features:
-            for name in names:  # compile outside the timed region
-                self.variant(name)
-            rows = self.rt.profile(lambda: [self.variant(n).record(*args) for n in names for _ in range(reps)])
-            by_label = {r["kernel"]: r["ms"] / r["calls"] for r in rows}
-            return {n: by_label[self._label(n, args)] for n in names}
+            times = {}
+            for name in names:  # each variant alone, all its kernels counted (split-K adds a reduce)
+                self.variant(name).record(*args)  # compile outside the timed region
+                rows = self.rt.profile(lambda: [self.variant(name).record(*args) for _ in range(reps)])
+                times[name] = sum(r["ms"] for r in rows) / reps
+            return times
         times = {}
         for name in names:
             self.variant(name).record(*args)
@@ -144,12 +145,6 @@ class MatmulSelector:
             self.rt.sync()
             times[name] = (time.perf_counter() - t0) / reps * 1e3
         return times
-
-    def _label(self, name, args):
-        ta, tb = bool(args[7]), bool(args[8])
-        if name.startswith("lesson"):
-            return f"{name}.matmul_main"
-        return f"matmul {self.variants[name].name} ta={int(ta)} tb={int(tb)}.matmul_main"
 
     def _fits(self, name) -> bool:
         config = self.variants[name]
