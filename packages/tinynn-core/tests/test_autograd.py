@@ -86,6 +86,8 @@ def test_matmul_broadcasts_batch_dims(rng):
     gradcheck(F.matmul, rng.standard_normal((2, 1, 3, 4)), rng.standard_normal((5, 4, 2)))
     gradcheck(F.matmul, rng.standard_normal((3, 2, 4)), rng.standard_normal((4, 3)))  # a shared weight
     gradcheck(lambda x, w: F.linear(x, w), rng.standard_normal((2, 3, 4)), rng.standard_normal((5, 4)))
+    gradcheck(F.linear, rng.standard_normal((2, 3, 4)), rng.standard_normal((5, 4)), rng.standard_normal(5))
+    gradcheck(F.linear, rng.standard_normal(4), rng.standard_normal((5, 4)), rng.standard_normal(5))
 
 
 def test_softmax_family(rng):
@@ -96,6 +98,7 @@ def test_softmax_family(rng):
     gradcheck(lambda x: F.log_softmax(x, 0), a)
     sq = rng.standard_normal((2, 4, 4))
     gradcheck(lambda x: F.softmax(x, causal=True), sq)
+    gradcheck(lambda x: F.softmax(x, causal=True, scale=0.3), sq)
     gradcheck(lambda x: F.softmax(F.causal_mask(x), -1), sq)
 
 

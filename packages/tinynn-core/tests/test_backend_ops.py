@@ -24,8 +24,9 @@ def run_both(backend, name, *args, **kwargs):
         if isinstance(x, tuple):
             return tuple(back(be, v) for v in x)
         return None if x is None else be.to_numpy(x)
-    ours = back(backend, getattr(backend, name)(*[to(backend, a) for a in args], **kwargs))
-    ref = back(REF, getattr(REF, name)(*[to(REF, a) for a in args], **kwargs))
+    def call(be):
+        return getattr(be, name)(*[to(be, a) for a in args], **{k: to(be, v) for k, v in kwargs.items()})
+    ours, ref = back(backend, call(backend)), back(REF, call(REF))
     return ours, ref
 
 
@@ -114,13 +115,15 @@ def test_matmul(backend, ta, tb, rng):
         b = randn(rng, *batch, *((n, k) if tb else (k, n)))
         check(backend, "matmul", a, b, ta, tb)
     check(backend, "matmul", randn(rng, 4, 6, 8), randn(rng, 8, 3))  # one weight for every batch
+    for m, k, n in ((37, 20, 9), (300, 64, 130)):  # a linear layer: the bias fused into the product
+        check(backend, "matmul", randn(rng, m, k), randn(rng, n, k), False, True, bias=randn(rng, n))
 
 
 def test_softmax_family(backend, rng):
     x = randn(rng, 2, 3, 6, 6)
-    for causal in (False, True):
-        y = check(backend, "softmax_forward", x, causal)
-        check(backend, "softmax_backward", y, randn(rng, *x.shape))
+    for causal, scale in ((False, 1.0), (True, 1.0), (True, 0.125)):
+        y = check(backend, "softmax_forward", x, causal, scale)
+        check(backend, "softmax_backward", y, randn(rng, *x.shape), scale)
     y = check(backend, "log_softmax_forward", x)
     check(backend, "log_softmax_backward", y, randn(rng, *x.shape))
 

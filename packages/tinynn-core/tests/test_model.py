@@ -20,7 +20,7 @@ def test_attention_block_gradients_in_float64(rng):
 
     def attention(x, w):
         qkv = F.linear(x, w).reshape(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-        att = F.softmax(F.matmul(qkv[0], qkv[1], transpose_b=True) * (1 / np.sqrt(hs)), causal=True)
+        att = F.softmax(F.matmul(qkv[0], qkv[1], transpose_b=True), causal=True, scale=1 / np.sqrt(hs))
         return (att @ qkv[2]).permute(0, 2, 1, 3).reshape(B, T, nh * hs)
     gradcheck(attention, x, w)
 

@@ -60,9 +60,12 @@ def test_blocked_matmul_every_variant(poisoned, config, case):
     batch, m, n, k, ta, tb, shared, _ = case
     gpu = poisoned
     a, b = operands(case)
+    bias = np.random.default_rng(case[-1]).standard_normal(n).astype(np.float32) if case[-1] % 2 else None
     da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))
-    BlockedMatmul(gpu.rt, config).record(da.buffer, db.buffer, out, batch, m, n, k, ta, tb, shared)
-    assert rel_err(gpu.to_numpy(out), reference(a, b, ta, tb)) <= RTOL
+    dbias = None if bias is None else gpu.from_numpy(bias)
+    assert BlockedMatmul(gpu.rt, config).record(da, db, out, batch, m, n, k, ta, tb, shared, dbias) == (bias is not None)
+    expected = reference(a, b, ta, tb) + (0 if bias is None else bias)  # the bias epilogue, on odd seeds
+    assert rel_err(gpu.to_numpy(out), expected) <= RTOL
 
 
 def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):

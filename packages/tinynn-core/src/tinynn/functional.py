@@ -219,9 +219,19 @@ def matmul(a: Tensor, b: Tensor, transpose_a=False, transpose_b=False) -> Tensor
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias, weight shaped (out_features, in_features) as in PyTorch."""
-    y = matmul(x, weight, transpose_b=True)
-    return y if bias is None else add(y, bias)
+    """x @ weight.T + bias, weight shaped (out_features, in_features) as in PyTorch; the bias is added by
+    the matmul itself (one kernel on the GPU)."""
+    if bias is None:
+        return matmul(x, weight, transpose_b=True)
+    if x.ndim < 1 or x.shape[-1] != weight.shape[1] or bias.shape != (weight.shape[0],):
+        raise ValueError(f"linear: x {x.shape}, weight {weight.shape} and bias {bias.shape} do not fit")
+    rows = reshape(x, (-1, x.shape[-1]))  # (N, in)
+    be = x.backend
+
+    def backward(g):  # g (N, out)
+        return (be.matmul(g, weight.data), be.matmul(g, rows.data, True, False), be.sum(g, (0,)))
+    y = _result(be.matmul(rows.data, weight.data, False, True, bias=bias.data), be, (rows, weight, bias), backward)
+    return reshape(y, x.shape[:-1] + (weight.shape[0],))
 
 
 # --- fused neural-network ops ---
@@ -235,12 +245,13 @@ def _along_last(fn, a: Tensor, axis: int) -> Tensor:
     return permute(fn(permute(a, order)), np.argsort(order))
 
 
-def softmax(a: Tensor, axis=-1, causal=False) -> Tensor:
-    """Softmax; `causal` masks the future (key j > query i over the last two axes) first, fused."""
+def softmax(a: Tensor, axis=-1, causal=False, scale=1.0) -> Tensor:
+    """softmax(scale * a); `causal` masks the future (key j > query i over the last two axes) first.
+    Scale and mask are fused into the one kernel (attention's 1/sqrt(head size) costs nothing extra)."""
     def last(x):
         be = x.backend
-        y = be.softmax_forward(x.data, causal)
-        return _result(y, be, (x,), lambda g: (be.softmax_backward(y, g),))
+        y = be.softmax_forward(x.data, causal, scale)
+        return _result(y, be, (x,), lambda g: (be.softmax_backward(y, g, scale),))
     if causal and axis % a.ndim != a.ndim - 1:
         raise ValueError("causal softmax runs over the last axis")
     return _along_last(last, a, axis)

@@ -137,8 +137,8 @@ class CausalSelfAttention(Module):
         hs = C // self.n_head
         qkv = self.qkv(x).reshape(B, T, 3, self.n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, nh, T, hs)
-        att = F.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-        att = self.attn_dropout(F.softmax(att, causal=True))
+        att = F.matmul(q, k, transpose_b=True)  # (B, nh, T, T)
+        att = self.attn_dropout(F.softmax(att, causal=True, scale=1.0 / math.sqrt(hs)))
         y = (att @ v).permute(0, 2, 1, 3).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
         return self.resid_dropout(self.proj(y))
 

@@ -137,22 +137,26 @@ class NumpyBackend(Backend):
     def max(self, a, axes, keepdims=False):
         return np.asarray(a.max(axis=axes, keepdims=keepdims))
 
-    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+    def matmul(self, a, b, transpose_a=False, transpose_b=False, bias=None):
+        """op(a) @ op(b), batched; `bias` (N,) is added to every row (a linear layer in one op)."""
         if transpose_a:
             a = a.swapaxes(-1, -2)
         if transpose_b:
             b = b.swapaxes(-1, -2)
-        return np.matmul(a, b)
+        out = np.matmul(a, b)
+        return out if bias is None else out + bias
 
     # --- fused neural-network ops (over the last axis) ---
-    def softmax_forward(self, x, causal=False):
+    def softmax_forward(self, x, causal=False, scale=1.0):
+        """softmax(scale * x) over the last axis; `causal` hides the future first (attention's scores)."""
+        x = x * scale
         if causal:
             x = self.causal_fill(x, -np.inf)
         e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
+        return (e / e.sum(axis=-1, keepdims=True)).astype(x.dtype)
 
-    def softmax_backward(self, y, g):
-        return y * (g - (g * y).sum(axis=-1, keepdims=True))
+    def softmax_backward(self, y, g, scale=1.0):
+        return (scale * y * (g - (g * y).sum(axis=-1, keepdims=True))).astype(y.dtype)
 
     def log_softmax_forward(self, x):
         shifted = x - x.max(axis=-1, keepdims=True)

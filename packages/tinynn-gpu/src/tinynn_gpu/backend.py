@@ -289,7 +289,7 @@ class WgpuBackend(Backend):
     def max(self, a, axes, keepdims=False):
         return self._reduce(a, axes, keepdims, 1)
 
-    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+    def matmul(self, a, b, transpose_a=False, transpose_b=False, bias=None):
         m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
         n = b.shape[-2] if transpose_b else b.shape[-1]
         shared_b = b.ndim == 2 and a.ndim > 2
@@ -299,29 +299,32 @@ class WgpuBackend(Backend):
             b = self.broadcast_to(b, batch_shape + b.shape[-2:])
         batch_shape = a.shape[:-2]
         out = self._empty(batch_shape + (m, n))
-        if out.size:
-            if k == 0:
-                return self._fill(out, 0.0)
-            self.mm.record(_buf(a), _buf(b), out, math.prod(batch_shape), m, n, k, transpose_a, transpose_b,
-                           shared_b)
-        return out
+        if out.size == 0:
+            return out
+        if k == 0:
+            self._fill(out, 0.0)
+            fused = False
+        else:
+            fused = self.mm.record(_buf(a), _buf(b), out, math.prod(batch_shape), m, n, k, transpose_a,
+                                   transpose_b, shared_b, None if bias is None else _buf(bias))
+        return out if bias is None or fused else self.binary("add", out, bias)
 
     # --- fused neural-network ops ---
     def _rows(self, entry, shape, bindings, params, module="softmax"):
         rows = math.prod(shape[:-1])
         self.rt.dispatch(module, entry, rows, bindings, params)
 
-    def softmax_forward(self, x, causal=False):
+    def softmax_forward(self, x, causal=False, scale=1.0):
         out = self._empty(x.shape)
         t_q = x.shape[-2] if causal else 1
         self._rows("softmax_forward_main", x.shape, {0: _buf(x), 2: out},
-                   (math.prod(x.shape[:-1]), x.shape[-1], int(causal), t_q))
+                   (math.prod(x.shape[:-1]), x.shape[-1], int(causal), t_q, float(scale)))
         return out
 
-    def softmax_backward(self, y, g):
+    def softmax_backward(self, y, g, scale=1.0):
         out = self._empty(y.shape)
         self._rows("softmax_backward_main", y.shape, {0: _buf(y), 1: _buf(g), 2: out},
-                   (math.prod(y.shape[:-1]), y.shape[-1]))
+                   (math.prod(y.shape[:-1]), y.shape[-1], 0, 1, float(scale)))
         return out
 
     def log_softmax_forward(self, x):

@@ -57,11 +57,13 @@ class LessonMatmul:
     def describe(self) -> str:
         return f"lesson tiled {self.tile}x{self.tile}"
 
-    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b):
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias=None) -> bool:
+        """Record out = op(a) @ op(b); the lesson's kernel has no bias epilogue, so it returns False."""
         flags = int(transpose_a) | int(transpose_b) << 1 | int(shared_b) << 2
         groups = (-(-m // self.tile), -(-n // self.tile), batch)
         self.rt.dispatch(self.name, "matmul_main", groups, {0: a, 1: b, 2: out}, (m, n, k, flags),
                          module=self.module, params_bytes=LESSON_PARAMS_BYTES)
+        return False
 
 
 def _pow2(x: int) -> int:
@@ -112,7 +114,8 @@ class MatmulSelector:
             return "blocked 64x64x16/4x4 split4" if k >= 512 else "blocked 64x64x16/4x4"
         return "blocked 32x32x8/4x4"
 
-    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b):
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias=None) -> bool:
+        """Record out = op(a) @ op(b) (+ bias) with this shape class's variant; True: the bias was added."""
         key = (f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} "
                f"b={_pow2(batch)} m={_pow2(m)} n={_pow2(n)} k={_pow2(k)}")
         name = self.forced or self.choices.get(key)
@@ -123,7 +126,7 @@ class MatmulSelector:
                 name = self.default_variant(batch, m, n, k)
             self.choices[key] = name
         self.last = self.variant(name).describe()
-        self.variant(name).record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b)
+        return self.variant(name).record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias)
 
     def time_variants(self, args, names=None, reps=3) -> dict[str, float]:
         """Milliseconds per call of each variant on these operands (GPU timestamps where available)."""

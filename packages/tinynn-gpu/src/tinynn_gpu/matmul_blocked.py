@@ -73,7 +73,7 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool) -> str:
         inner += [f"        acc_{i}_{q} = acc_{i}_{q} + a{kk}_{i // 4}.{XYZW[i % 4]} * b{kk}_{q};"
                   for i in range(cfg.tm) for q in range(qn)]
     store = [f"    store(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
-             f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q});" for i in range(cfg.tm) for q in range(qn)]
+             f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, add_bias);" for i in range(cfg.tm) for q in range(qn)]
     fills = {
         "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
         "THREADS": cfg.threads, "GROUP": cfg.group, "A_TILE_VEC4": cfg.bk * cfg.bm // 4,
@@ -99,11 +99,13 @@ class BlockedMatmul:
         self.rt = runtime
         self.config = config
         self.modules = {}
+        self.no_bias = runtime.empty((1,))  # bound when there is no bias (the kernel never reads it then)
 
     def describe(self) -> str:
         return f"blocked {self.config.name}"
 
-    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b):
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias=None) -> bool:
+        """Record out = op(a) @ op(b) (+ bias); True: the bias was added."""
         layout = (bool(transpose_a), bool(transpose_b))
         cfg = self.config
         name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}"
@@ -113,8 +115,10 @@ class BlockedMatmul:
         k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
         target = out if splits == 1 else self.rt.empty((batch * splits * m * n,))  # one slice per split
         groups = (-(-n // cfg.bn), -(-m // cfg.bm), batch * splits)
-        self.rt.dispatch(name, "matmul_main", groups, {0: a, 1: b, 2: target},
-                         (m, n, k, int(shared_b), splits, k_chunk), module=self.modules[layout], params_bytes=32)
+        self.rt.dispatch(name, "matmul_main", groups, {0: a, 1: b, 2: target, 4: self.no_bias if bias is None else bias},
+                         (m, n, k, int(shared_b), splits, k_chunk, int(bias is not None)), module=self.modules[layout],
+                         params_bytes=32)
         if splits > 1:  # out[b] = sum of the splits' slices
             self.rt.dispatch("reduce", "reduce_main", -(-batch * m * n // 256), {0: target, 2: out},
                              (batch, splits, m * n, 0, splits, 1))
+        return bias is not None

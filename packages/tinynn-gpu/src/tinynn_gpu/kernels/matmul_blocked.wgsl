@@ -15,15 +15,19 @@
 // K into its own (M, N) slice of `out`; the launcher then adds the slices (a long K over a small M x N
 // output would otherwise leave most of the GPU idle).
 //
-// Bindings: 0:a 1:b 2:out 3:params.
+// Bias epilogue: with has_bias, bias[n] is added to every row as the results are stored (a linear layer
+// in one kernel); under split-K only the first split adds it.
+//
+// Bindings: 0:a 1:b 2:out 3:params 4:bias.
 // Layout of this variant: a {{A_LAYOUT}}, b {{B_LAYOUT}}.
 
-struct Params { m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, pad0: u32, pad1: u32 }
+struct Params { m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, has_bias: u32, pad: u32 }
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
@@ -46,8 +50,15 @@ fn load_b(base: u32, k: u32, n: u32, k_end: u32) -> f32 {
     return b[{{B_INDEX}}];
 }
 
-fn store(base: u32, m: u32, n: u32, v: vec4<f32>) {
+fn bias_at(n: u32) -> f32 {
+    if (n >= params.n) { return 0.0; }
+    return bias[n];
+}
+
+fn store(base: u32, m: u32, n: u32, acc: vec4<f32>, add_bias: bool) {
     if (m >= params.m) { return; }
+    var v = acc;
+    if (add_bias) { v = v + vec4<f32>(bias_at(n), bias_at(n + 1u), bias_at(n + 2u), bias_at(n + 3u)); }
     let i = base + m * params.n + n;
     if (n + 3u < params.n) {
         out[i] = v.x; out[i + 1u] = v.y; out[i + 2u] = v.z; out[i + 3u] = v.w;
@@ -87,5 +98,6 @@ fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         workgroupBarrier();
     }
     let out_base = wg.z * m_dim * n_dim;  // with splits: this split's own slice
+    let add_bias = params.has_bias == 1u && wg.z % params.splits == 0u;
 {{STORE}}
 }

@@ -1,14 +1,15 @@
 // Softmax and log-softmax over the last axis, forward and backward: one 256-thread workgroup per row.
 // The causal variant masks keys after each query (rows are (..., T_q) queries over L = T_k keys) inside
 // the same pass, so the masked scores are never written.
-// Bindings: 0:a 1:b 2:out 3:params. p0 = rows, p1 = L, p2 = causal (0/1), p3 = T_q.
+// Bindings: 0:a 1:b 2:out 3:params. p0 = rows, p1 = L, p2 = causal (0/1), p3 = T_q, p4 = scale bits
+// (softmax of scale * x: attention's 1/sqrt(head size), fused).
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 
-// a = x
+// a = x: out = softmax(scale * x)
 @compute @workgroup_size(256)
 fn softmax_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                         @builtin(local_invocation_index) lid: u32) {
@@ -18,18 +19,19 @@ fn softmax_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     var visible = len;
     if (param(2u) == 1u) { visible = row % param(3u) + len - param(3u) + 1u; }
     let base = row * len;
+    let scale = paramf(4u);
     var m = neg_inf();
-    for (var j = lid; j < visible; j = j + 256u) { m = max(m, a[base + j]); }
+    for (var j = lid; j < visible; j = j + 256u) { m = max(m, scale * a[base + j]); }
     m = workgroup_max(lid, m);
     var s = 0.0;
-    for (var j = lid; j < visible; j = j + 256u) { s = s + exp(a[base + j] - m); }
+    for (var j = lid; j < visible; j = j + 256u) { s = s + exp(scale * a[base + j] - m); }
     s = workgroup_sum(lid, s);
     for (var j = lid; j < len; j = j + 256u) {
-        out[base + j] = select(0.0, exp(a[base + j] - m) / s, j < visible);
+        out[base + j] = select(0.0, exp(scale * a[base + j] - m) / s, j < visible);
     }
 }
 
-// a = y, b = g: dx = y * (g - sum(g * y))
+// a = y, b = g: dx = scale * y * (g - sum(g * y))
 @compute @workgroup_size(256)
 fn softmax_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
@@ -40,7 +42,8 @@ fn softmax_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     var dot = 0.0;
     for (var j = lid; j < len; j = j + 256u) { dot = dot + a[base + j] * b[base + j]; }
     dot = workgroup_sum(lid, dot);
-    for (var j = lid; j < len; j = j + 256u) { out[base + j] = a[base + j] * (b[base + j] - dot); }
+    let scale = paramf(4u);
+    for (var j = lid; j < len; j = j + 256u) { out[base + j] = scale * a[base + j] * (b[base + j] - dot); }
 }
 
 // a = x
