@@ -13,6 +13,7 @@ import numpy as np
 
 from tinynn.backends import Backend
 from tinynn_gpu.capture import CapturedStep
+from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims, padded
 from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.multi_tensor import MultiTensor
 from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
@@ -20,59 +21,7 @@ from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
 UNARY = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "gelu": 5}
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "eq": 4}
 SCALAR = {"add": 0, "mul": 1, "pow": 2}
-MAX_DIMS = 6
 WG = 256
-
-
-def _contiguous_strides(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
-
-
-def _merge_dims(shape, *stride_sets):
-    """Drop size-1 dims and merge neighbours that are contiguous in every stride set (fewer loop dims)."""
-    dims = [(n, [s[i] for s in stride_sets]) for i, n in enumerate(shape) if n != 1]
-    merged = []
-    for n, strides in dims:
-        if merged and all(prev == cur * n for prev, cur in zip(merged[-1][1], strides)):
-            merged[-1] = (merged[-1][0] * n, strides)
-        else:
-            merged.append((n, strides))
-    if not merged:
-        merged = [(1, [0] * len(stride_sets))]
-    if len(merged) > MAX_DIMS:
-        raise TooLarge(f"a layout of {len(merged)} irreducible dims exceeds the kernels' {MAX_DIMS}")
-    shape_out = [n for n, _ in merged]
-    return shape_out, [[s[k] for _, s in merged] for k in range(len(stride_sets))]
-
-
-def _padded(values, length=MAX_DIMS):
-    return list(values) + [1] * (length - len(values))
-
-
-def _is_basic(index) -> bool:
-    items = index if isinstance(index, tuple) else (index,)
-    return all(isinstance(i, (int, np.integer, slice)) or i is Ellipsis or i is None for i in items)
-
-
-_views: dict = {}
-
-
-def _basic_view(shape, index):
-    """(offset, shape, strides) of `array[index]` for a basic index, in elements, found by letting NumPy
-    index a fake byte-strided array (never read: only its pointer arithmetic is used). Cached: a training
-    step asks for the same few views every time."""
-    key = (tuple(shape), repr(index))
-    if key not in _views:
-        base = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=key[0],
-                                               strides=_contiguous_strides(key[0]))
-        view = base[index]
-        offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-        _views[key] = (offset, view.shape, view.strides)
-    return _views[key]
 
 
 class WgpuBackend(Backend):
@@ -161,38 +110,38 @@ class WgpuBackend(Backend):
 
     def _gather(self, a, offset, shape, strides):
         out = self._empty(shape, a.dtype)
-        merged, (view_strides,) = _merge_dims(shape, strides)
-        params = [out.size, len(merged), offset] + _padded(merged) + _padded(view_strides)
+        merged, (view_strides,) = merge_dims(shape, strides)
+        params = [out.size, len(merged), offset] + padded(merged) + padded(view_strides)
         self.rt.dispatch("strided", "gather_main", _groups(out.size), {0: _buf(a), 2: out}, params)
         return out
 
     def _scatter(self, src, dst, offset, shape, strides):
-        merged, (view_strides,) = _merge_dims(shape, strides)
-        params = [src.size, len(merged), offset] + _padded(merged) + _padded(view_strides)
+        merged, (view_strides,) = merge_dims(shape, strides)
+        params = [src.size, len(merged), offset] + padded(merged) + padded(view_strides)
         self.rt.dispatch("strided", "scatter_main", _groups(src.size), {0: _buf(src), 2: _buf(dst)}, params)
 
     def permute(self, a, axes):
-        strides = _contiguous_strides(a.shape)
+        strides = contiguous_strides(a.shape)
         return self._gather(a, 0, tuple(a.shape[i] for i in axes), tuple(strides[i] for i in axes))
 
     def broadcast_to(self, a, shape):
         shape = tuple(shape)
         lead = len(shape) - a.ndim
-        src = _contiguous_strides(a.shape)
+        src = contiguous_strides(a.shape)
         strides = tuple(0 if i < lead or a.shape[i - lead] == 1 else src[i - lead] for i in range(len(shape)))
         return self._gather(a, 0, shape, strides)
 
     def getitem(self, a, index):
-        if not _is_basic(index):
+        if not is_basic(index):
             return Backend.getitem(self, a, index)
-        offset, shape, strides = _basic_view(a.shape, index)
+        offset, shape, strides = basic_view(a.shape, index)
         return self._gather(a, offset, shape, strides)
 
     def getitem_backward(self, g, index, shape):
-        if not _is_basic(index):
+        if not is_basic(index):
             return Backend.getitem_backward(self, g, index, shape)
         out = self.zeros(shape, g.dtype)
-        offset, view_shape, strides = _basic_view(tuple(shape), index)
+        offset, view_shape, strides = basic_view(tuple(shape), index)
         self._scatter(g, out, offset, view_shape, strides)
         return out
 
@@ -201,7 +150,7 @@ class WgpuBackend(Backend):
         shape = list(arrays[0].shape)
         shape[axis] = sum(a.shape[axis] for a in arrays)
         out = self._empty(shape, arrays[0].dtype)
-        strides, start = _contiguous_strides(shape), 0
+        strides, start = contiguous_strides(shape), 0
         for a in arrays:
             self._scatter(a, out, start * strides[axis], a.shape, strides)
             start += a.shape[axis]
@@ -224,10 +173,10 @@ class WgpuBackend(Backend):
         out = self._empty(shape)
 
         def strides_in(x):
-            lead, own = len(shape) - x.ndim, _contiguous_strides(x.shape)
+            lead, own = len(shape) - x.ndim, contiguous_strides(x.shape)
             return [0 if i < lead or x.shape[i - lead] == 1 else own[i - lead] for i in range(len(shape))]
-        merged, (sa, sb) = _merge_dims(shape, strides_in(a), strides_in(b))
-        params = [out.size, BINARY[op], len(merged)] + _padded(merged) + _padded(sa) + _padded(sb)
+        merged, (sa, sb) = merge_dims(shape, strides_in(a), strides_in(b))
+        params = [out.size, BINARY[op], len(merged)] + padded(merged) + padded(sa) + padded(sb)
         self.rt.dispatch("elementwise", "binary_main", _groups(out.size), {0: _buf(a), 1: _buf(b), 2: out}, params)
         return out
 
@@ -269,7 +218,7 @@ class WgpuBackend(Backend):
             x = self._reduce_middle(x, outer, r, inner, op)
             shape = shape[:start] + shape[stop + 1:]
         if not runs:
-            x = self._gather(a, 0, a.shape, _contiguous_strides(a.shape))  # a copy, never an alias
+            x = self._gather(a, 0, a.shape, contiguous_strides(a.shape))  # a copy, never an alias
         return x.view(kept if keepdims else tuple(shape))
 
     def _reduce_middle(self, a, outer, r, inner, op):
