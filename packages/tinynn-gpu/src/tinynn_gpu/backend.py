@@ -63,11 +63,11 @@ class WgpuBackend(Backend):
         try:
             return self.rt.upload(x)
         except TooLarge:
-            return GpuArray(None, x.shape, x.dtype, owner=np.array(x))  # host-resident: ops fall back
+            return GpuArray(None, x.shape, x.dtype, host=np.array(x))  # too large to bind: ops fall back
 
     def to_numpy(self, a):
         if a.buffer is None:
-            return np.array(a._owner)
+            return np.array(a.host)
         return self.rt.read(a)
 
     def is_array(self, a):
@@ -95,7 +95,7 @@ class WgpuBackend(Backend):
 
     def write_(self, dst, src):
         if dst.buffer is None:
-            dst._owner[...] = src
+            dst.host[...] = src
         else:
             self.rt.write(dst, np.asarray(src))
 
@@ -104,8 +104,6 @@ class WgpuBackend(Backend):
 
     # --- layout ---
     def reshape(self, a, shape):
-        if a.buffer is None:
-            return GpuArray(None, shape, a.dtype, owner=a._owner.reshape(shape))
         return a.view(shape)
 
     def _gather(self, a, offset, shape, strides):

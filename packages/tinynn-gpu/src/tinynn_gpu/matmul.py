@@ -120,7 +120,7 @@ class MatmulSelector:
                f"b={_pow2(batch)} m={_pow2(m)} n={_pow2(n)} k={_pow2(k)}")
         name = self.forced or self.choices.get(key)
         if name not in self.variants:
-            if self.autotune and not self.rt.profiling:  # (tuning times with the profiler itself)
+            if self.autotune and not self.rt.profiling and self.rt.tape is None:  # tuning uses the profiler
                 name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b))
             else:
                 name = self.default_variant(batch, m, n, k)

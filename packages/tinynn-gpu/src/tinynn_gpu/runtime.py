@@ -34,13 +34,15 @@ class TooLarge(Exception):
 
 
 class GpuArray:
-    __slots__ = ("buffer", "shape", "dtype", "_owner", "__weakref__")
+    """An array in a GPU buffer; or, when it is too large to bind, on the host (`buffer` None, `host` set)."""
+    __slots__ = ("buffer", "shape", "dtype", "_owner", "host", "__weakref__")
 
-    def __init__(self, buffer, shape, dtype, owner=None):
+    def __init__(self, buffer, shape, dtype, owner=None, host=None):
         self.buffer = buffer
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
         self._owner = owner  # a _Lease that returns the buffer to the pool when the last array goes
+        self.host = host
 
     @property
     def size(self) -> int:
@@ -55,7 +57,8 @@ class GpuArray:
         return self.size * self.dtype.itemsize
 
     def view(self, shape) -> GpuArray:
-        return GpuArray(self.buffer, shape, self.dtype, self._owner)
+        host = None if self.host is None else self.host.reshape(shape)
+        return GpuArray(self.buffer, shape, self.dtype, self._owner, host)
 
     def __repr__(self):
         return f"GpuArray(shape={self.shape}, dtype={self.dtype})"
