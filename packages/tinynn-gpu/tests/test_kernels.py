@@ -166,3 +166,10 @@ def test_embedding_backward_over_many_chunks(poisoned, rng):
     idx, g = rng.integers(0, 7, 5000), rng.standard_normal((5000, 16)).astype(np.float32)
     got = gpu.to_numpy(gpu.embedding_backward(gpu.from_numpy(g), gpu.from_numpy(idx), 7))
     assert rel_err(got, ref.embedding_backward(g.astype(np.float64), idx, 7)) <= RTOL
+
+
+def test_multi_tensor_kernels_compile_for_every_slot_count(gpu):
+    """lavapipe binds 32 storage buffers (7 slots); an H200 takes all 64: check the WGSL for both."""
+    from tinynn_gpu.multi_tensor import MAX_SLOTS, generate
+    for slots in (1, gpu.multi.slots, MAX_SLOTS):
+        gpu.rt.device.create_shader_module(code=generate(slots))

@@ -61,7 +61,11 @@ class NumpyBackend(Backend):
 
     def getitem_backward(self, g, index, shape):
         out = np.zeros(shape, dtype=g.dtype)
-        np.add.at(out, index, g)  # add.at: a repeated index receives every contribution
+        items = index if isinstance(index, tuple) else (index,)
+        if all(isinstance(i, (int, np.integer, slice)) or i is None or i is Ellipsis for i in items):
+            out[index] = g  # a basic index selects each element at most once
+        else:
+            np.add.at(out, index, g)  # an index array may repeat: every contribution must land
         return out
 
     def concatenate(self, arrays, axis):

@@ -15,6 +15,7 @@ from tinynn.backends import BackendUnavailable
 
 # the limits we need above WebGPU's defaults (256 MiB buffers, 128 MiB storage bindings, 8 storage buffers)
 WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
+                 "max-bindings-per-bind-group",
                  "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
                  "max-compute-workgroup-size-x", "max-compute-workgroup-size-y")
 TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}

@@ -1,17 +1,19 @@
 """Multi-tensor optimizer kernels, generated from kernels/multi_tensor.wgsl for as many tensors per dispatch
-as the device's storage-binding count allows (at most 8): AdamW and the gradient norm's sums of squares."""
+as the device's storage-binding count allows (at most 64): AdamW and the gradient norm's sums of squares."""
 from __future__ import annotations
+
+import numpy as np
 
 from tinynn_gpu.context import kernel_source
 
-MAX_SLOTS = 8
+MAX_SLOTS = 64
 WG = 256
 
 
 def generate(slots: int) -> str:
     bindings, functions, adamw, squares = [], [], [], []
     for i in range(slots):
-        b = 4 + 4 * i
+        b = 5 + 4 * i
         bindings += [f"@group(0) @binding({b}) var<storage, read_write> param_{i}: array<f32>;",
                      f"@group(0) @binding({b + 1}) var<storage, read> grad_{i}: array<f32>;",
                      f"@group(0) @binding({b + 2}) var<storage, read_write> m_{i}: array<f32>;",
@@ -19,16 +21,16 @@ def generate(slots: int) -> str:
         functions.append(
             f"fn adamw_{i}(j: u32) {{\n"
             f"    let g = grad_{i}[j] * scale[0];\n"
-            f"    let m = paramf(9u) * m_{i}[j] + (1.0 - paramf(9u)) * g;\n"
-            f"    let v = paramf(10u) * v_{i}[j] + (1.0 - paramf(10u)) * g * g;\n"
+            f"    let m = paramf(1u) * m_{i}[j] + (1.0 - paramf(1u)) * g;\n"
+            f"    let v = paramf(2u) * v_{i}[j] + (1.0 - paramf(2u)) * g * g;\n"
             f"    m_{i}[j] = m;\n"
             f"    v_{i}[j] = v;\n"
-            f"    let p = param_{i}[j] * (1.0 - step[0] * paramf(12u));\n"
-            f"    param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + paramf(11u));\n}}")
-        start = "0u" if i == 0 else f"param({i}u)"
+            f"    let p = param_{i}[j] * (1.0 - step[0] * paramf(4u));\n"
+            f"    param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + paramf(3u));\n}}")
+        start = "0u" if i == 0 else f"ends[{i - 1}]"
         keyword = "if" if i == 0 else "} else if"
-        adamw.append(f"    {keyword} (e < param({i + 1}u)) {{ adamw_{i}(e - {start});")
-        squares.append(f"        {keyword} (e < param({i + 1}u)) {{ let x = grad_{i}[e - {start}]; s = s + x * x;")
+        adamw.append(f"    {keyword} (e < ends[{i}]) {{ adamw_{i}(e - {start});")
+        squares.append(f"        {keyword} (e < ends[{i}]) {{ let x = grad_{i}[e - {start}]; s = s + x * x;")
     text = kernel_source("multi_tensor")
     fills = {"BINDINGS": "\n".join(bindings), "ADAMW_FUNCTIONS": "\n\n".join(functions),
              "ADAMW_SELECT": "\n".join(adamw) + "\n    }", "SQUARES_SELECT": "\n".join(squares) + "\n        }"}
@@ -44,33 +46,36 @@ def _chunks(items, size):
 class MultiTensor:
     def __init__(self, runtime):
         self.rt = runtime
-        storage = runtime.ctx.limits.get("max-storage-buffers-per-shader-stage", 8)
-        self.slots = max(1, min(MAX_SLOTS, (storage - 3) // 4))
+        limits = runtime.ctx.limits
+        bindings = min(limits.get("max-storage-buffers-per-shader-stage", 8) - 4,  # step, scale, partials, ends
+                       limits.get("max-bindings-per-bind-group", 1000) - 5)  # those and the uniform
+        self.slots = max(1, min(MAX_SLOTS, bindings // 4))
         self.name = f"multi_tensor x{self.slots}"
         self.module = runtime.device.create_shader_module(label=self.name, code=generate(self.slots))
         # the kernels name every slot's bindings, so a group smaller than `slots` binds these in the gaps
         # (distinct buffers: two writable bindings may not share one); their index ranges are empty
         self.unused = [runtime.empty((1,)) for _ in range(4 * self.slots)]
+        self._ends = {}  # a group's segment ends, uploaded once: a training step reuses the same groups
 
     def _tensor(self, group, i, k):
         """Slot i's k-th tensor (param, grad, m, v) of a group, or its stand-in when the group is short."""
         return group[i][k] if i < len(group) else self.unused[4 * i + k]
 
-    def _ends(self, arrays):
-        ends, total = [], 0
-        for a in arrays:
-            total += a.size
-            ends.append(total)
-        return ends + [total] * (MAX_SLOTS - len(ends))  # unused slots: empty ranges
+    def ends(self, arrays):
+        """The group's cumulative sizes as a u32 array on the GPU (unused slots: empty ranges)."""
+        ends = tuple(np.cumsum([a.size for a in arrays]).tolist())
+        ends += (ends[-1],) * (self.slots - len(ends))
+        if ends not in self._ends:
+            self._ends[ends] = self.rt.upload(np.array(ends, np.uint32))
+        return self._ends[ends], ends[-1]
 
     def adamw(self, params, grads, exp_avgs, exp_avg_sqs, hyper, scale, beta1, beta2, eps, weight_decay):
         for group in _chunks(list(zip(params, grads, exp_avgs, exp_avg_sqs)), self.slots):
-            bindings = {0: hyper, 1: scale}
-            bindings.update({4 + 4 * i + k: self._tensor(group, i, k) for i in range(self.slots) for k in range(4)})
-            ends = self._ends([t[0] for t in group])
-            total = ends[-1]
+            ends, total = self.ends([t[0] for t in group])
+            bindings = {0: hyper, 1: scale, 4: ends}
+            bindings.update({5 + 4 * i + k: self._tensor(group, i, k) for i in range(self.slots) for k in range(4)})
             self.rt.dispatch(self.name, "adamw_main", -(-total // WG), bindings,
-                             [total] + ends + [float(beta1), float(beta2), float(eps), float(weight_decay), 0],
+                             [total, float(beta1), float(beta2), float(eps), float(weight_decay), 0],
                              module=self.module)
 
     def sum_squares(self, arrays, partials_of):
@@ -81,10 +86,10 @@ class MultiTensor:
         partials = partials_of(sum(counts))
         first = 0
         for group, n_groups in zip(groups, counts):
-            bindings = {2: partials}
-            bindings.update({5 + 4 * i: self._tensor([(None, a) for a in group], i, 1) for i in range(self.slots)})
-            ends = self._ends(group)
+            ends, total = self.ends(group)
+            bindings = {2: partials, 4: ends}
+            bindings.update({6 + 4 * i: self._tensor([(None, a) for a in group], i, 1) for i in range(self.slots)})
             self.rt.dispatch(self.name, "sum_squares_main", (n_groups, 1, 1), bindings,
-                             [ends[-1]] + ends + [0.0, 0.0, 0.0, 0.0, first], module=self.module)
+                             [total, 0.0, 0.0, 0.0, 0.0, first], module=self.module)
             first += n_groups
         return partials, first

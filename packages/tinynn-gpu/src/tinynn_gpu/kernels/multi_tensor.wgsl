@@ -1,16 +1,16 @@
-// Multi-tensor optimizer kernels: one dispatch covers up to SLOTS parameters, so a model's whole AdamW
-// update and gradient norm take a handful of dispatches instead of one per parameter (each dispatch costs
-// the GPU ~5 us however small it is). The tensors are laid end to end in one index space: slot i covers
-// [end[i-1], end[i]). WGSL cannot index bindings or pass storage pointers to functions, so
-// multi_tensor.py writes one binding set and one unrolled branch per slot ({{...}} below).
-// Bindings: 0:step 1:scale 2:partials 3:params, then per slot i: 4+4i:param 5+4i:grad 6+4i:m 7+4i:v.
-// p0 = total elements, p1..p8 = end of each slot, p9 = beta1, p10 = beta2, p11 = eps, p12 = weight decay,
-// p13 = first partials slot (sum of squares).
+// Multi-tensor optimizer kernels: one dispatch covers up to SLOTS parameters (64 where the device has
+// the storage bindings: a GPT's whole AdamW update is one dispatch on an H200), instead of one dispatch
+// per parameter (each costs the GPU ~5 us however small it is). The tensors are laid end to end in one
+// index space: slot i covers [ends[i-1], ends[i]). WGSL cannot index bindings or pass storage pointers to
+// functions, so multi_tensor.py writes one binding set and one unrolled branch per slot ({{...}} below).
+// Bindings: 0:step 1:scale 2:partials 3:params 4:ends, then per slot i: 5+4i:param 6+4i:grad 7+4i:m 8+4i:v.
+// p0 = total elements, p1 = beta1, p2 = beta2, p3 = eps, p4 = weight decay, p5 = first partials slot.
 
 @group(0) @binding(0) var<storage, read> step: array<f32>;  // [lr, 1 - beta1^t, 1 - beta2^t]
 @group(0) @binding(1) var<storage, read> scale: array<f32>;  // [gradient-clip coefficient]
 @group(0) @binding(2) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read> ends: array<u32>;
 {{BINDINGS}}
 
 // AdamW with decoupled weight decay on element j of one slot's tensors
@@ -33,5 +33,5 @@ fn sum_squares_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
 {{SQUARES_SELECT}}
     }
     s = workgroup_sum(lid, s);
-    if (lid == 0u) { partials[param(13u) + wg.x] = s; }
+    if (lid == 0u) { partials[param(5u) + wg.x] = s; }
 }
