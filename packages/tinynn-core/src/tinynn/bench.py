@@ -26,9 +26,10 @@ LESSON = dict(block_size=128, n_layer=4, n_head=4, n_embd=256, batch_size=16)
 VOCAB = 65  # the reference's vocabulary (Shakespeare's characters)
 
 
-def time_call(fn, sync, min_seconds=0.3, max_reps=50, warmup_seconds=0.1) -> float:
-    """Seconds per call: warm-up calls for warmup_seconds (a GPU raises its clocks under load), then as
-    many calls as fit in min_seconds (at least 2)."""
+def time_call(fn, sync, min_seconds=0.3, max_reps=50, warmup_seconds=0.5) -> float:
+    """Seconds per call: warm-up calls for warmup_seconds (an idle H200 needs a few hundred ms of load to
+    raise its clocks: a cold 4096^2 matmul timed at half speed), then as many calls as fit in min_seconds
+    (at least 2)."""
     t0 = time.perf_counter()
     while True:
         fn()
