@@ -139,6 +139,14 @@ def test_demo_4_says_why_it_is_skipped_on_the_cpu(workdir, capsys):
     assert "demo 4" in out and "skipped" in out
 
 
+def test_all_demos_run_by_default(workdir, capsys):
+    assert main(["demo", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"demo {n}:" in out for n in (1, 2, 3, 4)) and "sample:" in out
+    assert main(["demo", "7"]) == 2
+    assert "no demo numbered 7" in capsys.readouterr().err
+
+
 def test_demos_1_and_2(workdir, capsys):
     assert main(["demo", "1", "2"]) == 0
     out = capsys.readouterr().out

@@ -52,6 +52,9 @@ def cmd_generate(args):
 
 def cmd_demo(args):
     from tinynn import demo
+    unknown = sorted(set(args.which) - set(demo.DEMOS))
+    if unknown:
+        raise TinynnError(f"no demo numbered {unknown[0]} (there are {', '.join(map(str, demo.DEMOS))})")
     backends.set_default(args.device)
     demo.run(args.which)
 
@@ -132,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     p = with_device(sub.add_parser("demo", help="run the demos (all, or the numbered ones)"))
-    p.add_argument("which", nargs="*", type=int, choices=[1, 2, 3, 4])
+    p.add_argument("which", nargs="*", type=int, help="demo numbers, 1 to 4 (default: all)")
     p.set_defaults(func=cmd_demo)
 
     p = with_device(sub.add_parser("info", help="versions, backends, and the active device"))
