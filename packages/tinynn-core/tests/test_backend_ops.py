@@ -52,8 +52,9 @@ def test_transfer_roundtrip(backend, rng):
         y = backend.to_numpy(backend.from_numpy(x))
         assert y.shape == x.shape
         np.testing.assert_array_equal(y, x)
-    z = backend.zeros((2, 3), np.float32)
-    assert backend.to_numpy(z).tolist() == [[0.0] * 3] * 2
+    for value, dtype in ((0.0, np.float32), (1.0, np.float32), (-2.5, np.float32), (3, np.int64)):
+        full = backend.to_numpy(backend.full((2, 3), value, dtype))
+        np.testing.assert_array_equal(full, np.full((2, 3), value))
 
 
 @pytest.mark.parametrize("op", ["neg", "exp", "log", "tanh", "relu", "gelu"])

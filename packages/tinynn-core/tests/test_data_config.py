@@ -19,7 +19,7 @@ def test_embedded_corpus_is_large_deterministic_english():
 
 
 def test_tokenizer_roundtrip_and_unknown_characters():
-    tok = CharTokenizer.from_text("hello world")
+    tok = CharTokenizer("hello world")
     assert tok.vocab_size == 8
     assert tok.decode(tok.encode("low")) == "low"
     with pytest.raises(TinynnError, match="'z'"):

@@ -178,3 +178,12 @@ def test_replayed_steps_sync_once_and_skip_python(gpu):
 def test_dropout_keeps_the_step_eager(gpu):
     _, step = captured_losses(gpu, 5, dropout=0.1)
     assert step._run.tape is None and "dropout" in step._run.eager_reason
+
+
+def test_a_constant_uploaded_inside_the_step_is_replayed(gpu):
+    w = tinynn.tensor(np.zeros(4), backend=gpu)
+    step = gpu.capture(lambda: (w * tinynn.tensor(np.full(4, 2.0), backend=gpu)).sum())
+    for value in range(1, 8):  # the first calls run eagerly, then one is captured, then it is replayed
+        gpu.write_(w.data, np.full(4, float(value), np.float32))
+        assert step().item() == 8.0 * value
+    assert step.tape is not None and any(event[0] == "write" for event in step.tape.events)

@@ -77,7 +77,7 @@ class Backend:
     # --- everything else falls back to the reference (see _install_fallbacks) ---
     OPS = (
         # creation and layout
-        "zeros", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate",
+        "full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate",
         # elementwise
         "unary", "unary_backward", "binary", "scalar", "causal_fill", "dropout_mask",
         # reductions and matmul

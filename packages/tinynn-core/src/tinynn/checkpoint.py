@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from tinynn.errors import TinynnError
 
@@ -38,9 +38,9 @@ def load(path) -> dict:
     if not path.is_file():
         raise TinynnError(f"checkpoint not found: {path}")
     try:
-        tensors = load_file(str(path))
         with safe_open(str(path), framework="numpy") as f:
             metadata = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, OSError, ValueError) as e:
         raise TinynnError(f"checkpoint {path} is corrupt or not a safetensors file ({e})") from None
     if metadata.get("format") != FORMAT:

@@ -60,7 +60,10 @@ def cmd_demo(args):
 
 
 def info() -> dict:
-    active = backends.select(None) if _device_ok() else None
+    try:
+        active = backends.select(None)
+    except TinynnError:  # TINYNN_DEVICE=gpu without a usable GPU: the report says why
+        active = None
     return {
         "tinynn": __version__,
         "python": platform.python_version(),
@@ -70,14 +73,6 @@ def info() -> dict:
         "active": active.describe() if active else None,
         "why_not_gpu": None if active and active.is_gpu else backends.why_not_gpu() or None,
     }
-
-
-def _device_ok() -> bool:
-    try:
-        backends.select(None)
-        return True
-    except TinynnError:
-        return False
 
 
 def cmd_info(args):

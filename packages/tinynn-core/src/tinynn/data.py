@@ -60,10 +60,6 @@ class CharTokenizer:
         self.chars = sorted(set(chars))
         self.index = {ch: i for i, ch in enumerate(self.chars)}
 
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        return cls(text)
-
     @property
     def vocab_size(self) -> int:
         return len(self.chars)

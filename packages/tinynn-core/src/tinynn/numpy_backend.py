@@ -40,8 +40,8 @@ class NumpyBackend(Backend):
     def is_array(self, a):
         return isinstance(a, np.ndarray)
 
-    def zeros(self, shape, dtype=np.float32):
-        return np.zeros(shape, dtype=dtype)
+    def full(self, shape, value, dtype=np.float32):
+        return np.full(shape, value, dtype=dtype)
 
     def write_(self, dst, src):
         dst[...] = src

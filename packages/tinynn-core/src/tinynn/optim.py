@@ -59,7 +59,7 @@ class Optimizer:
 
     def _buffers(self, p: Tensor, count: int) -> list:
         if id(p) not in self.state:
-            self.state[id(p)] = [p.backend.zeros(p.shape, p.dtype) for _ in range(count)]
+            self.state[id(p)] = [p.backend.full(p.shape, 0.0, p.dtype) for _ in range(count)]
         return self.state[id(p)]
 
     def _grad_scale(self):

@@ -96,7 +96,7 @@ class Tensor:
         if grad is None:
             if self.size != 1:
                 raise RuntimeError(f"backward() without a gradient needs a scalar, got shape {self.shape}")
-            grad_data = self.backend.from_numpy(np.ones(self.shape, dtype=self.dtype))
+            grad_data = self.backend.full(self.shape, 1.0, self.dtype)  # made on the device: no upload
         else:
             grad_data = grad.data if isinstance(grad, Tensor) else self.backend.from_numpy(np.asarray(grad))
         pending = {id(self): grad_data}

@@ -82,7 +82,7 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
         _check_same_model(saved["config"], cfg, ckpt_path)
         tokenizer = CharTokenizer(saved["chars"])
     else:
-        tokenizer = CharTokenizer.from_text(text)
+        tokenizer = CharTokenizer(text)
     tokens = tokenizer.encode(text)
     batches = Batches(tokens, cfg.block_size, cfg.val_fraction)
     try:  # checked now, not after the training it would end

@@ -90,8 +90,10 @@ class WgpuBackend(Backend):
             self._constants[key] = self._fill(self._empty((n,)), value)
         return self._constants[key]
 
-    def zeros(self, shape, dtype=np.float32):
-        return self._fill(self._empty(shape, np.int32 if np.dtype(dtype).kind in "iub" else np.float32), 0.0)
+    def full(self, shape, value, dtype=np.float32):
+        if np.dtype(dtype).kind in "iub":  # the fill kernel writes f32 bits: ints go through the host
+            return self.from_numpy(np.full(shape, value, dtype=np.int32))
+        return self._fill(self._empty(shape), value)
 
     def write_(self, dst, src):
         if dst.buffer is None:
@@ -138,7 +140,7 @@ class WgpuBackend(Backend):
     def getitem_backward(self, g, index, shape):
         if not is_basic(index):
             return Backend.getitem_backward(self, g, index, shape)
-        out = self.zeros(shape, g.dtype)
+        out = self.full(shape, 0.0, g.dtype)
         offset, view_shape, strides = basic_view(tuple(shape), index)
         self._scatter(g, out, offset, view_shape, strides)
         return out

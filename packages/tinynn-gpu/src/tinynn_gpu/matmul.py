@@ -77,7 +77,7 @@ class MatmulSelector:
             env = os.environ.get("TINYNN_AUTOTUNE")
             autotune = (env == "1") if env in ("0", "1") else not runtime.ctx.is_software
         self.autotune = autotune
-        self.variants = {f"lesson{t}": None for t in LESSON_TILES}
+        self.variants = {f"lesson{t}": t for t in LESSON_TILES}  # name -> lesson tile, or a BlockConfig
         self.variants.update({f"blocked {c.name}": c for c in BLOCK_CONFIGS})
         self._built = {}
         self.choices: dict[str, str] = {}  # shape class -> variant name
@@ -97,8 +97,8 @@ class MatmulSelector:
     def variant(self, name: str):
         if name not in self._built:
             config = self.variants[name]
-            self._built[name] = LessonMatmul(self.rt, int(name[6:])) if config is None else BlockedMatmul(self.rt,
-                                                                                                          config)
+            self._built[name] = LessonMatmul(self.rt, config) if isinstance(config, int) else \
+                BlockedMatmul(self.rt, config)
         return self._built[name]
 
     @staticmethod
@@ -151,8 +151,8 @@ class MatmulSelector:
 
     def _fits(self, name) -> bool:
         config = self.variants[name]
-        if config is None:
-            return int(name[6:]) ** 2 <= self.rt.ctx.limits.get("max-compute-invocations-per-workgroup", 256)
+        if isinstance(config, int):
+            return config ** 2 <= self.rt.ctx.limits.get("max-compute-invocations-per-workgroup", 256)
         try:
             config.check(self.rt.ctx.limits.get("max-compute-invocations-per-workgroup", 256),
                          self.rt.ctx.limits.get("max-compute-workgroup-storage-size", 16384))

@@ -57,9 +57,9 @@ class MultiTensor:
         self.unused = [runtime.empty((1,)) for _ in range(4 * self.slots)]
         self._ends = {}  # a group's segment ends, uploaded once: a training step reuses the same groups
 
-    def _tensor(self, group, i, k):
-        """Slot i's k-th tensor (param, grad, m, v) of a group, or its stand-in when the group is short."""
-        return group[i][k] if i < len(group) else self.unused[4 * i + k]
+    def _or_unused(self, tensors, i, k):
+        """Slot i's tensor of kind k (0 param, 1 grad, 2 m, 3 v), or its stand-in when the group is short."""
+        return tensors[i] if i < len(tensors) else self.unused[4 * i + k]
 
     def ends(self, arrays):
         """The group's cumulative sizes as a u32 array on the GPU (unused slots: empty ranges)."""
@@ -71,9 +71,11 @@ class MultiTensor:
 
     def adamw(self, params, grads, exp_avgs, exp_avg_sqs, hyper, scale, beta1, beta2, eps, weight_decay):
         for group in _chunks(list(zip(params, grads, exp_avgs, exp_avg_sqs)), self.slots):
-            ends, total = self.ends([t[0] for t in group])
+            kinds = list(zip(*group))  # (params, grads, ms, vs) of this group
+            ends, total = self.ends(kinds[0])
             bindings = {0: hyper, 1: scale, 4: ends}
-            bindings.update({5 + 4 * i + k: self._tensor(group, i, k) for i in range(self.slots) for k in range(4)})
+            bindings.update({5 + 4 * i + k: self._or_unused(kinds[k], i, k)
+                             for i in range(self.slots) for k in range(4)})
             self.rt.dispatch(self.name, "adamw_main", -(-total // WG), bindings,
                              [total, float(beta1), float(beta2), float(eps), float(weight_decay), 0],
                              module=self.module)
@@ -88,7 +90,7 @@ class MultiTensor:
         for group, n_groups in zip(groups, counts):
             ends, total = self.ends(group)
             bindings = {2: partials, 4: ends}
-            bindings.update({6 + 4 * i: self._tensor([(None, a) for a in group], i, 1) for i in range(self.slots)})
+            bindings.update({6 + 4 * i: self._or_unused(group, i, 1) for i in range(self.slots)})
             self.rt.dispatch(self.name, "sum_squares_main", (n_groups, 1, 1), bindings,
                              [total, 0.0, 0.0, 0.0, 0.0, first], module=self.module)
             first += n_groups
