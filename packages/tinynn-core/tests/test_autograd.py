@@ -109,6 +109,31 @@ def test_causal_softmax_ignores_the_future(rng):
     assert_close(y[1, :2], np.exp(x[1, :2]) / np.exp(x[1, :2]).sum(), rtol=1e-12)
 
 
+def _unfused_attention(qkv, n_head):
+    """Causal self-attention composed of separate ops: what the fused op must equal."""
+    B, T, C3 = qkv.shape
+    hs = C3 // 3 // n_head
+    q, k, v = qkv.reshape(B, T, 3, n_head, hs).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
+    att = F.softmax(F.matmul(q, k, transpose_b=True), causal=True, scale=hs ** -0.5)  # (B, nh, T, T)
+    return (att @ v).permute(0, 2, 1, 3).reshape(B, T, C3 // 3)
+
+
+@pytest.mark.parametrize("t", [1, "drawn"])
+def test_attention(t, rng):
+    B, n_head, hs = shape(rng, 3, 1, 3)
+    T = 1 if t == 1 else int(rng.integers(2, 6))
+    qkv = rng.standard_normal((B, T, 3 * n_head * hs))
+    gradcheck(lambda x: F.attention(x, n_head), qkv)
+    fused = F.attention(tinynn.tensor(qkv, backend="cpu"), n_head).numpy()
+    unfused = _unfused_attention(tinynn.tensor(qkv, backend="cpu"), n_head).numpy()
+    assert_close(fused, unfused, rtol=1e-12, atol=1e-12)
+    y, lse = backends.reference().attention_forward(qkv, n_head, hs ** -0.5)
+    q, k = qkv[..., :n_head * hs], qkv[..., n_head * hs:2 * n_head * hs]
+    scores = np.einsum("bihd,bjhd->bhij", q.reshape(B, T, n_head, hs), k.reshape(B, T, n_head, hs)) * hs ** -0.5
+    expected = np.log(np.where(np.tril(np.ones((T, T))), np.exp(scores), 0.0).sum(axis=-1))  # (B, nh, T)
+    assert_close(lse, expected, rtol=1e-12, atol=1e-12, what="lse")
+
+
 @pytest.mark.parametrize("affine", ["both", "weight", "none"])
 def test_layer_norm(affine, rng):
     x = rng.standard_normal((2, 3, 6))

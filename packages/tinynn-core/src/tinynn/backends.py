@@ -216,6 +216,20 @@ class Backend:
     def embedding_backward(self, g, idx, num_embeddings: int):
         """Gradient of embedding_forward for the weight: g's rows added up per id -> (num_embeddings, C)."""
 
+    @reference_fallback
+    def attention_forward(self, qkv, n_head: int, scale: float):
+        """Causal self-attention straight from the qkv projection's output -> (y, lse).
+
+        qkv (B, T, 3C) holds [q | k | v] along the last axis, head h in columns h*hs:(h+1)*hs of each part
+        (hs = C / n_head). y (B, T, C) is softmax(scale * q @ k.T, causal) @ v per head, written where the
+        output projection reads it; lse (B, n_head, T) is each row's logsumexp of the scaled scores, all the
+        backward needs to recompute the probabilities (no T x T array is kept)."""
+
+    @reference_fallback
+    def attention_backward(self, g, qkv, y, lse, n_head: int, scale: float):
+        """Gradient of (y, lse) = attention_forward(qkv, n_head, scale) for qkv, given y's gradient g (B, T, C)
+        -> g_qkv (B, T, 3C), the probabilities recomputed from lse."""
+
     # --- optimizer ---
     @reference_fallback
     def global_norm(self, arrays: list):

@@ -6,6 +6,7 @@ gradient of a broadcast input is summed back to its shape (`_unbroadcast`).
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -269,6 +270,18 @@ def causal_mask(a: Tensor, value=float("-inf")) -> Tensor:
     """Fill key positions after each query position (last two axes) with `value`."""
     be = a.backend
     return _result(be.causal_fill(a.data, value), be, (a,), lambda g: (be.causal_fill(g, 0.0),))
+
+
+def attention(qkv: Tensor, n_head: int) -> Tensor:
+    """Causal self-attention of the qkv projection's output (B, T, 3C) = [q | k | v] -> (B, T, C), heads
+    side by side as the output projection reads them; scores scaled by 1/sqrt(head size). One fused op:
+    the backward recomputes the probabilities from the forward's per-row logsumexp."""
+    B, T, C3 = qkv.shape
+    if C3 % 3 or (C3 // 3) % n_head:
+        raise ValueError(f"attention: the last axis of qkv {qkv.shape} is not 3 * n_head ({n_head}) * head size")
+    be, scale = qkv.backend, 1.0 / math.sqrt(C3 // 3 // n_head)
+    y, lse = be.attention_forward(qkv.data, n_head, scale)
+    return _result(y, be, (qkv,), lambda g: (be.attention_backward(g, qkv.data, y, lse, n_head, scale),))
 
 
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps=1e-5) -> Tensor:

@@ -133,14 +133,23 @@ class CausalSelfAttention(Module):
         self.resid_dropout = Dropout(dropout)
 
     def forward(self, x):
-        B, T, C = x.shape
-        hs = C // self.n_head
-        qkv = self.qkv(x).reshape(B, T, 3, self.n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        qkv = self.qkv(x)  # (B, T, 3C)
+        if self.training and self.attn_dropout.p > 0:
+            y = self._attention_with_dropout(qkv)
+        else:
+            y = F.attention(qkv, self.n_head)  # (B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+    def _attention_with_dropout(self, qkv):
+        """The unfused path: the dropout mask applies to the T x T probabilities, which the fused op never
+        materialises (on the GPU the step then runs eagerly: dropout draws a new mask every step)."""
+        B, T, C3 = qkv.shape
+        hs = C3 // 3 // self.n_head
+        qkv = qkv.reshape(B, T, 3, self.n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
         q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, nh, T, hs)
         att = F.matmul(q, k, transpose_b=True)  # (B, nh, T, T)
         att = self.attn_dropout(F.softmax(att, causal=True, scale=1.0 / math.sqrt(hs)))
-        y = (att @ v).permute(0, 2, 1, 3).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
-        return self.resid_dropout(self.proj(y))
+        return (att @ v).permute(0, 2, 1, 3).reshape(B, T, C3 // 3)  # (B, nh, T, hs) -> (B, T, C)
 
 
 class MLP(Module):

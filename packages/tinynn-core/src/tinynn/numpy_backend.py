@@ -26,6 +26,23 @@ def _causal(shape):
     return np.triu(np.ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
 
 
+def _split_heads(x, n_head):
+    """(B, T, C) -> (B, nh, T, hs): head h is columns h*hs:(h+1)*hs."""
+    B, T, C = x.shape
+    return x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+
+
+def _merge_heads(x):
+    """(B, nh, T, hs) -> (B, T, C), the inverse of _split_heads."""
+    B, nh, T, hs = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)
+
+
+def _heads(qkv, n_head):
+    """q, k and v of the qkv projection's output (B, T, 3C), each (B, nh, T, hs)."""
+    return (_split_heads(part, n_head) for part in np.split(qkv, 3, axis=-1))
+
+
 class NumpyBackend(Backend):
     name = "cpu"
     device_name = "NumPy"
@@ -212,6 +229,28 @@ class NumpyBackend(Backend):
         out = np.zeros((num_embeddings, g.shape[-1]), dtype=g.dtype)
         np.add.at(out, idx.reshape(-1), g.reshape(-1, g.shape[-1]))
         return out
+
+    def attention_forward(self, qkv, n_head, scale):
+        """The plain formula, with the T x T scores: the specification the fused kernels are tested against."""
+        q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)
+        s = np.where(_causal((q.shape[-2], k.shape[-2])), -np.inf, scale * (q @ k.swapaxes(-1, -2)))  # (B, nh, T, T)
+        m = s.max(axis=-1, keepdims=True)
+        e = np.exp(s - m)
+        total = e.sum(axis=-1, keepdims=True)
+        y = (e / total) @ v  # (B, nh, T, hs)
+        lse = (m + np.log(total))[..., 0]  # (B, nh, T)
+        return _merge_heads(y).astype(qkv.dtype), lse.astype(qkv.dtype)
+
+    def attention_backward(self, g, qkv, y, lse, n_head, scale):
+        q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)
+        g_y, y_h = _split_heads(g, n_head), _split_heads(y, n_head)  # (B, nh, T, hs)
+        s = scale * (q @ k.swapaxes(-1, -2))  # (B, nh, T, T)
+        p = np.where(_causal(s.shape), 0.0, np.exp(s - lse[..., None]))
+        g_p = g_y @ v.swapaxes(-1, -2)  # (B, nh, T, T)
+        g_s = p * (g_p - (g_y * y_h).sum(axis=-1, keepdims=True))  # softmax's backward, its row dot from y
+        g_q, g_k, g_v = scale * (g_s @ k), scale * (g_s.swapaxes(-1, -2) @ q), p.swapaxes(-1, -2) @ g_y
+        g_qkv = np.stack([g_q, g_k, g_v]).transpose(1, 3, 0, 2, 4)  # (B, T, 3, nh, hs)
+        return g_qkv.reshape(qkv.shape).astype(qkv.dtype)
 
     # --- optimizer ---
     def global_norm(self, arrays):
