@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from tinynn.backends import Backend
+from tinynn_gpu.attention import Attention, unsupported_head_size
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims, padded
 from tinynn_gpu.matmul import MatmulSelector
@@ -36,6 +37,7 @@ class WgpuBackend(Backend):
         self.is_software = ctx.is_software
         self.mm = MatmulSelector(self.rt)
         self.multi = MultiTensor(self.rt)
+        self.attention = Attention(self.rt)
         self._constants = {}
 
     @property
@@ -352,6 +354,29 @@ class WgpuBackend(Backend):
                          {1: _buf(idx), 4: _buf(g), 2: partial}, (table, c, n, chunk, chunks))
         out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
         return out.view((num_embeddings, c))
+
+    def attention_forward(self, qkv, n_head, scale):
+        why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)
+        if why:
+            return self._on_cpu("attention_forward", why, qkv, n_head, scale)
+        batch, seq, c3 = qkv.shape
+        y, lse = self._empty((batch, seq, c3 // 3)), self._empty((batch, n_head, seq))
+        self.attention.forward(_buf(qkv), y, lse, n_head, scale)
+        return y, lse
+
+    def attention_backward(self, g, qkv, y, lse, n_head, scale):
+        why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)
+        if why:
+            return self._on_cpu("attention_backward", why, g, qkv, y, lse, n_head, scale)
+        g_qkv, delta = self._empty(qkv.shape), self._empty(lse.shape)
+        self.attention.backward(_buf(g), _buf(qkv), _buf(y), _buf(lse), delta, g_qkv, n_head, scale)
+        return g_qkv
+
+    def _on_cpu(self, name, why, *args):
+        """Run an op through the NumPy reference, saying why: a refusal is slow, never wrong."""
+        if self.rt.tape is not None:
+            self.rt.tape.broken = f"{name} ran on the CPU ({why})"
+        return getattr(Backend, name)(self, *args)
 
     # --- optimizer ---
     def global_norm(self, arrays):

@@ -1,0 +1,92 @@
+"""Fused causal self-attention on the GPU: kernels/attention.wgsl filled in per head size and tile, and the
+launches of its forward (one dispatch) and backward (three: delta = rowsum(g * y), then dK/dV, then dQ).
+
+A tile is (ROWS, COLS): a workgroup owns ROWS rows (queries; keys in the dK/dV kernel) and walks over the
+other side COLS rows at a time. `choose_tiles` takes the first of TILES whose workgroup memory fits the
+device; TINYNN_ATTENTION_TILES=ROWSxCOLS forces one (experiments/attention_tiles.py times them all).
+"""
+from __future__ import annotations
+
+import math
+import os
+from importlib import resources
+
+from tinynn.errors import TinynnError
+
+THREADS = 256  # at most, per workgroup
+TILES = ((32, 32), (32, 16), (16, 16), (16, 8), (8, 8))
+DELTA_WG = 64  # attention_delta_main's workgroup size
+
+
+def unsupported_head_size(head_size: int) -> str:
+    """Why the kernels cannot run this head size, or "" when they can."""
+    if head_size % 4:
+        return f"head size {head_size} is not a multiple of 4 (the kernels load vec4s)"
+    if head_size > 128:
+        return f"head size {head_size} exceeds 128 (the per-thread accumulators would spill)"
+    return ""
+
+
+def workgroup_bytes(head_size: int, rows: int, cols: int) -> int:
+    """Workgroup memory of the largest kernel (dK/dV): four padded row tiles, two score tiles, lse/delta."""
+    pad = head_size + 4  # a tile row, padded by one vec4
+    return 4 * (2 * rows * pad + 2 * cols * pad + 2 * rows * (cols + 1) + 2 * rows + 2 * cols)
+
+
+def choose_tiles(head_size: int, max_bytes: int) -> tuple[int, int]:
+    forced = os.environ.get("TINYNN_ATTENTION_TILES")
+    if forced:
+        try:
+            rows, cols = (int(n) for n in forced.lower().split("x"))
+        except ValueError:
+            raise TinynnError(f"TINYNN_ATTENTION_TILES must look like 32x16, got {forced!r}") from None
+        return rows, cols
+    for rows, cols in TILES:
+        if workgroup_bytes(head_size, rows, cols) <= max_bytes:
+            return rows, cols
+    raise TinynnError(f"attention: no tile fits head size {head_size} in {max_bytes} bytes of workgroup memory")
+
+
+def source(head_size: int, rows: int, cols: int) -> str:
+    hs4 = head_size // 4
+    per_row = min(hs4, THREADS // rows)  # threads sharing an owned row
+    values = {"HS4": hs4, "ROWS": rows, "COLS": cols, "R": per_row, "NV": -(-hs4 // per_row)}
+    text = (resources.files("tinynn_gpu") / "kernels" / "attention.wgsl").read_text(encoding="utf-8")
+    for key, value in values.items():
+        text = text.replace("{{" + key + "}}", str(value))
+    return text
+
+
+class Attention:
+    """Compiles a kernel module per (head size, tile) on first use and records the dispatches."""
+
+    def __init__(self, runtime):
+        self.rt = runtime
+        self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
+        self.modules = {}  # name -> (module, rows, cols)
+
+    def _module(self, head_size: int):
+        rows, cols = choose_tiles(head_size, self.max_bytes)
+        name = f"attention_hs{head_size}_{rows}x{cols}"
+        if name not in self.modules:
+            code = source(head_size, rows, cols)
+            self.modules[name] = self.rt.device.create_shader_module(label=name, code=code), rows, cols
+        return (name,) + self.modules[name]
+
+    def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:
+        batch, seq, c3 = qkv.shape
+        name, module, rows, _ = self._module(c3 // 3 // n_head)
+        self.rt.dispatch(name, "attention_forward_main", (-(-seq // rows), batch * n_head, 1),
+                         {0: qkv, 2: y, 4: lse}, (seq, n_head, float(scale), 0), module=module)
+
+    def backward(self, g, qkv, y, lse, delta, g_qkv, n_head: int, scale: float) -> None:
+        batch, seq, c3 = qkv.shape
+        name, module, rows, _ = self._module(c3 // 3 // n_head)
+        n_rows = batch * seq * n_head
+        params = (seq, n_head, float(scale), n_rows)
+        self.rt.dispatch(name, "attention_delta_main", math.ceil(n_rows / DELTA_WG), {1: g, 6: y, 5: delta},
+                         params, module=module)
+        grid = (-(-seq // rows), batch * n_head, 1)
+        bindings = {0: qkv, 1: g, 4: lse, 5: delta, 2: g_qkv}
+        self.rt.dispatch(name, "attention_backward_kv_main", grid, bindings, params, module=module)
+        self.rt.dispatch(name, "attention_backward_q_main", grid, bindings, params, module=module)
