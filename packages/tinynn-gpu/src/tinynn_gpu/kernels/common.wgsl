@@ -1,10 +1,5 @@
-// Prepended by the loader to every kernel file except lesson.wgsl (which keeps the lesson's own 16-byte
-// Params). Parameters travel in one uniform block of 32 u32 slots; f32 values are passed as bitcast bits.
-
-struct Params { v: array<vec4<u32>, 8> }
-
-fn param(i: u32) -> u32 { return params.v[i / 4u][i % 4u]; }
-fn paramf(i: u32) -> f32 { return bitcast<f32>(param(i)); }
+// Prepended by the loader to every kernel file except lesson.wgsl (which is self-contained). Each kernel
+// file declares its own `struct Params` of named fields, bound at @binding(3) (params.py packs it).
 
 // 1-D work over a 2-D grid of 256-wide workgroups, so counts above 65535 * 256 still fit one dispatch.
 fn element_index(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
