@@ -39,4 +39,7 @@ fn workgroup_max(lid: u32, x: f32) -> f32 {
     return best;
 }
 
-fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
+// -inf and NaN built at run time: WGSL forbids a constant expression whose value is not finite (Tint
+// rejects `bitcast<f32>(0xff800000u)`; naga lets it through), and reading a var is not a constant.
+fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
+fn nan() -> f32 { var bits = 0x7fc00000u; return bitcast<f32>(bits); }
