@@ -63,30 +63,29 @@ class Attention:
     def __init__(self, runtime):
         self.rt = runtime
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
-        self.modules = {}  # name -> (module, rows, cols)
+        self.shaders = {}  # (head size, rows, cols) -> Shader
 
-    def _module(self, head_size: int):
+    def _shader(self, head_size: int):
         rows, cols = choose_tiles(head_size, self.max_bytes)
-        name = f"attention_hs{head_size}_{rows}x{cols}"
-        if name not in self.modules:
-            code = source(head_size, rows, cols)
-            self.modules[name] = self.rt.device.create_shader_module(label=name, code=code), rows, cols
-        return (name,) + self.modules[name]
+        key = (head_size, rows, cols)
+        if key not in self.shaders:
+            self.shaders[key] = self.rt.shader(source(*key), f"attention hs{head_size} {rows}x{cols}")
+        return self.shaders[key], rows
 
     def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
-        name, module, rows, _ = self._module(c3 // 3 // n_head)
-        self.rt.dispatch(name, "attention_forward_main", (-(-seq // rows), batch * n_head, 1),
-                         {0: qkv, 2: y, 4: lse}, (seq, n_head, float(scale), 0), module=module)
+        shader, rows = self._shader(c3 // 3 // n_head)
+        self.rt.dispatch(shader, "attention_forward_main", (-(-seq // rows), batch * n_head, 1),
+                         {0: qkv, 2: y, 4: lse}, {"seq": seq, "n_head": n_head, "scale": scale})
 
     def backward(self, g, qkv, y, lse, delta, g_qkv, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
-        name, module, rows, _ = self._module(c3 // 3 // n_head)
+        shader, rows = self._shader(c3 // 3 // n_head)
         n_rows = batch * seq * n_head
-        params = (seq, n_head, float(scale), n_rows)
-        self.rt.dispatch(name, "attention_delta_main", math.ceil(n_rows / DELTA_WG), {1: g, 6: y, 5: delta},
-                         params, module=module)
+        params = {"seq": seq, "n_head": n_head, "scale": scale, "rows": n_rows}
+        self.rt.dispatch(shader, "attention_delta_main", math.ceil(n_rows / DELTA_WG), {1: g, 6: y, 5: delta},
+                         params)
         grid = (-(-seq // rows), batch * n_head, 1)
         bindings = {0: qkv, 1: g, 4: lse, 5: delta, 2: g_qkv}
-        self.rt.dispatch(name, "attention_backward_kv_main", grid, bindings, params, module=module)
-        self.rt.dispatch(name, "attention_backward_q_main", grid, bindings, params, module=module)
+        self.rt.dispatch(shader, "attention_backward_kv_main", grid, bindings, params)
+        self.rt.dispatch(shader, "attention_backward_q_main", grid, bindings, params)
