@@ -1,0 +1,68 @@
+"""Fused-attention tiles side by side: each (ROWS, COLS) in attention.TILES that fits the adapter is checked
+against the float64 NumPy reference, then its forward and backward kernels are timed with GPU timestamps,
+on the attention shapes of the benchmark configs (apps/bench). This is where TILES' order comes from.
+
+    python packages/tinynn-gpu/experiments/attention_tiles.py [--reps 20] [--json F]
+"""
+import argparse
+import json
+import os
+
+import numpy as np
+
+from tinynn import backends
+from tinynn_gpu.attention import TILES, workgroup_bytes
+
+SHAPES = {"lesson": (16, 128, 4, 64), "mid": (16, 128, 6, 64), "big": (8, 256, 12, 64),
+          "hs128": (8, 256, 6, 128), "hs32": (16, 128, 8, 32)}  # (B, T, n_head, head size)
+
+
+def rel_err(actual, expected):
+    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    gpu, ref = backends.select("gpu"), backends.reference()
+    limit = gpu.attention.max_bytes
+    print(f"{gpu.device_name}: {limit} bytes of workgroup memory")
+    results = []
+    for label, (batch, seq, n_head, hs) in SHAPES.items():
+        g = np.random.default_rng(0)
+        qkv = g.standard_normal((batch, seq, 3 * n_head * hs)).astype(np.float32)
+        grad = g.standard_normal((batch, seq, n_head * hs)).astype(np.float32)
+        scale = hs ** -0.5
+        y_ref, lse_ref = ref.attention_forward(qkv.astype(np.float64), n_head, scale)
+        g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head, scale)
+        d_qkv, d_grad = gpu.from_numpy(qkv), gpu.from_numpy(grad)
+        for rows, cols in TILES:
+            if workgroup_bytes(hs, rows, cols) > limit:
+                continue
+            os.environ["TINYNN_ATTENTION_TILES"] = f"{rows}x{cols}"
+            y, lse = gpu.attention_forward(d_qkv, n_head, scale)
+            g_qkv = gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
+            errs = [rel_err(gpu.to_numpy(y), y_ref), rel_err(gpu.to_numpy(lse), lse_ref),
+                    rel_err(gpu.to_numpy(g_qkv), g_ref)]
+
+            def run():
+                for _ in range(args.reps):
+                    y, lse = gpu.attention_forward(d_qkv, n_head, scale)
+                    gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
+            times = {row["kernel"].split(".")[-1]: row["ms"] * 1e3 / args.reps for row in gpu.profile(run)}
+            row = {"shape": label, "tile": f"{rows}x{cols}", "us": times, "rel_err": errs, "ok": max(errs) <= 2e-5}
+            results.append(row)
+            kernels = "  ".join(f"{k.replace('attention_', '').replace('_main', '')} {v:7.1f}"
+                                for k, v in sorted(times.items()))
+            print(f"{label:7s} {rows:3d}x{cols:<3d} us: {kernels}  total {sum(times.values()):7.1f}  "
+                  f"err {max(errs):.1e}{'' if row['ok'] else '  WRONG'}", flush=True)
+    os.environ.pop("TINYNN_ATTENTION_TILES")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
