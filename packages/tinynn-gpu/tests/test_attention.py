@@ -1,6 +1,8 @@
 """The fused attention kernels against the float64 NumPy reference, every output poisoned (NaN) first.
 Shapes are drawn by hypothesis: T off the tile grid and T = 1, head sizes 16 to 128 (multiples of 4, not
 only powers of two), batch 1. Bounds are relative (Frobenius) errors; fp32 kernels measured ~3e-7 here."""
+from collections import Counter
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -13,7 +15,8 @@ RTOL_FORWARD = 1e-5  # y and lse
 RTOL_BACKWARD = 2e-5  # g_qkv: one more recomputation of the probabilities
 
 seq_lens = st.one_of(st.integers(1, 70), st.sampled_from([1, 8, 15, 16, 17, 31, 32, 33]))
-head_sizes = st.integers(4, 32).map(lambda n: 4 * n)
+# each head size compiles its own unrolled kernels (seconds each on lavapipe): a few, not a power of two among them
+head_sizes = st.sampled_from([16, 20, 64, 128])
 
 
 def rel_err(actual, expected):
@@ -52,16 +55,15 @@ def test_attention_matches_the_reference(poisoned, batch, seq, n_head, head_size
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t[0]}x{t[1]}")
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seq=seq_lens, seed=st.integers(0, 2**31), data=st.data())
-def test_every_tile(poisoned, monkeypatch, tile, seq, seed, data):
-    fitting = [hs for hs in (20, 64) if workgroup_bytes(hs, *tile) <= poisoned.attention.max_bytes]
-    head_size = data.draw(st.sampled_from(fitting), label="head_size")
+@given(seq=seq_lens, seed=st.integers(0, 2**31))
+def test_every_tile(poisoned, monkeypatch, tile, seq, seed):
+    if workgroup_bytes(20, *tile) > poisoned.attention.max_bytes:
+        pytest.skip(f"tile {tile} needs more workgroup memory than this adapter has")
     monkeypatch.setenv("TINYNN_ATTENTION_TILES", f"{tile[0]}x{tile[1]}")
-    check_against_reference(poisoned, 1, seq, 2, head_size, seed)
+    check_against_reference(poisoned, 1, seq, 2, 20, seed)
 
 
-def test_unsupported_head_size_runs_the_reference(poisoned):
-    before = poisoned.fallbacks["attention_forward"], poisoned.fallbacks["attention_backward"]
+def test_unsupported_head_size_runs_the_reference(poisoned, monkeypatch):
+    monkeypatch.setattr(poisoned, "fallbacks", Counter())  # the session's backend: other tests count on it
     check_against_reference(poisoned, 2, 5, 2, 6, seed=0)
-    after = poisoned.fallbacks["attention_forward"], poisoned.fallbacks["attention_backward"]
-    assert after == (before[0] + 1, before[1] + 1)
+    assert poisoned.fallbacks == Counter({"attention_forward": 1, "attention_backward": 1})

@@ -1,5 +1,5 @@
-"""Fused causal self-attention on the GPU: kernels/attention.wgsl filled in per head size and tile, and the
-launches of its forward (one dispatch) and backward (three: delta = rowsum(g * y), then dK/dV, then dQ).
+"""Fused causal self-attention on the GPU: kernels/attention.wgsl filled in and unrolled per head size and
+tile, and the launches of its forward (one dispatch) and backward (two: dK/dV, then dQ).
 
 A tile is (ROWS, COLS): a workgroup owns ROWS rows (queries; keys in the dK/dV kernel) and walks over the
 other side COLS rows at a time. `choose_tiles` takes the first of TILES whose workgroup memory fits the
@@ -7,15 +7,15 @@ device; TINYNN_ATTENTION_TILES=ROWSxCOLS forces one (experiments/attention_tiles
 """
 from __future__ import annotations
 
-import math
 import os
 from importlib import resources
 
 from tinynn.errors import TinynnError
 
 THREADS = 256  # at most, per workgroup
-TILES = ((32, 32), (32, 16), (16, 16), (16, 8), (8, 8))
-DELTA_WG = 64  # attention_delta_main's workgroup size
+# fastest first, as timed on an H200 (experiments/attention_tiles.py): 16-row tiles give twice the workgroups
+# of 32-row ones (the benchmark shapes fill the GPU only then) and waste less work on the causal diagonal
+TILES = ((16, 16), (32, 32), (32, 16), (16, 8), (8, 8))
 
 
 def unsupported_head_size(head_size: int) -> str:
@@ -40,6 +40,9 @@ def choose_tiles(head_size: int, max_bytes: int) -> tuple[int, int]:
             rows, cols = (int(n) for n in forced.lower().split("x"))
         except ValueError:
             raise TinynnError(f"TINYNN_ATTENTION_TILES must look like 32x16, got {forced!r}") from None
+        if workgroup_bytes(head_size, rows, cols) > max_bytes:
+            raise TinynnError(f"TINYNN_ATTENTION_TILES={forced}: head size {head_size} needs more than the "
+                              f"adapter's {max_bytes} bytes of workgroup memory")
         return rows, cols
     for rows, cols in TILES:
         if workgroup_bytes(head_size, rows, cols) <= max_bytes:
@@ -49,12 +52,23 @@ def choose_tiles(head_size: int, max_bytes: int) -> tuple[int, int]:
 
 def source(head_size: int, rows: int, cols: int) -> str:
     hs4 = head_size // 4
-    per_row = min(hs4, THREADS // rows)  # threads sharing an owned row
-    values = {"HS4": hs4, "ROWS": rows, "COLS": cols, "R": per_row, "NV": -(-hs4 // per_row)}
+    per_row = max(d for d in range(1, hs4 + 1) if hs4 % d == 0 and d <= THREADS // rows)  # threads per row
     text = (resources.files("tinynn_gpu") / "kernels" / "attention.wgsl").read_text(encoding="utf-8")
-    for key, value in values.items():
+    for key, value in {"HS4": hs4, "ROWS": rows, "COLS": cols, "R": per_row}.items():
         text = text.replace("{{" + key + "}}", str(value))
-    return text
+    return unroll(text, {"$c": hs4, "$n": hs4 // per_row, "$j": cols})
+
+
+def unroll(text: str, counts: dict) -> str:
+    """Repeat each code line that holds a marker once per value of it (0 .. count-1), the marker replaced."""
+    lines = []
+    for line in text.splitlines():
+        copies = [line]
+        for marker, count in counts.items():
+            if marker in line and not line.lstrip().startswith("//"):
+                copies = [copy.replace(marker, str(i)) for copy in copies for i in range(count)]
+        lines += copies
+    return "\n".join(lines) + "\n"
 
 
 class Attention:
@@ -78,14 +92,11 @@ class Attention:
         self.rt.dispatch(shader, "attention_forward_main", (-(-seq // rows), batch * n_head, 1),
                          {0: qkv, 2: y, 4: lse}, {"seq": seq, "n_head": n_head, "scale": scale})
 
-    def backward(self, g, qkv, y, lse, delta, g_qkv, n_head: int, scale: float) -> None:
+    def backward(self, g, qkv, y, lse, g_qkv, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
         shader, rows = self._shader(c3 // 3 // n_head)
-        n_rows = batch * seq * n_head
-        params = {"seq": seq, "n_head": n_head, "scale": scale, "rows": n_rows}
-        self.rt.dispatch(shader, "attention_delta_main", math.ceil(n_rows / DELTA_WG), {1: g, 6: y, 5: delta},
-                         params)
         grid = (-(-seq // rows), batch * n_head, 1)
-        bindings = {0: qkv, 1: g, 4: lse, 5: delta, 2: g_qkv}
+        bindings = {0: qkv, 1: g, 4: lse, 5: y, 2: g_qkv}
+        params = {"seq": seq, "n_head": n_head, "scale": scale}
         self.rt.dispatch(shader, "attention_backward_kv_main", grid, bindings, params)
         self.rt.dispatch(shader, "attention_backward_q_main", grid, bindings, params)

@@ -1,22 +1,27 @@
 // Fused causal self-attention, FlashAttention-2 style: forward and backward without a T x T array in memory.
-// A template: attention.py fills {{HS4}} (head size / 4), {{ROWS}}, {{COLS}}, {{R}} and {{NV}} per head size
-// and tile choice. q, k and v are read straight from the qkv projection's output (B, T, 3C) = [q | k | v],
-// head h in columns h*hs:(h+1)*hs of each part; y and the gradients are written in the same row layout.
+// A template: attention.py fills {{HS4}} (head size / 4), {{ROWS}}, {{COLS}} and {{R}} per head size and tile,
+// and unrolls it: a line holding $c is repeated for c = 0 .. HS4-1, one holding $n for
+// n = 0 .. HS4/R - 1, one holding $j for j = 0 .. COLS-1. naga does not unroll loops, and an accumulator array
+// indexed in a loop would live in slow local memory, not in registers: so every accumulator is its own
+// variable. q, k and v are read straight from the qkv projection's output (B, T, 3C) = [q | k | v], head h
+// in columns h*hs:(h+1)*hs of each part; y and the gradients are written in the same row layout.
 //
 // Each workgroup owns ROWS rows of one (batch, head) (queries, or keys in the dK/dV kernel) and walks over
-// the other side in tiles of COLS rows, both held in workgroup memory. R threads share an owned row, each
-// accumulating NV vec4 columns of it (columns part, part + R, ...: neighbours read neighbouring vec4s).
-// Tile rows are padded by one vec4 (and score rows by one float) so that threads reading different rows
-// of a tile hit different memory banks.
+// the other side in tiles of COLS rows, both held in workgroup memory. R threads share an owned row (R
+// divides HS4), each accumulating NV = HS4 / R vec4 columns of it: part, part + R, ..., so neighbouring
+// threads read neighbouring vec4s. Tile rows are padded by one vec4 (score rows by one float) so that
+// threads reading different rows of a tile hit different memory banks.
+//
+// The backward needs delta = rowsum(g * y) per query; each kernel computes it for the rows it loads
+// (a separate pre-pass would cost a dispatch for a few microseconds of work).
 //
 // Bindings: 0 qkv, 1 g (the gradient of y), 2 out (y, or the gradient of qkv), 3 params, 4 lse (B, nh, T),
-// 5 delta (B, nh, T): rowsum(g * y), 6 y (read by the backward's pre-pass).
+// 5 y (read by the backward).
 
 const HS4: u32 = {{HS4}}u;
 const ROWS: u32 = {{ROWS}}u;
 const COLS: u32 = {{COLS}}u;
 const R: u32 = {{R}}u;
-const NV: u32 = {{NV}}u;
 const THREADS: u32 = ROWS * R;
 const PAD: u32 = HS4 + 1u;  // a tile row's stride in vec4s
 const PCOLS: u32 = COLS + 1u;  // a score row's stride in floats
@@ -24,15 +29,14 @@ const PCOLS: u32 = COLS + 1u;  // a score row's stride in floats
 // constant -inf is rejected by Tint.
 const NEG_BIG: f32 = -3.0e38;
 
-struct Params { seq: u32, n_head: u32, scale: f32, rows: u32 }
+struct Params { seq: u32, n_head: u32, scale: f32 }
 
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;
-@group(0) @binding(5) var<storage, read_write> delta: array<f32>;
-@group(0) @binding(6) var<storage, read> y: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> y: array<vec4<f32>>;
 
 var<workgroup> own_a: array<vec4<f32>, ROWS * PAD>;  // the owned rows: q (forward, dQ) or k (dK/dV)
 var<workgroup> own_b: array<vec4<f32>, ROWS * PAD>;  // g's rows (dQ) or v (dK/dV)
@@ -125,15 +129,29 @@ fn load_col_b_grad(lid: u32, hd: Head, t0: u32) {
 }
 
 fn dot_own_a_col_a(r: u32, j: u32) -> f32 {
-    var s = 0.0;
-    for (var c = 0u; c < HS4; c = c + 1u) { s = s + dot(own_a[r * PAD + c], col_a[j * PAD + c]); }
-    return s;
+    var s = vec4<f32>(0.0);
+    s = s + own_a[r * PAD + $cu] * col_a[j * PAD + $cu];
+    return s.x + s.y + s.z + s.w;
 }
 
 fn dot_own_b_col_b(r: u32, j: u32) -> f32 {
-    var s = 0.0;
-    for (var c = 0u; c < HS4; c = c + 1u) { s = s + dot(own_b[r * PAD + c], col_b[j * PAD + c]); }
-    return s;
+    var s = vec4<f32>(0.0);
+    s = s + own_b[r * PAD + $cu] * col_b[j * PAD + $cu];
+    return s.x + s.y + s.z + s.w;
+}
+
+// lse and delta of query t (0 past the sequence's end, where nothing reads them).
+fn lse_of(hd: Head, t: u32) -> f32 {
+    if (t >= params.seq) { return 0.0; }
+    return lse[hd.bh * params.seq + t];
+}
+
+fn delta_of(hd: Head, t: u32) -> f32 {
+    if (t >= params.seq) { return 0.0; }
+    let base = yg_row(hd, t);
+    var s = vec4<f32>(0.0);
+    s = s + g[base + $cu] * y[base + $cu];
+    return s.x + s.y + s.z + s.w;
 }
 
 // y = softmax(scale * q k^T, causal) v and lse, one workgroup per ROWS queries of one (batch, head); the
@@ -148,7 +166,7 @@ fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     load_own_a(lid, hd, q0, 0u);
     var m = NEG_BIG;
     var l = 0.0;
-    var acc: array<vec4<f32>, NV>;
+    var acc_$n = vec4<f32>(0.0);
     let key_end = min(params.seq, q0 + ROWS);  // the last key any query of the tile sees, plus one
     for (var k0 = 0u; k0 < key_end; k0 = k0 + COLS) {
         workgroupBarrier();  // the previous tile is no longer read
@@ -161,43 +179,21 @@ fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
             tile_p[r * PCOLS + j] = select(NEG_BIG, params.scale * dot_own_a_col_a(r, j), k0 + j <= q0 + r);
         }
         workgroupBarrier();
-        var m_tile = NEG_BIG;
-        for (var j = 0u; j < COLS; j = j + 1u) { m_tile = max(m_tile, tile_p[row * PCOLS + j]); }
-        let m_new = max(m, m_tile);
+        let s_$j = tile_p[row * PCOLS + $ju];
+        var m_new = m;
+        m_new = max(m_new, s_$j);
         let rescale = exp(m - m_new);
+        let p_$j = exp(s_$j - m_new);
         l = l * rescale;
-        for (var n = 0u; n < NV; n = n + 1u) { acc[n] = acc[n] * rescale; }
-        for (var j = 0u; j < COLS; j = j + 1u) {
-            let p = exp(tile_p[row * PCOLS + j] - m_new);
-            l = l + p;
-            for (var n = 0u; n < NV; n = n + 1u) {
-                let c = part + n * R;
-                if (c < HS4) { acc[n] = acc[n] + p * col_b[j * PAD + c]; }
-            }
-        }
+        l = l + p_$j;
+        acc_$n = acc_$n * rescale;
+        acc_$n = acc_$n + p_$j * col_b[$ju * PAD + part + $nu * R];
         m = m_new;
     }
     if (i < params.seq) {
-        for (var n = 0u; n < NV; n = n + 1u) {
-            let c = part + n * R;
-            if (c < HS4) { out[yg_row(hd, i) + c] = acc[n] / l; }
-        }
+        out[yg_row(hd, i) + part + $nu * R] = acc_$n / l;
         if (part == 0u) { lse[hd.bh * params.seq + i] = m + log(l); }
     }
-}
-
-// The backward's pre-pass: delta = rowsum(g * y) per (batch, head, query), one thread each.
-@compute @workgroup_size(64)
-fn attention_delta_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                        @builtin(local_invocation_index) lid: u32) {
-    let idx = (wg.y * nwg.x + wg.x) * 64u + lid;  // (b * T + t) * nh + h: the row's place in y
-    if (idx >= params.rows) { return; }
-    var s = vec4<f32>(0.0);
-    for (var c = 0u; c < HS4; c = c + 1u) { s = s + g[idx * HS4 + c] * y[idx * HS4 + c]; }
-    let nh = params.n_head;
-    let bt = idx / nh;
-    let b = bt / params.seq;
-    delta[(b * nh + idx % nh) * params.seq + bt % params.seq] = s.x + s.y + s.z + s.w;
 }
 
 // dK and dV for ROWS keys of one (batch, head), walking over the queries that see them (from the first key
@@ -211,16 +207,15 @@ fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
     let j = k0 + row;
     load_own_a(lid, hd, k0, 1u);
     load_own_b(lid, hd, k0, 2u);
-    var dk: array<vec4<f32>, NV>;
-    var dv: array<vec4<f32>, NV>;
+    var dk_$n = vec4<f32>(0.0);
+    var dv_$n = vec4<f32>(0.0);
     for (var q0 = k0; q0 < params.seq; q0 = q0 + COLS) {
         workgroupBarrier();
         load_col_a(lid, hd, q0, 0u);
         load_col_b_grad(lid, hd, q0);
         for (var c = lid; c < COLS; c = c + THREADS) {
-            let inside = q0 + c < params.seq;
-            col_lse[c] = select(0.0, lse[hd.bh * params.seq + q0 + c], inside);
-            col_delta[c] = select(0.0, delta[hd.bh * params.seq + q0 + c], inside);
+            col_lse[c] = lse_of(hd, q0 + c);
+            col_delta[c] = delta_of(hd, q0 + c);
         }
         workgroupBarrier();
         for (var e = lid; e < ROWS * COLS; e = e + THREADS) {
@@ -232,26 +227,14 @@ fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
             tile_ds[r * PCOLS + c] = p * (dot_own_b_col_b(r, c) - col_delta[c]);
         }
         workgroupBarrier();
-        for (var c = 0u; c < COLS; c = c + 1u) {
-            let p = tile_p[row * PCOLS + c];
-            let ds = tile_ds[row * PCOLS + c];
-            for (var n = 0u; n < NV; n = n + 1u) {
-                let col = part + n * R;
-                if (col < HS4) {
-                    dv[n] = dv[n] + p * col_b[c * PAD + col];
-                    dk[n] = dk[n] + ds * col_a[c * PAD + col];
-                }
-            }
-        }
+        let p_$j = tile_p[row * PCOLS + $ju];
+        let ds_$j = tile_ds[row * PCOLS + $ju];
+        dv_$n = dv_$n + p_$j * col_b[$ju * PAD + part + $nu * R];
+        dk_$n = dk_$n + ds_$j * col_a[$ju * PAD + part + $nu * R];
     }
     if (j < params.seq) {
-        for (var n = 0u; n < NV; n = n + 1u) {
-            let col = part + n * R;
-            if (col < HS4) {
-                out[qkv_row(hd, j, 1u) + col] = params.scale * dk[n];
-                out[qkv_row(hd, j, 2u) + col] = dv[n];
-            }
-        }
+        out[qkv_row(hd, j, 1u) + part + $nu * R] = params.scale * dk_$n;
+        out[qkv_row(hd, j, 2u) + part + $nu * R] = dv_$n;
     }
 }
 
@@ -267,11 +250,10 @@ fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loca
     load_own_a(lid, hd, q0, 0u);
     load_own_b_grad(lid, hd, q0);
     for (var r = lid; r < ROWS; r = r + THREADS) {
-        let inside = q0 + r < params.seq;
-        own_lse[r] = select(0.0, lse[hd.bh * params.seq + q0 + r], inside);
-        own_delta[r] = select(0.0, delta[hd.bh * params.seq + q0 + r], inside);
+        own_lse[r] = lse_of(hd, q0 + r);
+        own_delta[r] = delta_of(hd, q0 + r);
     }
-    var dq: array<vec4<f32>, NV>;
+    var dq_$n = vec4<f32>(0.0);
     let key_end = min(params.seq, q0 + ROWS);
     for (var k0 = 0u; k0 < key_end; k0 = k0 + COLS) {
         workgroupBarrier();
@@ -285,18 +267,10 @@ fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loca
             tile_ds[r * PCOLS + c] = p * (dot_own_b_col_b(r, c) - own_delta[r]);
         }
         workgroupBarrier();
-        for (var c = 0u; c < COLS; c = c + 1u) {
-            let ds = tile_ds[row * PCOLS + c];
-            for (var n = 0u; n < NV; n = n + 1u) {
-                let col = part + n * R;
-                if (col < HS4) { dq[n] = dq[n] + ds * col_a[c * PAD + col]; }
-            }
-        }
+        let ds_$j = tile_ds[row * PCOLS + $ju];
+        dq_$n = dq_$n + ds_$j * col_a[$ju * PAD + part + $nu * R];
     }
     if (i < params.seq) {
-        for (var n = 0u; n < NV; n = n + 1u) {
-            let col = part + n * R;
-            if (col < HS4) { out[qkv_row(hd, i, 0u) + col] = params.scale * dq[n]; }
-        }
+        out[qkv_row(hd, i, 0u) + part + $nu * R] = params.scale * dq_$n;
     }
 }
