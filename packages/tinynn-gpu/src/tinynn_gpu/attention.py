@@ -1,5 +1,5 @@
 """Fused causal self-attention on the GPU: kernels/attention.wgsl filled in and unrolled per head size and
-tile, and the launches of its forward (one dispatch) and backward (two: dK/dV, then dQ).
+tile, and the launches of its forward (one dispatch) and backward (two: dQ, then dK/dV).
 
 A tile is (ROWS, COLS): a workgroup owns ROWS rows (queries; keys in the dK/dV kernel) and walks over the
 other side COLS rows at a time. `choose_tiles` takes the first of TILES whose workgroup memory fits the
@@ -92,11 +92,13 @@ class Attention:
         self.rt.dispatch(shader, "attention_forward_main", (-(-seq // rows), batch * n_head, 1),
                          {0: qkv, 2: y, 4: lse}, {"seq": seq, "n_head": n_head, "scale": scale})
 
-    def backward(self, g, qkv, y, lse, g_qkv, n_head: int, scale: float) -> None:
+    def backward(self, g, qkv, y, lse, delta, g_qkv, n_head: int, scale: float) -> None:
+        """g_qkv from g; delta (B, nh, T) is scratch: the dQ kernel saves rowsum(g * y) there for the dK/dV
+        kernel."""
         batch, seq, c3 = qkv.shape
         shader, rows = self._shader(c3 // 3 // n_head)
         grid = (-(-seq // rows), batch * n_head, 1)
-        bindings = {0: qkv, 1: g, 4: lse, 5: y, 2: g_qkv}
+        bindings = {0: qkv, 1: g, 4: lse, 6: delta, 2: g_qkv}
         params = {"seq": seq, "n_head": n_head, "scale": scale}
+        self.rt.dispatch(shader, "attention_backward_q_main", grid, {**bindings, 5: y}, params)
         self.rt.dispatch(shader, "attention_backward_kv_main", grid, bindings, params)
-        self.rt.dispatch(shader, "attention_backward_q_main", grid, bindings, params)

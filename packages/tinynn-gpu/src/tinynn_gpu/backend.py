@@ -368,8 +368,8 @@ class WgpuBackend(Backend):
         why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)
         if why:
             return self._on_cpu("attention_backward", why, g, qkv, y, lse, n_head, scale)
-        g_qkv = self._empty(qkv.shape)
-        self.attention.backward(_buf(g), _buf(qkv), _buf(y), _buf(lse), g_qkv, n_head, scale)
+        g_qkv, delta = self._empty(qkv.shape), self._empty(lse.shape)
+        self.attention.backward(_buf(g), _buf(qkv), _buf(y), _buf(lse), delta, g_qkv, n_head, scale)
         return g_qkv
 
     def _on_cpu(self, name, why, *args):

@@ -12,11 +12,12 @@
 // threads read neighbouring vec4s. Tile rows are padded by one vec4 (score rows by one float) so that
 // threads reading different rows of a tile hit different memory banks.
 //
-// The backward needs delta = rowsum(g * y) per query; each kernel computes it for the rows it loads
-// (a separate pre-pass would cost a dispatch for a few microseconds of work).
+// The backward needs delta = rowsum(g * y) per query. The dQ kernel, which runs first, computes it for
+// the queries it owns and saves it for the dK/dV kernel (FlashAttention-2's separate pre-pass would cost a
+// dispatch for a few microseconds of work).
 //
 // Bindings: 0 qkv, 1 g (the gradient of y), 2 out (y, or the gradient of qkv), 3 params, 4 lse (B, nh, T),
-// 5 y (read by the backward).
+// 5 y (read by the backward), 6 delta (B, nh, T).
 
 const HS4: u32 = {{HS4}}u;
 const ROWS: u32 = {{ROWS}}u;
@@ -37,6 +38,7 @@ struct Params { seq: u32, n_head: u32, scale: f32 }
 @group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(5) var<storage, read> y: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> delta: array<f32>;
 
 var<workgroup> own_a: array<vec4<f32>, ROWS * PAD>;  // the owned rows: q (forward, dQ) or k (dK/dV)
 var<workgroup> own_b: array<vec4<f32>, ROWS * PAD>;  // g's rows (dQ) or v (dK/dV)
@@ -148,6 +150,10 @@ fn lse_of(hd: Head, t: u32) -> f32 {
 
 fn delta_of(hd: Head, t: u32) -> f32 {
     if (t >= params.seq) { return 0.0; }
+    return delta[hd.bh * params.seq + t];
+}
+
+fn rowsum_g_y(hd: Head, t: u32) -> f32 {
     let base = yg_row(hd, t);
     var s = vec4<f32>(0.0);
     s = s + g[base + $cu] * y[base + $cu];
@@ -196,8 +202,51 @@ fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     }
 }
 
-// dK and dV for ROWS keys of one (batch, head), walking over the queries that see them (from the first key
-// on) in tiles of COLS: p = exp(scale * q.k - lse), dv += p g, ds = p (g.v - delta), dk += scale ds q.
+// The backward, first dispatch: dQ for ROWS queries of one (batch, head), walking over the keys they see in
+// tiles of COLS: ds = p (g.v - delta), dq += scale ds k. Saves delta for the second.
+@compute @workgroup_size(THREADS)
+fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let hd = head(wg.y);
+    let q0 = wg.x * ROWS;
+    let row = lid / R;
+    let part = lid % R;
+    let i = q0 + row;
+    load_own_a(lid, hd, q0, 0u);
+    load_own_b_grad(lid, hd, q0);
+    for (var r = lid; r < ROWS; r = r + THREADS) {
+        own_lse[r] = lse_of(hd, q0 + r);
+        var d = 0.0;
+        if (q0 + r < params.seq) {
+            d = rowsum_g_y(hd, q0 + r);
+            delta[hd.bh * params.seq + q0 + r] = d;
+        }
+        own_delta[r] = d;
+    }
+    var dq_$n = vec4<f32>(0.0);
+    let key_end = min(params.seq, q0 + ROWS);
+    for (var k0 = 0u; k0 < key_end; k0 = k0 + COLS) {
+        workgroupBarrier();
+        load_col_a(lid, hd, k0, 1u);
+        load_col_b(lid, hd, k0, 2u);
+        workgroupBarrier();
+        for (var e = lid; e < ROWS * COLS; e = e + THREADS) {
+            let r = e / COLS;
+            let c = e % COLS;
+            let p = select(0.0, exp(params.scale * dot_own_a_col_a(r, c) - own_lse[r]), k0 + c <= q0 + r);
+            tile_ds[r * PCOLS + c] = p * (dot_own_b_col_b(r, c) - own_delta[r]);
+        }
+        workgroupBarrier();
+        let ds_$j = tile_ds[row * PCOLS + $ju];
+        dq_$n = dq_$n + ds_$j * col_a[$ju * PAD + part + $nu * R];
+    }
+    if (i < params.seq) {
+        out[qkv_row(hd, i, 0u) + part + $nu * R] = params.scale * dq_$n;
+    }
+}
+
+// The backward, second dispatch: dK and dV for ROWS keys of one (batch, head), walking over the queries that
+// see them (from the first key on) in tiles of COLS: p = exp(scale * q.k - lse), dv += p g,
+// ds = p (g.v - delta), dk += scale ds q.
 @compute @workgroup_size(THREADS)
 fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let hd = head(wg.y);
@@ -235,42 +284,5 @@ fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
     if (j < params.seq) {
         out[qkv_row(hd, j, 1u) + part + $nu * R] = params.scale * dk_$n;
         out[qkv_row(hd, j, 2u) + part + $nu * R] = dv_$n;
-    }
-}
-
-// dQ for ROWS queries of one (batch, head), walking over the keys they see in tiles of COLS:
-// ds = p (g.v - delta), dq += scale ds k.
-@compute @workgroup_size(THREADS)
-fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let hd = head(wg.y);
-    let q0 = wg.x * ROWS;
-    let row = lid / R;
-    let part = lid % R;
-    let i = q0 + row;
-    load_own_a(lid, hd, q0, 0u);
-    load_own_b_grad(lid, hd, q0);
-    for (var r = lid; r < ROWS; r = r + THREADS) {
-        own_lse[r] = lse_of(hd, q0 + r);
-        own_delta[r] = delta_of(hd, q0 + r);
-    }
-    var dq_$n = vec4<f32>(0.0);
-    let key_end = min(params.seq, q0 + ROWS);
-    for (var k0 = 0u; k0 < key_end; k0 = k0 + COLS) {
-        workgroupBarrier();
-        load_col_a(lid, hd, k0, 1u);
-        load_col_b(lid, hd, k0, 2u);
-        workgroupBarrier();
-        for (var e = lid; e < ROWS * COLS; e = e + THREADS) {
-            let r = e / COLS;
-            let c = e % COLS;
-            let p = select(0.0, exp(params.scale * dot_own_a_col_a(r, c) - own_lse[r]), k0 + c <= q0 + r);
-            tile_ds[r * PCOLS + c] = p * (dot_own_b_col_b(r, c) - own_delta[r]);
-        }
-        workgroupBarrier();
-        let ds_$j = tile_ds[row * PCOLS + $ju];
-        dq_$n = dq_$n + ds_$j * col_a[$ju * PAD + part + $nu * R];
-    }
-    if (i < params.seq) {
-        out[qkv_row(hd, i, 0u) + part + $nu * R] = params.scale * dq_$n;
     }
 }
