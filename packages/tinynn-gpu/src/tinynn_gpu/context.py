@@ -24,8 +24,7 @@ KERNEL_FILES = ("elementwise", "strided", "reduce", "softmax", "layernorm", "cro
                 "optimizer", "norm")
 # kernel files still on the positional parameter block (params_positional.wgsl: `param(i)`, a tuple from
 # Python) rather than their own named `struct Params`; the block goes once this is empty
-POSITIONAL = {"elementwise", "strided", "reduce", "softmax", "layernorm", "cross_entropy", "embedding",
-              "optimizer", "norm", "multi_tensor"}
+POSITIONAL = {"reduce", "layernorm", "optimizer", "norm", "multi_tensor"}
 
 
 @dataclass
