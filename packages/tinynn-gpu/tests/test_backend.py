@@ -256,3 +256,15 @@ def test_missing_wgpu_is_the_reason_given():
     run = subprocess.run([sys.executable, "-c", HIDE_WGPU], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "wgpu is not importable (hidden by the test)"
+
+
+def test_an_id_out_of_range_in_a_replayed_step_raises_at_its_read(gpu):
+    from tinynn.errors import TinynnError
+    _, step = captured_losses(gpu, 6)
+    assert step._run.tape is not None
+    x = np.zeros((4, CFG.block_size), np.int64)
+    bad = x.copy()
+    bad[1, 3] = CFG.vocab_size  # one past the vocabulary
+    with pytest.raises(TinynnError, match="embedding: an id is outside"):
+        step(bad, x, 1e-3).item()
+    assert np.isfinite(step(x, x, 1e-3).item())  # raised once; the next step reads cleanly
