@@ -404,5 +404,5 @@ def _cpu_when_too_large(name):
     return op
 
 
-for _name in Backend.OPS + Backend.INPLACE_OPS:
+for _name in Backend.ops():
     setattr(WgpuBackend, _name, _cpu_when_too_large(_name))
