@@ -245,14 +245,13 @@ class NumpyBackend(Backend):
             buf += g
             p -= lr * buf
 
-    # --- data parallel: every gradient in one buffer for one Allreduce ---
+    # --- data parallel ---
     def pack(self, arrays):
-        """Every array's elements laid end to end in one flat array (all arrays of one dtype)."""
         return np.concatenate([a.reshape(-1) for a in arrays])
 
     def unpack(self, flat, shapes):
-        """pack's inverse: consecutive pieces of `flat`, one fresh array per shape."""
         ends = np.cumsum([math.prod(shape) for shape in shapes])
+        assert ends[-1] == flat.size, f"shapes of {ends[-1]} elements do not cover {flat.size}"
         return [piece.reshape(shape) for piece, shape in zip(np.split(flat.copy(), ends[:-1]), shapes)]
 
 

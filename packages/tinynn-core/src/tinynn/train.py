@@ -131,6 +131,8 @@ def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: i
 
 
 def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> TrainResult:
+    world = distributed.world()  # under mpiexec: this rank (before the backend, which picks its GPU by it)
+    world.check_batch(cfg.batch_size, cfg.grad_accum_steps)
     backend = backends.set_default(device)
     if cfg.loss_plot:
         _require_matplotlib()
@@ -168,14 +170,16 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
 
     split_for_eval = "val" if batches.has_val else "train"
     tokens_per_step = cfg.batch_size * cfg.block_size
-    bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps, disable=not progress,
-               desc=f"train ({backend.name})", unit="step", dynamic_ncols=True)
-    train_step = TrainStep(model, optimizer, cfg.batch_size, cfg.block_size)
+    bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps,
+               disable=not (progress and world.is_root), desc=f"train ({backend.name})", unit="step",
+               dynamic_ncols=True)
+    train_step = TrainStep(model, optimizer, cfg.batch_size // world.size, cfg.block_size, cfg.grad_accum_steps,
+                           world)
     t_last = time.perf_counter()
     for step in bar:
         lr = cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
         x, y = batches.sample("train", cfg.batch_size, rng.generator())
-        loss_value = train_step(x, y, lr).item()
+        loss_value = train_step(world.rows(x), world.rows(y), lr).item()  # the global batch's mean loss
         if not math.isfinite(loss_value):
             kept = f"the last good checkpoint {ckpt_path} is kept" if ckpt_path.exists() else "no checkpoint was saved"
             raise TinynnError(f"loss became {loss_value} at step {step + 1}; stopping ({kept}); "
@@ -186,14 +190,16 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
         bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_step / max(now - t_last, 1e-9):,.0f}")
         t_last = now
         last = step + 1 == cfg.max_steps
-        if (step + 1) % cfg.eval_interval == 0 or last:
+        if world.is_root and ((step + 1) % cfg.eval_interval == 0 or last):
             val = evaluate(model, batches, split_for_eval, cfg.eval_steps, cfg.batch_size, cfg.seed + 1)
             history["val_step"].append(step + 1)
             history["val_loss"].append(val)
             bar.write(f"step {step + 1}: train loss {loss_value:.4f}, {split_for_eval} loss {val:.4f}")
-        if (cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0) or last:
+        if world.is_root and ((cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0) or last):
             save(step + 1)
     bar.close()
+    if not world.is_root:  # rank 0 alone samples and plots
+        return TrainResult(model, tokenizer, history, "", ckpt_path)
 
     out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, top_k=None,
                          rng=np.random.default_rng(cfg.seed))
