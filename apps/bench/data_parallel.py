@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -89,10 +90,12 @@ def main() -> None:
             for _ in range(20):
                 fn()
             isolated[name] = (time.perf_counter() - t0) / 20 * 1e3
+    adapter = f"{backend.device_name} (TINYNN_ADAPTER_INDEX={os.environ.get(distributed.ADAPTER_VAR)})"
+    adapters = world.comm.gather(adapter, root=0) if world.comm is not None else [adapter]
     if world.is_root:
         tokens = rows * world.size * cfg.block_size
         print(json.dumps({
-            "ranks": world.size, "device": backend.device_name, "accum": args.accum,
+            "ranks": world.size, "adapters": adapters, "accum": args.accum,
             "config": {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")},
             "global_batch": rows * world.size, "ms_per_step": per_step * 1e3, "tokens_per_s": tokens / per_step,
             "flat_mb": 4 * sum(p.size for p in opt.params) / 1e6,

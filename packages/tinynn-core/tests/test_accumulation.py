@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tinynn
+from tinynn.config import from_dict
 from tinynn.distributed import World
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
@@ -77,3 +78,10 @@ def test_batch_must_split_over_ranks_and_micro_batches():
         World(rank=0, size=2).check_batch(6, 2)
     World(rank=1, size=2).check_batch(8, 2)
     assert World(rank=1, size=3).rows(np.arange(9)).tolist() == [1, 4, 7]
+
+
+def test_grad_accum_steps_is_checked_by_name():
+    with pytest.raises(tinynn.TinynnError, match="'grad_accum_steps' must be at least 1, got 0"):
+        from_dict({"grad_accum_steps": 0})
+    with pytest.raises(tinynn.TinynnError, match=r"'batch_size' \(6\) must be divisible by grad_accum_steps \(4\)"):
+        from_dict({"batch_size": 6, "grad_accum_steps": 4})
