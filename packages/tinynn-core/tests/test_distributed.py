@@ -115,3 +115,13 @@ def test_a_plain_run_never_imports_mpi4py(workdir):
     write_config(workdir / "c.json", out_dir="plain")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_mpi4py_of_another_mpi_is_refused(mpiexec, workdir):
+    """A launcher that started 3 processes while mpi4py's MPI sees 1 (mpi4py linked to another MPI than the
+    mpiexec): each process would train alone on the whole batch, so it is an error."""
+    env = {**os.environ, "PMI_RANK": "0", "PMI_SIZE": "3"}
+    done = subprocess.run([sys.executable, "-m", "tinynn.cli", "train", "--config", write_config(workdir / "c.json"),
+                           "--quiet", "--device", "cpu"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("tinynn: error: mpiexec started 3 processes but MPI sees 1")

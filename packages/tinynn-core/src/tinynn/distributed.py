@@ -76,6 +76,11 @@ def _connect(var: str) -> World:
         raise TinynnError(f"running under mpiexec ({var} is set) needs mpi4py and an MPI library: {INSTALL} "
                           f"({type(e).__name__}: {e})") from None
     comm = MPI.COMM_WORLD
+    launched_size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
+    if launched_size and int(launched_size) != comm.Get_size():  # else each rank would train alone, unaware
+        raise TinynnError(f"mpiexec started {launched_size} processes but MPI sees {comm.Get_size()}: mpi4py "
+                          f"uses a different MPI ({MPI.Get_library_version().splitlines()[0].strip()}) than the "
+                          f"mpiexec that started it; {INSTALL} brings both")
     local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()  # this rank's number on its machine
     os.environ.setdefault(ADAPTER_VAR, str(local_rank))
     sys.excepthook = _abort_after(sys.excepthook)
