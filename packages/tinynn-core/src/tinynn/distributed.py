@@ -47,7 +47,7 @@ class World:
                               f"times grad_accum_steps ({accum_steps})")
 
     def allreduce_(self, array: np.ndarray) -> None:
-        """Sum a float32 array over all ranks, in place."""
+        """Sum an array over all ranks, in place (every rank gets the sum)."""
         if self.comm is not None:
             from mpi4py import MPI
             self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
