@@ -262,5 +262,14 @@ class NumpyBackend(Backend):
             buf += g
             p -= lr * buf
 
+    # --- data parallel ---
+    def pack(self, arrays):
+        return np.concatenate([a.reshape(-1) for a in arrays])
+
+    def unpack(self, flat, shapes):
+        ends = np.cumsum([math.prod(shape) for shape in shapes])
+        assert ends[-1] == flat.size, f"shapes of {ends[-1]} elements do not cover {flat.size}"
+        return [piece.reshape(shape) for piece, shape in zip(np.split(flat.copy(), ends[:-1]), shapes)]
+
 
 NUMPY = NumpyBackend()

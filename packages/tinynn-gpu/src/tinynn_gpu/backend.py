@@ -22,6 +22,7 @@ from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims
 from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.multi_tensor import MultiTensor
+from tinynn_gpu.packing import Packing
 from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
 
 UNARY = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "gelu": 5}
@@ -52,6 +53,7 @@ class WgpuBackend(Backend):
         self.is_software = ctx.is_software
         self.mm = MatmulSelector(self.rt)
         self.multi = MultiTensor(self.rt)
+        self.packing = Packing(self.rt)
         self._constants = {}
 
     @property
@@ -432,6 +434,17 @@ class WgpuBackend(Backend):
             self.rt.dispatch("optimizer", "sgd_main", _groups(p.size),
                              {0: _buf(p), 1: _buf(g), 2: _buf(buf), 5: _buf(hyper), 6: _buf(scale)},
                              (p.size, float(momentum), float(weight_decay)))
+
+    # --- data parallel ---
+    def pack(self, arrays):
+        flat = self._empty((sum(a.size for a in arrays),), arrays[0].dtype)
+        self.packing.copy("pack", flat, [_buf(a) for a in arrays])
+        return flat
+
+    def unpack(self, flat, shapes):
+        arrays = [self._empty(shape, flat.dtype) for shape in shapes]
+        self.packing.copy("unpack", _buf(flat), arrays)
+        return arrays
 
 
 def _groups(n: int) -> int:
