@@ -37,14 +37,25 @@ class TrainResult:
 class TrainStep:
     """One optimisation step over persistent input arrays, so that a backend can capture it once and replay
     it (the GPU backend does: see `Backend.capture`). Call it with a batch and the learning rate; it returns
-    the loss, still on the backend: reading it (`.item()`) is the step's one host sync."""
+    the loss, still on the backend: reading it (`.item()`) is the step's one host sync. A batch of another
+    (B, T) shape gets new input arrays, and a moved model a new backend: either way the step is captured
+    again, as it is when anything in `_guard_key` changes."""
 
     def __init__(self, model: GPT, optimizer, batch_size: int, block_size: int):
         self.model, self.optimizer = model, optimizer
-        self.backend = be = model.parameters()[0].backend
-        self.x = Tensor(be.from_numpy(np.zeros((batch_size, block_size), np.int64)), be)  # (B, T) token ids
-        self.y = Tensor(be.from_numpy(np.zeros((batch_size, block_size), np.int64)), be)  # (B, T) next ids
-        self._run = be.capture(self._body)
+        self.backend = None
+        self._inputs((batch_size, block_size))
+
+    def _inputs(self, shape):
+        self.backend = be = self.model.parameters()[0].backend
+        self.x = Tensor(be.from_numpy(np.zeros(shape, np.int64)), be)  # (B, T) token ids
+        self.y = Tensor(be.from_numpy(np.zeros(shape, np.int64)), be)  # (B, T) next ids
+        self._run = be.capture(self._body, key=self._guard_key)
+
+    def _guard_key(self):
+        """What a captured step depends on besides the values in its arrays."""
+        return (self.model.training, self.x.shape, self.optimizer.guard_key(),
+                tuple(p.data for p in self.model.parameters()))
 
     def _body(self):
         _, loss = self.model(self.x, self.y)
@@ -54,6 +65,10 @@ class TrainStep:
         return loss
 
     def __call__(self, x: np.ndarray, y: np.ndarray, lr: float):
+        if np.ndim(x) != 2 or np.shape(y) != np.shape(x):
+            raise TinynnError(f"a batch is x and y of one (batch, time) shape, got {np.shape(x)} and {np.shape(y)}")
+        if np.shape(x) != self.x.shape or self.model.parameters()[0].backend is not self.backend:
+            self._inputs(np.shape(x))
         self.backend.write_(self.x.data, x)
         self.backend.write_(self.y.data, y)
         self.optimizer.set_lr(lr)
