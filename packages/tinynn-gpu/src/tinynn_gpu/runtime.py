@@ -22,7 +22,6 @@ import hashlib
 import heapq
 import math
 import struct
-import weakref
 from collections import Counter, OrderedDict, defaultdict
 
 import numpy as np
@@ -88,8 +87,16 @@ class GpuArray:
 
 
 class _Lease:
-    """Ties a pooled buffer to the arrays that share it; its finalizer hands the buffer back."""
-    __slots__ = ("__weakref__",)
+    """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
+    the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost, and nothing refers
+    back to a lease, so it never sits in a reference cycle)."""
+    __slots__ = ("runtime", "size", "buffer")
+
+    def __init__(self, runtime, size, buffer):
+        self.runtime, self.size, self.buffer = runtime, size, buffer
+
+    def __del__(self):
+        self.runtime._give_back(self.size, self.buffer)
 
 
 def _bucket(nbytes: int) -> int:
@@ -153,9 +160,7 @@ class Runtime:
             buffer = self._create_buffer(size)
         self.in_use_bytes += size
         self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
-        lease = _Lease()
-        weakref.finalize(lease, self._give_back, size, buffer)
-        return GpuArray(buffer, shape, dtype, lease)
+        return GpuArray(buffer, shape, dtype, _Lease(self, size, buffer))
 
     def _give_back(self, size: int, buffer) -> None:
         self.in_use_bytes -= size
@@ -188,16 +193,16 @@ class Runtime:
         self.flush()  # a pooled buffer may be named by commands not yet submitted
         dead = set()
         for pool in self.free.values():
-            for uid, buffer in pool:
+            for _, buffer in pool:
                 buffer.destroy()  # wgpu frees it once the submitted work that uses it has finished
-                dead.add(uid)
+                dead.add(buffer)
         for buffer in self.staging.values():
             buffer.destroy()
         self.free.clear()
         self.staging.clear()
         self.pooled_bytes = 0
-        for key in [k for k in self.bind_groups if any(uid in dead for _, uid in k[1:])]:
-            del self.bind_groups[key]  # they name destroyed buffers, whose uids never come back
+        for key in [k for k in self.bind_groups if any(buf in dead for _, buf in k[1:])]:
+            del self.bind_groups[key]  # they name destroyed buffers
 
     def copy(self, arr: GpuArray) -> GpuArray:
         """A new array holding arr's values, copied on the GPU in order with the work recorded so far."""
@@ -291,11 +296,13 @@ class Runtime:
         return buf
 
     def bind_group(self, pipeline, bindings: dict):
-        key = (id(pipeline),) + tuple((slot, buf.uid) for slot, buf in sorted(bindings.items()))
+        # keyed by the objects, in the caller's order: no sorting, and a key keeps its buffers alive (a
+        # call site passes its slots in one order; another order costs one more bind group, once)
+        key = (pipeline, *bindings.items())
         group = self.bind_groups.get(key)
         if group is None:
             entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-                       for slot, buf in sorted(bindings.items())]
+                       for slot, buf in bindings.items()]
             group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             self.bind_groups[key] = group
             self.counters["bind_groups_created"] += 1
