@@ -115,6 +115,7 @@ class Runtime:
         self.queue = ctx.device.queue
         self.max_binding = ctx.limits["max-storage-buffer-binding-size"]
         self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
+        self._push = heapq.heappush  # held: a lease dropped at interpreter exit may outlive the module's globals
         self.shaders = {}  # hash of the WGSL -> Shader
         self.kernels = {}  # kernel file name -> Shader
         self.uniforms = OrderedDict()
@@ -165,7 +166,7 @@ class Runtime:
     def _give_back(self, size: int, buffer) -> None:
         self.in_use_bytes -= size
         self.pooled_bytes += size
-        heapq.heappush(self.free[size], (buffer.uid, buffer))
+        self._push(self.free[size], (buffer.uid, buffer))
 
     def _create_buffer(self, size: int):
         """A new storage buffer; out of memory, the pool is emptied and the allocation tried once more."""
