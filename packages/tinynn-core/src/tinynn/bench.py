@@ -80,8 +80,12 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
         loss = train_step(x, x, 3e-4)
         recording.append(time.perf_counter() - t0)  # the host's share: the GPU may still be running
         return loss.item()  # one host sync per step, like a logging loop
-    for _ in range(6 if backend.is_gpu else 1):  # warm-up: autotuning, caches, capture
+    # warm-up: autotuning, caches, capture; on a GPU also half a second of load to raise its clocks (time_call)
+    warm_steps, warm_seconds = (6, 0.5) if backend.is_gpu else (1, 0.0)
+    t0, done = time.perf_counter(), 0
+    while done < warm_steps or time.perf_counter() - t0 < warm_seconds:
         step()
+        done += 1
     counters = getattr(backend, "counters", {})
     before = dict(counters)
     recording.clear()

@@ -43,19 +43,19 @@ class TrainStep:
 
     def __init__(self, model: GPT, optimizer, batch_size: int, block_size: int):
         self.model, self.optimizer = model, optimizer
+        self.params = model.parameters()  # walked once: the walk costs more than the guard key it feeds
         self.backend = None
         self._inputs((batch_size, block_size))
 
     def _inputs(self, shape):
-        self.backend = be = self.model.parameters()[0].backend
+        self.backend = be = self.params[0].backend
         self.x = Tensor(be.from_numpy(np.zeros(shape, np.int64)), be)  # (B, T) token ids
         self.y = Tensor(be.from_numpy(np.zeros(shape, np.int64)), be)  # (B, T) next ids
         self._run = be.capture(self._body, key=self._guard_key)
 
     def _guard_key(self):
         """What a captured step depends on besides the values in its arrays."""
-        return (self.model.training, self.x.shape, self.optimizer.guard_key(),
-                tuple(p.data for p in self.model.parameters()))
+        return (self.model.training, self.x.shape, self.optimizer.guard_key(), tuple(p.data for p in self.params))
 
     def _body(self):
         _, loss = self.model(self.x, self.y)
@@ -67,7 +67,7 @@ class TrainStep:
     def __call__(self, x: np.ndarray, y: np.ndarray, lr: float):
         if np.ndim(x) != 2 or np.shape(y) != np.shape(x):
             raise TinynnError(f"a batch is x and y of one (batch, time) shape, got {np.shape(x)} and {np.shape(y)}")
-        if np.shape(x) != self.x.shape or self.model.parameters()[0].backend is not self.backend:
+        if np.shape(x) != self.x.shape or self.params[0].backend is not self.backend:
             self._inputs(np.shape(x))
         self.backend.write_(self.x.data, x)
         self.backend.write_(self.y.data, y)

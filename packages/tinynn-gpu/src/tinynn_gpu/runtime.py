@@ -35,7 +35,9 @@ STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.Buff
 MAX_GROUPS = 65535  # per dispatch dimension
 CACHE_SIZE = 8192
 QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
-REPLAY_CHUNK = 32  # dispatches per submission in a replay: on the H200 32 gave a 5.6 ms step, 96 6.0, one 7.6
+# dispatches per submission in a replay. H200, lesson step, direct calls (experiments/replay_host_cost.py):
+# 16 gave 5.80 ms, 32 5.67, 64 5.77, 128 6.33, the whole step in one submission 6.73
+REPLAY_CHUNK = 32
 
 
 class Shader:
