@@ -12,13 +12,17 @@ recorded dispatches baked in besides array values (the parameters' arrays, hyper
 parameters, the mode, the input shapes). When the key changes, the tape is dropped and the step starts
 over: eager calls, then a new capture.
 
-The tape keeps every array its dispatches touch alive, so no buffer it uses is handed to anything else
-between replays. Each call returns its loss in an array of its own (a 4-byte copy on the GPU), so a loss
+No buffer the tape uses is handed to anything else between replays: at the end of the capture the tape
+keeps the arrays still alive and claims from the pool the buffers of those that died during the step
+(which the step itself reused, as an eager step does: so a replay needs no more memory than an eager
+step). Each call returns its loss in an array of its own (a 4-byte copy on the GPU), so a loss
 kept from an earlier step keeps its value. A step the tape cannot represent (it reads a value back, draws
 a dropout mask, falls back to NumPy) is run eagerly until its key changes, with the reason kept in
 `CapturedStep.eager_reason`.
 """
 from __future__ import annotations
+
+import weakref
 
 from tinynn.tensor import Tensor
 
@@ -26,15 +30,40 @@ EAGER_CALLS = 3
 
 
 class Tape:
-    def __init__(self):
+    def __init__(self, runtime):
+        self.runtime = runtime
         self.events = []  # ("dispatch", pipeline, bind group, workgroups) | ("write", buffer, bytes)
+        self.leases = {}  # pooled buffer -> (weakly) the lease of the last array on it that the step used
         self.keep = []  # what holds the tape's buffers: arrays' leases, raw buffers
+        self.claimed = []  # buffers taken out of the pool for the tape; they go back with it
         self.broken = None  # why this step cannot be replayed
         self.programs = {}  # the events compiled for replay (runtime._compile), per recording path
         self.dispatches = 0
 
     def hold(self, value):
-        self.keep.append(getattr(value, "_owner", None) or value)
+        lease = getattr(value, "_owner", None)
+        if lease is None:
+            self.keep.append(value)  # a raw buffer, not pooled
+        else:
+            self.leases[lease.buffer] = weakref.ref(lease)
+
+    def close(self):
+        """End the capture: keep the leases still alive, claim the buffers whose arrays died."""
+        dead = set()
+        for buffer, ref in self.leases.items():
+            lease = ref()
+            if lease is None:
+                dead.add(buffer)
+            else:
+                self.keep.append(lease)
+        self.claimed = self.runtime.claim(dead)
+        if len(self.claimed) < len(dead):  # an array the tape never saw holds one of its buffers now
+            self.broken = "a buffer the step used went to an array outside it"
+        self.dispatches = sum(event[0] == "dispatch" for event in self.events)
+
+    def __del__(self):
+        for buffer in self.claimed:
+            self.runtime._give_back(buffer.size, buffer)
 
 
 class CapturedStep:
@@ -70,15 +99,16 @@ class CapturedStep:
     def _capture(self):
         rt = self.backend.rt
         rt.flush()
-        rt.tape = tape = Tape()
+        rt.tape = tape = Tape(rt)
         try:
             loss = self.fn()
+            tape.hold(loss.data)
         finally:
             rt.tape = None
+        if not tape.broken:
+            tape.close()
         if tape.broken:
             self.eager_reason = tape.broken
             return loss
-        tape.hold(loss.data)
-        tape.dispatches = sum(event[0] == "dispatch" for event in tape.events)
         self.tape, self.result = tape, loss.data
         return Tensor(rt.copy(loss.data), self.backend)

@@ -92,7 +92,7 @@ class _Lease:
     """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
     the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost, and nothing refers
     back to a lease, so it never sits in a reference cycle)."""
-    __slots__ = ("runtime", "size", "buffer")
+    __slots__ = ("runtime", "size", "buffer", "__weakref__")
 
     def __init__(self, runtime, size, buffer):
         self.runtime, self.size, self.buffer = runtime, size, buffer
@@ -181,6 +181,20 @@ class Runtime:
         except wgpu.GPUOutOfMemoryError:
             raise TinynnError(f"out of GPU memory allocating {size:,} bytes, with {self.in_use_bytes:,} bytes "
                               "in use by arrays; try a smaller batch_size (or model)") from None
+
+    def claim(self, buffers: set) -> list:
+        """Take these buffers out of the pool for a captured step (counted in use); the ones found."""
+        found = []
+        for size, pool in self.free.items():
+            kept = [entry for entry in pool if entry[1] not in buffers]
+            if len(kept) < len(pool):
+                found += [entry[1] for entry in pool if entry[1] in buffers]
+                heapq.heapify(kept)
+                pool[:] = kept
+        claimed = sum(buffer.size for buffer in found)
+        self.pooled_bytes -= claimed
+        self.in_use_bytes += claimed
+        return found
 
     def memory_stats(self, reset_peak: bool = False) -> dict:
         """Bytes of array buffers in use, kept in the pool for reuse, and the most in use at once (since the
