@@ -60,7 +60,8 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
     from tinynn.cli import main
     config = tmp_path / "c.json"
     config.write_text('{"block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 16, "batch_size": 2}')
-    assert main(["bench", "--device", "gpu", "--json", "--sizes", "", "--config", str(config), "--steps", "3"]) in (0, None)
+    args = ["bench", "--device", "gpu", "--json", "--sizes", "", "--config", str(config), "--steps", "3"]
+    assert main(args) in (0, None)
     report = json.loads(capsys.readouterr().out)
     gpu_step = report["backends"]["gpu"]["train_step"]
     assert gpu_step["steps"] == 3 and report["backends"]["cpu"]["train_step"]["steps"] == 3

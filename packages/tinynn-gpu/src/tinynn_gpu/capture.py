@@ -80,8 +80,10 @@ class CapturedStep:
     def __call__(self):
         if self.key is not None:
             key = self.key()
-            if key != self.captured_key:
-                self._start_over(key)
+            if key != self.captured_key:  # during the eager warm-up (the optimizer making its state) it just moves
+                self.captured_key = key
+                if self.tape is not None or self.eager_reason:
+                    self._start_over()
         self.calls += 1
         if self.eager_reason or self.calls <= EAGER_CALLS:
             return self.fn()
@@ -91,10 +93,10 @@ class CapturedStep:
         rt.replay(self.tape)
         return Tensor(rt.copy(self.result), self.backend)
 
-    def _start_over(self, key):
+    def _start_over(self):
         if self.tape is not None:
             self.backend.rt.counters["recaptures"] += 1
-        self.captured_key, self.calls, self.tape, self.result, self.eager_reason = key, 0, None, None, None
+        self.calls, self.tape, self.result, self.eager_reason = 0, None, None, None
 
     def _capture(self):
         rt = self.backend.rt
