@@ -155,7 +155,8 @@ def test_captured_step_replays_exactly_what_eager_computes(gpu, monkeypatch):
     assert step._run.tape is not None and step._run.eager_reason is None
     assert len(step._run.tape.events) > 100
     replays = gpu.counters["replays"]
-    monkeypatch.setattr(gpu, "capture", lambda fn: fn)  # the same run uncaptured: the same kernels, same order
+    # the same run uncaptured: the same kernels, same order
+    monkeypatch.setattr(gpu, "capture", lambda fn, key=None: fn)
     eager, _ = captured_losses(gpu, 12)
     monkeypatch.undo()
     assert replayed == eager

@@ -97,11 +97,13 @@ class Backend:
     def sync(self) -> None:
         """Wait until all work recorded so far has finished."""
 
-    def capture(self, fn):
+    def capture(self, fn, key=None):
         """A callable equivalent to `fn()` (no arguments) that the backend may record once and replay.
 
         fn must read its per-call inputs from arrays that live across calls (written with `write_`
-        before each call) and return a Tensor. The default runs fn every time; a GPU backend replays
+        before each call) and return a Tensor. `key`, when given, is a callable returning what fn's work
+        depends on besides those arrays' values (arrays it uses, hyperparameters, shapes): a replaying
+        backend records again when it changes. The default runs fn every time; a GPU backend replays
         the recorded dispatches without running Python again.
         """
         return fn
@@ -259,6 +261,19 @@ class Backend:
     @reference_fallback
     def unpack(self, flat, shapes: list):
         """pack's inverse: a list of fresh arrays, one per shape, holding consecutive pieces of `flat`."""
+
+    # --- memory ---
+    def memory_stats(self, reset_peak: bool = False) -> dict:
+        """Memory held for arrays, in bytes: `in_use_bytes` (arrays alive now), `pooled_bytes` (freed, kept
+        for reuse) and `peak_bytes` (the most in use at once, since the start or since the last call with
+        reset_peak, which restarts the peak from what is in use now). A backend reports None for what it
+        cannot count: the NumPy backend keeps no pool (pooled 0) and leaves its arrays to NumPy's allocator
+        without counting them (in use and peak None)."""
+        return {"in_use_bytes": None, "pooled_bytes": 0, "peak_bytes": None}
+
+    def empty_cache(self) -> None:
+        """Give the memory of pooled (freed but kept) buffers back to the driver; arrays in use stay. The
+        NumPy backend has no pool: nothing to do."""
 
 
 def reference() -> Backend:

@@ -2,8 +2,9 @@
 
 Matmuls are timed with their data already on the device (the GPU's upload and read-back are not what a
 training step pays); a training step is timed end to end, `loss.item()` included, as a training loop runs
-it. With a GPU backend it also reports host syncs, dispatches and submissions per step, NumPy fallbacks,
-and (`--profile`, where the adapter has timestamp queries) GPU time per kernel.
+it. With a GPU backend it also reports host syncs, dispatches and submissions per step, the host's
+microseconds per dispatch (replayed in the training step, eager in an evaluation forward), the peak memory
+of a step, NumPy fallbacks, and (`--profile`, where the adapter has timestamp queries) GPU time per kernel.
 
     tinynn bench                     # matmul 256..4096 and the lesson config's step, CPU and GPU
     tinynn bench --json --sizes 512,1024 --steps 30
@@ -20,6 +21,7 @@ from tinynn.config import TrainConfig
 from tinynn.errors import TinynnError
 from tinynn.model import GPT
 from tinynn.optim import AdamW, decay_groups
+from tinynn.tensor import Tensor, no_grad
 from tinynn.train import TrainStep
 
 LESSON = dict(block_size=128, n_layer=4, n_head=4, n_embd=256, batch_size=16)
@@ -78,21 +80,47 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
         loss = train_step(x, x, 3e-4)
         recording.append(time.perf_counter() - t0)  # the host's share: the GPU may still be running
         return loss.item()  # one host sync per step, like a logging loop
-    for _ in range(6 if backend.is_gpu else 1):  # warm-up: autotuning, caches, capture
+    # warm-up: autotuning, caches, capture; on a GPU also half a second of load to raise its clocks (time_call)
+    warm_steps, warm_seconds = (6, 0.5) if backend.is_gpu else (1, 0.0)
+    t0, done = time.perf_counter(), 0
+    while done < warm_steps or time.perf_counter() - t0 < warm_seconds:
         step()
+        done += 1
     counters = getattr(backend, "counters", {})
     before = dict(counters)
     recording.clear()
+    backend.memory_stats(reset_peak=True)
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
     seconds = (time.perf_counter() - t0) / steps
     per_step = {k: (counters[k] - before.get(k, 0)) / steps for k in counters}
-    return {"ms_per_step": seconds * 1e3, "host_ms_per_step": 1e3 * sum(recording) / steps,
+    host_ms = 1e3 * sum(recording) / steps
+    dispatches = per_step.get("dispatches")
+    return {"steps": steps, "ms_per_step": seconds * 1e3, "host_ms_per_step": host_ms,
             "tokens_per_s": cfg.batch_size * cfg.block_size / seconds,
-            "host_syncs_per_step": per_step.get("host_syncs"), "dispatches_per_step": per_step.get("dispatches"),
-            "submissions_per_step": per_step.get("submissions"), "fallbacks": dict(backend.fallbacks),
+            "host_syncs_per_step": per_step.get("host_syncs"), "dispatches_per_step": dispatches,
+            "submissions_per_step": per_step.get("submissions"),
+            "host_us_per_replayed_dispatch": 1e3 * host_ms / dispatches if dispatches else None,
+            "host_us_per_eager_dispatch": eager_dispatch_us(backend, train_step.model, x) if backend.is_gpu else None,
+            "peak_memory_bytes": backend.memory_stats()["peak_bytes"], "fallbacks": dict(backend.fallbacks),
             "config": {k: getattr(cfg, k) for k in LESSON}}
+
+
+def eager_dispatch_us(backend, model, x, reps=5) -> float:
+    """Host microseconds per dispatch of an evaluation forward (eager: evaluation is never replayed)."""
+    inputs = [Tensor(backend.from_numpy(x), backend) for _ in range(2)]
+    model.eval()
+    with no_grad():
+        model(*inputs)[1].item()  # warm-up: this shape's pipelines and bind groups
+        seconds, dispatches = 0.0, backend.counters["dispatches"]
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            loss = model(*inputs)[1]
+            seconds += time.perf_counter() - t0
+            loss.item()
+    model.train()
+    return 1e6 * seconds / (backend.counters["dispatches"] - dispatches)
 
 
 def profile_step(backend, cfg: TrainConfig) -> list[dict]:
@@ -116,7 +144,7 @@ def main(args) -> None:
     report = {"backends": {}}
     for be in targets:
         entry = {"device": be.device_name, "matmul": bench_matmul(be, sizes) if sizes else [],
-                 "train_step": bench_train(be, cfg, args.steps if be.is_gpu else max(2, args.steps // 5))}
+                 "train_step": bench_train(be, cfg, args.steps)}
         if args.profile and be.is_gpu:
             entry["profile"] = profile_step(be, cfg)
         report["backends"][be.name] = entry
@@ -136,8 +164,11 @@ def print_entry(be, entry) -> None:
     if t["host_syncs_per_step"] is not None:
         extra = (f", {t['host_syncs_per_step']:.0f} host sync(s), {t['dispatches_per_step']:.0f} dispatches, "
                  f"{t['submissions_per_step']:.0f} submissions per step")
-    print(f"  train step {t['config']}: {t['ms_per_step']:.2f} ms ({t['host_ms_per_step']:.2f} ms of it recording "
-          f"on the host), {t['tokens_per_s']:,.0f} tokens/s{extra}")
+    print(f"  train step {t['config']}, {t['steps']} steps: {t['ms_per_step']:.2f} ms ({t['host_ms_per_step']:.2f} ms "
+          f"of it recording on the host), {t['tokens_per_s']:,.0f} tokens/s{extra}")
+    if t["host_us_per_replayed_dispatch"] is not None:
+        print(f"  host per dispatch: {t['host_us_per_replayed_dispatch']:.1f} us replayed, "
+              f"{t['host_us_per_eager_dispatch']:.1f} us eager; peak memory {t['peak_memory_bytes'] / 2**20:.1f} MiB")
     if t["fallbacks"]:
         print(f"  NumPy fallbacks: {t['fallbacks']}")
     for row in entry.get("profile", [])[:15]:

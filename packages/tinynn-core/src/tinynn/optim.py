@@ -57,6 +57,15 @@ class Optimizer:
             else:
                 be.write_(g["hyper"][1], values)
 
+    def guard_key(self) -> tuple:
+        """What a captured step (train.py's TrainStep) fixes when it records: each group's hyperparameters but
+        the learning rate (written every step), the clipping norm, and the arrays of the per-step values and
+        the state. Compared by value, arrays by identity."""
+        groups = tuple((tuple(sorted((k, v) for k, v in g.items() if k not in ("params", "lr", "hyper"))),
+                        g.get("hyper", (None, None))[1]) for g in self.groups)
+        state = tuple(buf for p in self.params for buf in self.state.get(id(p), ()))
+        return (self.max_grad_norm, groups, state)
+
     def _buffers(self, p: Tensor, count: int) -> list:
         if id(p) not in self.state:
             self.state[id(p)] = [p.backend.full(p.shape, 0.0, p.dtype) for _ in range(count)]

@@ -37,7 +37,9 @@ class TrainResult:
 class TrainStep:
     """One optimisation step over persistent input arrays, so that a backend can capture it once and replay
     it (the GPU backend does: see `Backend.capture`). Call it with a batch and the learning rate; it returns
-    the loss, still on the backend: reading it (`.item()`) is the step's one host sync.
+    the loss, still on the backend: reading it (`.item()`) is the step's one host sync. A batch of another
+    (B, T) shape gets new input arrays, and a moved model a new backend: either way the step is captured
+    again, as it is when anything in `_guard_key` changes.
 
     With `accum_steps` k the batch is split into k micro-batches whose gradients add up before the one
     optimizer step; each backward starts from 1/k, so the sum is the gradient of the whole batch's mean loss.
@@ -52,20 +54,32 @@ class TrainStep:
     def __init__(self, model: GPT, optimizer, batch_size: int, block_size: int, accum_steps: int = 1,
                  world: distributed.World | None = None):
         self.model, self.optimizer = model, optimizer
-        self.backend = be = model.parameters()[0].backend
+        self.model_params = model.parameters()  # walked once: the walk costs more than the guard key it feeds
         self.world = world if world is not None and world.size > 1 else None
+        self.accum_steps = accum_steps
         self.scale = 1.0 / (accum_steps * (self.world.size if self.world else 1))
-        micro = np.zeros((batch_size // accum_steps, block_size), np.int64)  # (b, T) token ids of one micro-batch
+        self._inputs((batch_size, block_size))
+
+    def _inputs(self, shape):
+        """Input arrays for batches of `shape` on the model's backend, and the step captured over them."""
+        self.backend = be = self.model_params[0].backend
+        self.shape = shape
+        micro = np.zeros((shape[0] // self.accum_steps, shape[1]), np.int64)  # (b, T) token ids of one micro-batch
         self.inputs = [(Tensor(be.from_numpy(micro), be), Tensor(be.from_numpy(micro), be))
-                       for _ in range(accum_steps)]
+                       for _ in range(self.accum_steps)]
         if self.world is None:
-            self._run = be.capture(self._step)
+            self._run = be.capture(self._step, key=self._guard_key)
         else:
-            self.params = optimizer.params
+            self.params = self.optimizer.params
             shapes = [()] + [p.shape for p in self.params]  # the loss, then every gradient
             self.flat = Tensor(be.full((sum(math.prod(s) for s in shapes),), 0.0), be)
-            self._pack = be.capture(self._packed_gradients)
-            self._update = be.capture(lambda: self._unpacked_update(shapes))
+            self._pack = be.capture(self._packed_gradients, key=self._guard_key)
+            self._update = be.capture(lambda: self._unpacked_update(shapes), key=self._guard_key)
+
+    def _guard_key(self):
+        """What a captured step depends on besides the values in its arrays."""
+        return (self.model.training, self.shape, self.optimizer.guard_key(),
+                tuple(p.data for p in self.model_params))
 
     def _backward(self):
         """Forward and backward over every micro-batch: the gradients add up in `.grad`. Returns the loss
@@ -103,7 +117,14 @@ class TrainStep:
         return Tensor(loss, self.backend)
 
     def __call__(self, x: np.ndarray, y: np.ndarray, lr: float):
-        be, k = self.backend, len(self.inputs)
+        k = len(self.inputs)
+        if np.ndim(x) != 2 or np.shape(y) != np.shape(x):
+            raise TinynnError(f"a batch is x and y of one (batch, time) shape, got {np.shape(x)} and {np.shape(y)}")
+        if np.shape(x)[0] % k:
+            raise TinynnError(f"a batch of {np.shape(x)[0]} rows does not split into {k} equal micro-batches")
+        if np.shape(x) != self.shape or self.model_params[0].backend is not self.backend:
+            self._inputs(np.shape(x))
+        be = self.backend
         for (x_in, y_in), x_part, y_part in zip(self.inputs, np.split(x, k), np.split(y, k)):
             be.write_(x_in.data, x_part)
             be.write_(y_in.data, y_part)

@@ -63,7 +63,13 @@ class WgpuBackend(Backend):
         return self.rt.counters
 
     def describe(self) -> dict:
-        return {**super().describe(), **self.ctx.describe(), "matmul": self.mm.describe()}
+        return {**super().describe(), **self.ctx.describe(), **self.rt.describe(), "matmul": self.mm.describe()}
+
+    def memory_stats(self, reset_peak=False):
+        return self.rt.memory_stats(reset_peak)
+
+    def empty_cache(self):
+        self.rt.empty_cache()
 
     def profile(self, fn) -> list[dict]:
         """GPU time per kernel while fn() runs (needs the timestamp-query feature)."""
@@ -122,8 +128,8 @@ class WgpuBackend(Backend):
         else:
             self.rt.write(dst, np.asarray(src))
 
-    def capture(self, fn):
-        return CapturedStep(self, fn)
+    def capture(self, fn, key=None):
+        return CapturedStep(self, fn, key)
 
     # --- layout ---
     def reshape(self, a, shape):

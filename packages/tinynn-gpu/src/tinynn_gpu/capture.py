@@ -7,11 +7,22 @@ tape's (pipeline, bind group, workgroups) list without running Python autograd a
 or tinygrad's JIT do. The step reads its inputs from arrays written before each call (`write_`), so the
 tape itself never changes.
 
-The tape keeps every array its dispatches touch alive, so no buffer it uses is handed to anything else
-between replays. A step the tape cannot represent (it reads a value back, draws a dropout mask, falls back
-to NumPy) is run eagerly from then on, with the reason kept in `CapturedStep.eager_reason`.
+What the tape cannot see it is told: the step's guard key (`Backend.capture`'s `key`) names everything the
+recorded dispatches baked in besides array values (the parameters' arrays, hyperparameters passed as kernel
+parameters, the mode, the input shapes). When the key changes, the tape is dropped and the step starts
+over: eager calls, then a new capture.
+
+No buffer the tape uses is handed to anything else between replays: at the end of the capture the tape
+keeps the arrays still alive and claims from the pool the buffers of those that died during the step
+(which the step itself reused, as an eager step does: so a replay needs no more memory than an eager
+step). Each call returns its loss in an array of its own (a 4-byte copy on the GPU), so a loss
+kept from an earlier step keeps its value. A step the tape cannot represent (it reads a value back, draws
+a dropout mask, falls back to NumPy) is run eagerly until its key changes, with the reason kept in
+`CapturedStep.eager_reason`.
 """
 from __future__ import annotations
+
+import weakref
 
 from tinynn.tensor import Tensor
 
@@ -19,44 +30,87 @@ EAGER_CALLS = 3
 
 
 class Tape:
-    def __init__(self):
+    def __init__(self, runtime):
+        self.runtime = runtime
         self.events = []  # ("dispatch", pipeline, bind group, workgroups) | ("write", buffer, bytes)
+        self.leases = {}  # pooled buffer -> (weakly) the lease of the last array on it that the step used
         self.keep = []  # what holds the tape's buffers: arrays' leases, raw buffers
+        self.claimed = []  # buffers taken out of the pool for the tape; they go back with it
         self.broken = None  # why this step cannot be replayed
+        self.programs = {}  # the events compiled for replay (runtime._compile), per recording path
+        self.dispatches = 0
 
     def hold(self, value):
-        self.keep.append(getattr(value, "_owner", None) or value)
+        lease = getattr(value, "_owner", None)
+        if lease is None:
+            self.keep.append(value)  # a raw buffer, not pooled
+        else:
+            self.leases[lease.buffer] = weakref.ref(lease)
+
+    def close(self):
+        """End the capture: keep the leases still alive, claim the buffers whose arrays died."""
+        dead = set()
+        for buffer, ref in self.leases.items():
+            lease = ref()
+            if lease is None:
+                dead.add(buffer)
+            else:
+                self.keep.append(lease)
+        self.claimed = self.runtime.claim(dead)
+        if len(self.claimed) < len(dead):  # an array the tape never saw holds one of its buffers now
+            self.broken = "a buffer the step used went to an array outside it"
+        self.dispatches = sum(event[0] == "dispatch" for event in self.events)
+
+    def __del__(self):
+        for buffer in self.claimed:
+            self.runtime._give_back(buffer.size, buffer)
 
 
 class CapturedStep:
-    def __init__(self, backend, fn):
+    def __init__(self, backend, fn, key=None):
         self.backend = backend
         self.fn = fn
+        self.key = key
+        self.captured_key = None
         self.calls = 0
         self.tape = None
         self.result = None
         self.eager_reason = None
 
     def __call__(self):
+        if self.key is not None:
+            key = self.key()
+            if key != self.captured_key:  # during the eager warm-up (the optimizer making its state) it just moves
+                self.captured_key = key
+                if self.tape is not None or self.eager_reason:
+                    self._start_over()
         self.calls += 1
         if self.eager_reason or self.calls <= EAGER_CALLS:
             return self.fn()
         if self.tape is None:
             return self._capture()
-        self.backend.rt.replay(self.tape)
-        return Tensor(self.result, self.backend)
+        rt = self.backend.rt
+        rt.replay(self.tape)
+        return Tensor(rt.copy(self.result), self.backend)
+
+    def _start_over(self):
+        if self.tape is not None:
+            self.backend.rt.counters["recaptures"] += 1
+        self.calls, self.tape, self.result, self.eager_reason = 0, None, None, None
 
     def _capture(self):
         rt = self.backend.rt
         rt.flush()
-        rt.tape = tape = Tape()
+        rt.tape = tape = Tape(rt)
         try:
             loss = self.fn()
+            tape.hold(loss.data)
         finally:
             rt.tape = None
+        if not tape.broken:
+            tape.close()
         if tape.broken:
             self.eager_reason = tape.broken
-        else:
-            self.tape, self.result = tape, loss.data
-            tape.hold(loss.data)
-        return loss
+            return loss
+        self.tape, self.result = tape, loss.data
+        return Tensor(rt.copy(loss.data), self.backend)

@@ -4,9 +4,15 @@ recorder that batches dispatches into one compute pass and submits only when it 
 - `GpuArray`: shape + dtype over a pooled buffer (contiguous, so reshape is free). When the last array on
   a buffer is dropped, the buffer goes back to the pool. Reusing it at once is safe: work on one queue runs
   in order, and uploads (`queue.write_buffer`, which jumps ahead of unsubmitted commands) flush first.
+- Memory: `memory_stats` counts the bytes of array buffers in use, pooled, and the peak in use;
+  `empty_cache` destroys the pooled ones, and so does an allocation that runs out of memory before it
+  tries again and, failing, raises one `TinynnError` with the numbers.
 - Caches: shader modules by the hash of their WGSL, pipelines by (module, entry point); uniform buffers
   by their bytes; bind groups by (pipeline, buffers), because creating a bind group costs ~50 us and a
   training step repeats them all.
+- Recording goes through wgpu-native's C functions directly where `native.probe` found them working
+  (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods. A replayed step is
+  compiled once into flat lists of what those calls take (`_compile`).
 - The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
   is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it.
 """
@@ -16,14 +22,14 @@ import hashlib
 import heapq
 import math
 import struct
-import weakref
 from collections import Counter, OrderedDict, defaultdict
 
 import numpy as np
 import wgpu
+
 from tinynn.errors import TinynnError
 from tinynn.numpy_backend import EMBEDDING_RANGE, TARGET_RANGE
-
+from tinynn_gpu import native
 from tinynn_gpu.params import ParamsLayout
 
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -34,7 +40,9 @@ QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
 # each becomes: `read` copies the word back with every read-back and raises, so a bad input surfaces at the
 # step's one read-back with the NumPy backend's message, and never as a silently wrong number.
 KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
-REPLAY_CHUNK = 32  # dispatches per submission in a replay: on the H200 32 gave a 5.6 ms step, 96 6.0, one 7.6
+# dispatches per submission in a replay. H200, lesson step, direct calls (experiments/replay_host_cost.py):
+# 16 gave 5.80 ms, 32 5.67, 64 5.77, 128 6.33, the whole step in one submission 6.73
+REPLAY_CHUNK = 32
 
 
 class Shader:
@@ -86,8 +94,16 @@ class GpuArray:
 
 
 class _Lease:
-    """Ties a pooled buffer to the arrays that share it; its finalizer hands the buffer back."""
-    __slots__ = ("__weakref__",)
+    """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
+    the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost, and nothing refers
+    back to a lease, so it never sits in a reference cycle)."""
+    __slots__ = ("runtime", "size", "buffer", "__weakref__")
+
+    def __init__(self, runtime, size, buffer):
+        self.runtime, self.size, self.buffer = runtime, size, buffer
+
+    def __del__(self):
+        self.runtime._give_back(self.size, self.buffer)
 
 
 def _bucket(nbytes: int) -> int:
@@ -106,6 +122,7 @@ class Runtime:
         self.queue = ctx.device.queue
         self.max_binding = ctx.limits["max-storage-buffer-binding-size"]
         self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
+        self._push = heapq.heappush  # held: a lease dropped at interpreter exit may outlive the module's globals
         self.shaders = {}  # hash of the WGSL -> Shader
         self.kernels = {}  # kernel file name -> Shader
         self.uniforms = OrderedDict()
@@ -119,11 +136,25 @@ class Runtime:
         self._profile = None  # while profiling: {"queries", "labels", "times"}
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
+        self.in_use_bytes = self.pooled_bytes = self.peak_bytes = 0
+        self.native, self.native_reason = None, ""
+        self.use_native(*native.probe(self.device))
+
+    def use_native(self, calls, reason: str = "") -> None:
+        """Record through wgpu-native's C functions (`calls`), or through wgpu-py's methods when calls is None
+        (then `reason` says why). Tests switch paths with it."""
+        self.flush()
+        self.native, self.native_reason = calls, reason
+        self._encode = self._encode_native if calls else self._encode_methods
+
+    def describe(self) -> dict:
+        how = "direct wgpu-native calls" if self.native else f"wgpu-py methods ({self.native_reason})"
+        return {"recording": how}
 
     # --- memory ---
     def empty(self, shape, dtype=np.float32) -> GpuArray:
         dtype = np.dtype(dtype)
-        nbytes = max(4, int(np.prod(shape)) * dtype.itemsize)
+        nbytes = max(4, math.prod(shape) * dtype.itemsize)
         if nbytes > self.max_binding:
             raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
         size = min(_bucket(nbytes), self.max_binding)
@@ -131,10 +162,79 @@ class Runtime:
         # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
         # not on the order Python freed them, so every training step reuses the same buffers in the same
         # places and finds its bind groups in the cache.
-        buffer = heapq.heappop(pool)[1] if pool else self.device.create_buffer(size=size, usage=STORAGE_USAGE)
-        lease = _Lease()
-        weakref.finalize(lease, heapq.heappush, pool, (buffer.uid, buffer))
-        return GpuArray(buffer, shape, dtype, lease)
+        if pool:
+            buffer = heapq.heappop(pool)[1]
+            self.pooled_bytes -= size
+        else:
+            buffer = self._create_buffer(size)
+        self.in_use_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
+        return GpuArray(buffer, shape, dtype, _Lease(self, size, buffer))
+
+    def _give_back(self, size: int, buffer) -> None:
+        self.in_use_bytes -= size
+        self.pooled_bytes += size
+        self._push(self.free[size], (buffer.uid, buffer))
+
+    def _create_buffer(self, size: int):
+        """A new storage buffer; out of memory, the pool is emptied and the allocation tried once more."""
+        try:
+            return self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+        except wgpu.GPUOutOfMemoryError:
+            self.empty_cache()
+        try:
+            return self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+        except wgpu.GPUOutOfMemoryError:
+            raise TinynnError(f"out of GPU memory allocating {size:,} bytes, with {self.in_use_bytes:,} bytes "
+                              "in use by arrays; try a smaller batch_size (or model)") from None
+
+    def claim(self, buffers: set) -> list:
+        """Take these buffers out of the pool for a captured step (counted in use); the ones found."""
+        found = []
+        for size, pool in self.free.items():
+            kept = [entry for entry in pool if entry[1] not in buffers]
+            if len(kept) < len(pool):
+                found += [entry[1] for entry in pool if entry[1] in buffers]
+                heapq.heapify(kept)
+                pool[:] = kept
+        claimed = sum(buffer.size for buffer in found)
+        self.pooled_bytes -= claimed
+        self.in_use_bytes += claimed
+        return found
+
+    def memory_stats(self, reset_peak: bool = False) -> dict:
+        """Bytes of array buffers in use, kept in the pool for reuse, and the most in use at once (since the
+        start or the last reset_peak, which starts the next peak from what is in use now)."""
+        stats = {"in_use_bytes": self.in_use_bytes, "pooled_bytes": self.pooled_bytes,
+                 "peak_bytes": self.peak_bytes}
+        if reset_peak:
+            self.peak_bytes = self.in_use_bytes
+        return stats
+
+    def empty_cache(self) -> None:
+        """Destroy the pooled buffers and the read-back staging buffers, giving their memory to the driver."""
+        self.flush()  # a pooled buffer may be named by commands not yet submitted
+        dead = set()
+        for pool in self.free.values():
+            for _, buffer in pool:
+                buffer.destroy()  # wgpu frees it once the submitted work that uses it has finished
+                dead.add(buffer)
+        for buffer in self.staging.values():
+            buffer.destroy()
+        self.free.clear()
+        self.staging.clear()
+        self.pooled_bytes = 0
+        for key in [k for k in self.bind_groups if any(buf in dead for _, buf in k[1:])]:
+            del self.bind_groups[key]  # they name destroyed buffers
+
+    def copy(self, arr: GpuArray) -> GpuArray:
+        """A new array holding arr's values, copied on the GPU in order with the work recorded so far."""
+        out = self.empty(arr.shape, arr.dtype)
+        if self.tape is not None:
+            self.tape.broken = "the step copies an array"
+        self._end_pass()
+        self._encoder().copy_buffer_to_buffer(arr.buffer, 0, out.buffer, 0, _round4(max(4, arr.nbytes)))
+        return out
 
     def upload(self, x: np.ndarray) -> GpuArray:
         arr = self.empty(x.shape, x.dtype)
@@ -225,11 +325,13 @@ class Runtime:
         return buf
 
     def bind_group(self, pipeline, bindings: dict):
-        key = (id(pipeline),) + tuple((slot, buf.uid) for slot, buf in sorted(bindings.items()))
+        # keyed by the objects, in the caller's order: no sorting, and a key keeps its buffers alive (a
+        # call site passes its slots in one order; another order costs one more bind group, once)
+        key = (pipeline, *bindings.items())
         group = self.bind_groups.get(key)
         if group is None:
             entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-                       for slot, buf in sorted(bindings.items())]
+                       for slot, buf in bindings.items()]
             group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             self.bind_groups[key] = group
             self.counters["bind_groups_created"] += 1
@@ -320,19 +422,41 @@ class Runtime:
     def replay(self, tape) -> None:
         """Re-encode a captured step: the same dispatches and writes, no Python autograd, no cache look-ups.
         Submitted every REPLAY_CHUNK dispatches, so the GPU starts on the step while the rest is encoded."""
-        since_submit = 0
-        for event in tape.events:
-            if event[0] == "dispatch":
-                since_submit += 1
-                if since_submit > REPLAY_CHUNK:
-                    self.flush()
-                    since_submit = 1
-                self._encode(*event[1:])
+        direct = self.native is not None
+        program = tape.programs.get(direct)
+        if program is None:
+            program = tape.programs[direct] = _compile(tape.events, direct)
+        record = self._replay_native if direct else self._replay_methods
+        for kind, first, second in program:
+            self.flush()
+            if kind == "write":
+                self.queue.write_buffer(first, 0, second)
             else:
-                self.flush()
-                self.queue.write_buffer(event[1], 0, event[2])
-        self.counters["dispatches"] += sum(e[0] == "dispatch" for e in tape.events)
+                self.compute_pass = self._encoder().begin_compute_pass()
+                record(self.compute_pass, first)
+        self._pass_pipeline = None  # the replay set its pipelines by handle: the next dispatch sets its own
+        self.counters["dispatches"] += tape.dispatches
         self.counters["replays"] += 1
+
+    def _replay_native(self, compute_pass, runs):
+        calls, handle = self.native, compute_pass._internal
+        set_pipeline, set_bind_group, dispatch, null = (calls.set_pipeline, calls.set_bind_group, calls.dispatch,
+                                                        calls.null)
+        for pipe, dispatches in runs:
+            set_pipeline(handle, pipe)
+            for group, x, y, z in dispatches:
+                set_bind_group(handle, 0, group, 0, null)
+                dispatch(handle, x, y, z)
+
+    @staticmethod
+    def _replay_methods(compute_pass, runs):
+        set_pipeline, set_bind_group, dispatch = (compute_pass.set_pipeline, compute_pass.set_bind_group,
+                                                  compute_pass.dispatch_workgroups)
+        for pipe, dispatches in runs:
+            set_pipeline(pipe)
+            for group, x, y, z in dispatches:
+                set_bind_group(0, group)
+                dispatch(x, y, z)
 
     def flush(self) -> None:
         """Submit everything recorded so far (no waiting)."""
@@ -343,10 +467,20 @@ class Runtime:
         self.encoder = None
         self.counters["submissions"] += 1
 
-    def _encode(self, pipe, group, groups):
+    def _encode_native(self, pipe, group, groups):
         if self.compute_pass is None:
             self.compute_pass = self._encoder().begin_compute_pass()
+        calls, handle = self.native, self.compute_pass._internal
         if pipe is not self._pass_pipeline:  # runs of one kernel (the optimizer's) set it once
+            calls.set_pipeline(handle, pipe._internal)
+            self._pass_pipeline = pipe
+        calls.set_bind_group(handle, 0, group._internal, 0, calls.null)
+        calls.dispatch(handle, *groups)
+
+    def _encode_methods(self, pipe, group, groups):
+        if self.compute_pass is None:
+            self.compute_pass = self._encoder().begin_compute_pass()
+        if pipe is not self._pass_pipeline:
             self.compute_pass.set_pipeline(pipe)
             self._pass_pipeline = pipe
         self.compute_pass.set_bind_group(0, group)
@@ -362,6 +496,30 @@ class Runtime:
             self.compute_pass.end()
             self.compute_pass = None
             self._pass_pipeline = None
+
+
+def _compile(events, direct: bool) -> list[tuple]:
+    """A tape's events as the replay runs them: ("write", buffer, bytes) and ("dispatches", runs, None), at
+    most REPLAY_CHUNK dispatches each, a run being (pipeline, [(bind group, x, y, z), ...]) under one
+    pipeline. Direct calls take native handles; the tape's events keep their objects (and so the handles)
+    alive."""
+    handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
+    program, count, last, runs = [], REPLAY_CHUNK, None, None
+    for event in events:
+        if event[0] == "write":
+            program.append(event)
+            count = REPLAY_CHUNK  # a write submits what came before it: start a new chunk after it
+            continue
+        _, pipe, group, (x, y, z) = event
+        if count == REPLAY_CHUNK:
+            runs, count, last = [], 0, None
+            program.append(("dispatches", runs, None))
+        if pipe is not last:
+            runs.append((handle(pipe), []))
+            last = pipe
+        runs[-1][1].append((handle(group), x, y, z))
+        count += 1
+    return program
 
 
 def grid(workgroups: int) -> tuple[int, int, int]:

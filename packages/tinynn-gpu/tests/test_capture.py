@@ -1,0 +1,179 @@
+"""A captured training step against the CPU: replayed through either recording path, and after the changes a
+capture cannot see in its arrays (hyperparameters, a moved model, another batch shape)."""
+import gc
+
+import numpy as np
+import pytest
+
+import tinynn
+from tinynn import backends
+from tinynn.errors import TinynnError
+from tinynn.model import GPT, GPTConfig
+from tinynn.optim import AdamW, decay_groups
+from tinynn.train import TrainStep
+from tinynn_gpu import native
+
+CFG = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)
+B = 4
+
+
+def batch(i, b=B):
+    seq = (np.random.default_rng(i).integers(0, CFG.vocab_size, (b, 1)) + np.arange(CFG.block_size + 1))
+    seq %= CFG.vocab_size
+    return seq[:, :-1], seq[:, 1:]
+
+
+def run(backend, steps, change=None, b_of=lambda i: B):
+    """Train a seeded GPT for `steps` steps; change(i, model, opt) runs before step i. -> (losses, model, step)"""
+    tinynn.manual_seed(0)
+    model = GPT(CFG).to(backend)
+    opt = AdamW(decay_groups(list(model.named_parameters()), 0.1), lr=3e-3, max_grad_norm=1.0)
+    step = TrainStep(model, opt, B, CFG.block_size)
+    losses = []
+    for i in range(steps):
+        if change:
+            change(i, model, opt)
+        losses.append(step(*batch(i, b_of(i)), 3e-3).item())
+    return losses, model, step
+
+
+def weights(model):
+    return np.concatenate([p.numpy().ravel() for p in model.parameters()])
+
+
+@pytest.fixture(params=["direct", "methods"])
+def path(request, gpu):
+    """Each test once with direct wgpu-native calls and once through wgpu-py's methods."""
+    rt = gpu.rt
+    calls, reason = rt.native, rt.native_reason
+    assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
+    if request.param == "methods":
+        rt.use_native(None, "switched off by the test")
+    yield request.param
+    rt.use_native(calls, reason)
+
+
+def test_both_paths_replay_what_the_cpu_computes(gpu, path):
+    replays = gpu.counters["replays"]
+    losses, model, step = run(gpu, 10)
+    assert step._run.tape is not None and gpu.counters["replays"] - replays >= 4
+    cpu_losses, cpu_model, _ = run(backends.reference(), 10)
+    np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
+    np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
+    assert gpu.describe()["recording"] == ("direct wgpu-native calls" if path == "direct"
+                                           else "wgpu-py methods (switched off by the test)")
+
+
+def test_each_replayed_loss_keeps_its_own_value(gpu):
+    tinynn.manual_seed(0)
+    model = GPT(CFG).to(gpu)
+    step = TrainStep(model, AdamW(model.parameters(), lr=3e-3), B, CFG.block_size)
+    kept = [step(*batch(i), 3e-3) for i in range(9)]
+    read_at_once = [loss.item() for loss in kept[-1:]]
+    assert len(set(loss.item() for loss in kept)) == 9
+    assert kept[-1].item() == read_at_once[0]
+
+
+@pytest.mark.parametrize("change", ["weight_decay", "max_grad_norm", "betas", "eval"])
+def test_a_change_after_capture_takes_effect(gpu, change):
+    def apply(i, model, opt):
+        if i != 6:
+            return
+        if change == "weight_decay":
+            opt.groups[0]["weight_decay"] = 30.0
+        elif change == "max_grad_norm":
+            opt.max_grad_norm = 1e-3
+        elif change == "betas":
+            opt.groups[0]["betas"] = (0.5, 0.6)
+        else:
+            model.eval()  # no dropout in CFG: the same numbers, but the mode is in the key
+    recaptures = gpu.counters["recaptures"]
+    losses, model, _ = run(gpu, 10, apply)
+    cpu_losses, cpu_model, _ = run(backends.reference(), 10, apply)
+    np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
+    np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
+    assert gpu.counters["recaptures"] == recaptures + 1
+
+
+def test_a_moved_model_trains_its_new_arrays(gpu):
+    def move(i, model, opt):
+        if i == 6:
+            model.to("cpu").to(gpu)  # new GPU arrays for every parameter
+    losses, model, _ = run(gpu, 10, move)
+    cpu_losses, cpu_model, _ = run(backends.reference(), 10)
+    np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
+    np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
+
+
+def test_another_batch_shape_trains_the_same_on_every_backend(gpu):
+    b_of = lambda i: 2 if i in (5, 9) else B  # noqa: E731 (a smaller batch after capture, twice)
+    losses, model, _ = run(gpu, 11, b_of=b_of)
+    cpu_losses, cpu_model, _ = run(backends.reference(), 11, b_of=b_of)
+    np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
+    np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_a_batch_of_mismatched_shapes_is_refused_alike(gpu, device):
+    backend = gpu if device == "gpu" else backends.reference()
+    model = GPT(CFG).to(backend)
+    step = TrainStep(model, AdamW(model.parameters()), B, CFG.block_size)
+    x, y = batch(0)
+    with pytest.raises(TinynnError, match="one \\(batch, time\\) shape"):
+        step(x, y[:2], 1e-3)
+    with pytest.raises(TinynnError, match="one \\(batch, time\\) shape"):
+        step(x[0], y[0], 1e-3)
+
+
+def test_the_probe_refuses_a_path_that_does_not_work(gpu):
+    class Broken(native.NativeCalls):
+        def __init__(self, ffi, lib):
+            super().__init__(ffi, lib)
+            self.dispatch = lambda *args: None  # records nothing: the probe's buffer keeps its zeros
+
+    class Missing(native.NativeCalls):
+        def __init__(self, ffi, lib):
+            raise AttributeError("wgpuComputePassEncoderDispatchWorkgroups")
+    plain = native.NativeCalls
+    try:
+        native.NativeCalls = Broken
+        calls, reason = native.probe(gpu.rt.device)
+        assert calls is None and "wrote [0.0, 0.0, 0.0, 0.0]" in reason
+        native.NativeCalls = Missing
+        calls, reason = native.probe(gpu.rt.device)
+        assert calls is None and "not reachable" in reason
+    finally:
+        native.NativeCalls = plain
+    calls, reason = native.probe(gpu.rt.device)
+    assert calls is not None and reason == ""
+
+
+def test_a_replay_holds_no_more_memory_than_an_eager_step(gpu):
+    gc.collect()
+    tinynn.manual_seed(0)
+    model = GPT(CFG).to(gpu)
+    step = TrainStep(model, AdamW(model.parameters(), lr=3e-3), B, CFG.block_size)
+    for i in range(3):
+        if i == 2:
+            gpu.memory_stats(reset_peak=True)
+        step(*batch(i), 3e-3).item()
+    eager_peak = gpu.memory_stats()["peak_bytes"]
+    for i in range(3, 7):
+        step(*batch(i), 3e-3).item()
+    assert step._run.tape is not None
+    # the buffers an eager step uses, a little over its peak (buckets of different sizes share none); a
+    # tape holding every array it touched needed 1.42 times the peak here, 2.3 at the lesson's size
+    assert gpu.memory_stats()["in_use_bytes"] <= eager_peak * 1.3
+
+
+def test_work_between_replays_cannot_take_the_tapes_buffers(gpu):
+    def evaluate(i, model, opt):
+        if i > 5:  # allocates and frees many arrays while the tape holds buffers it freed during capture
+            model.eval()
+            with tinynn.no_grad():
+                model(*(tinynn.tensor(a, backend=model.parameters()[0].backend) for a in batch(100 + i)))
+            model.train()
+    losses, model, _ = run(gpu, 10, evaluate)
+    cpu_losses, cpu_model, _ = run(backends.reference(), 10, evaluate)
+    np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
+    np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
