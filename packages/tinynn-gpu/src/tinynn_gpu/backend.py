@@ -13,6 +13,7 @@ import numpy as np
 
 from tinynn.backends import Backend
 from tinynn_gpu.capture import CapturedStep
+from tinynn_gpu.decode import DecodeOps
 from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims, padded
 from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.multi_tensor import MultiTensor
@@ -24,7 +25,7 @@ SCALAR = {"add": 0, "mul": 1, "pow": 2}
 WG = 256
 
 
-class WgpuBackend(Backend):
+class WgpuBackend(DecodeOps, Backend):
     name = "gpu"
     is_gpu = True
 

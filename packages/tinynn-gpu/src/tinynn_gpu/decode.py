@@ -1,0 +1,57 @@
+"""The generation ops on the GPU (kernels/decode.wgsl): a decode step's embedding, KV-cache write, attention
+and sampling, all reading the sequence length from a GPU array, so a step records once and replays.
+
+`DecodeOps` is a base of `WgpuBackend`; the NumPy references are in tinynn/numpy_backend.py under the same
+names, and tests/test_decode.py checks each kernel against them.
+"""
+from __future__ import annotations
+
+from tinynn_gpu.runtime import TooLarge
+
+WG = 256
+
+
+def _groups(n: int) -> int:
+    return -(-n // WG)
+
+
+def _bound(*arrays):
+    """The arrays, all in GPU buffers; a host-resident one (too large to bind) sends the op to the CPU."""
+    if any(a.buffer is None for a in arrays):
+        raise TooLarge("array lives on the host")
+
+
+class DecodeOps:
+    def embed_window(self, wte, wpe, tokens, length, count):
+        _bound(wte, wpe)
+        batch, ring = tokens.shape
+        block, c = wpe.shape
+        out = self._empty((batch, count, c))
+        self.rt.dispatch("decode", "embed_window_main", _groups(out.size),
+                         {0: wte, 1: wpe, 2: out, 4: tokens, 5: length}, (out.size, count, c, ring, block))
+        return out
+
+    def kv_cache_write_(self, k_cache, v_cache, qkv, length):
+        _bound(k_cache, v_cache, qkv)
+        batch, block, c = k_cache.shape
+        n = batch * qkv.shape[1] * c
+        self.rt.dispatch("decode", "kv_cache_write_main", _groups(n),
+                         {0: qkv, 2: k_cache, 6: v_cache, 5: length}, (n, qkv.shape[1], c, block))
+
+    def attention_decode(self, qkv, k_cache, v_cache, length, n_head, scale):
+        _bound(k_cache, v_cache, qkv)
+        batch, block, c = k_cache.shape
+        out = self._empty((batch, 1, c))
+        self.rt.dispatch("decode", "attention_decode_main", batch * n_head,
+                         {0: qkv, 1: k_cache, 8: v_cache, 2: out, 5: length},
+                         (batch * n_head, n_head, c // n_head, c, block, float(scale)))
+        return out
+
+    def sample_tokens_(self, logits, tokens, length, ids, *, temperature, top_k, seed):
+        _bound(logits)
+        batch, vocab = logits.shape
+        self.rt.dispatch("decode", "sample_tokens_main", batch, {0: logits, 4: tokens, 5: length, 7: ids},
+                         (batch, vocab, tokens.shape[1], min(int(top_k), vocab), int(seed), float(temperature)))
+
+    def advance_(self, length):
+        self.rt.dispatch("decode", "advance_main", 1, {5: length}, (1,))

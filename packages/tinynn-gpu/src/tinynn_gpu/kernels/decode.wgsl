@@ -1,0 +1,216 @@
+// Generation: the kernels of a decode step whose sequence state lives on the GPU, so the step's dispatches
+// are recorded once and replayed (capture.py). `tokens` is a ring of token ids (token i of sequence b at
+// [b * H + i % H]) and length[0] counts them; no kernel needs a value from the host that changes per token.
+// NumPy references: numpy_backend.py (embed_window, kv_cache_write_, attention_decode, sample_tokens_,
+// advance_).
+// Bindings: 0:a 1:b 2:out 3:params 4:tokens 5:length 6:out2 7:ids 8:c
+
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read_write> tokens: array<i32>;
+@group(0) @binding(5) var<storage, read_write> length: array<i32>;
+@group(0) @binding(6) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(7) var<storage, read_write> ids: array<i32>;
+@group(0) @binding(8) var<storage, read> c: array<f32>;
+
+const LOWEST = -3.0e38;  // below every finite score: a start for maxima that is not a constant infinity
+
+// a = wte, b = wpe, out = x (B, count, C). p0 = B * count * C, p1 = count, p2 = C, p3 = H, p4 = block_size
+@compute @workgroup_size(256)
+fn embed_window_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(wg, nwg, lid);
+    if (i >= param(0u)) { return; }
+    let count = param(1u);
+    let cols = param(2u);
+    let ring = param(3u);
+    let n = u32(length[0]);
+    let row = i / cols;  // (sequence, j)
+    let seq = row / count;
+    let index = n - count + row % count;  // the token's place in the whole sequence
+    let position = index - (max(n, param(4u)) - param(4u));  // counted from the window's start
+    let token = u32(tokens[seq * ring + index % ring]);
+    out[i] = a[token * cols + i % cols] + b[position * cols + i % cols];
+}
+
+// a = qkv (B, T, 3C), out = k_cache, out2 = v_cache (B, block_size, C).
+// p0 = B * T * C, p1 = T, p2 = C, p3 = block_size
+@compute @workgroup_size(256)
+fn kv_cache_write_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(wg, nwg, lid);
+    if (i >= param(0u)) { return; }
+    let count = param(1u);
+    let cols = param(2u);
+    let block = param(3u);
+    let row = i / cols;  // (sequence, t)
+    let seq = row / count;
+    let dst = (seq * block + min(u32(length[0]), block) - count + row % count) * cols + i % cols;
+    out[dst] = a[row * 3u * cols + cols + i % cols];
+    out2[dst] = a[row * 3u * cols + 2u * cols + i % cols];
+}
+
+// One workgroup per (sequence, head): the query's scores over the cached keys 256 at a time, with a running
+// maximum and sum (online softmax), so the cache length is not bounded by workgroup memory.
+// a = qkv (B, 1, 3C), b = k_cache, c = v_cache (B, block_size, C), out = y (B, 1, C).
+// p0 = B * n_head, p1 = n_head, p2 = head size, p3 = C, p4 = block_size, p5 = scale bits
+var<workgroup> probs: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn attention_decode_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let bh = row_index(wg, nwg);
+    if (bh >= param(0u)) { return; }  // the same for the whole workgroup, so no barrier is split
+    let hs = param(2u);
+    let cols = param(3u);
+    let block = param(4u);
+    let scale = paramf(5u);
+    let seq = bh / param(1u);
+    let q = seq * 3u * cols + (bh % param(1u)) * hs;
+    let kv = seq * block * cols + (bh % param(1u)) * hs;  // row 0 of this head in the caches
+    let y = seq * cols + (bh % param(1u)) * hs;
+    let rows = min(u32(length[0]), block);
+    for (var d = lid; d < hs; d = d + 256u) { out[y + d] = 0.0; }
+    var m = LOWEST;
+    var total = 0.0;
+    for (var start = 0u; start < rows; start = start + 256u) {
+        let j = start + lid;
+        var s = LOWEST;
+        if (j < rows) {
+            var dot = 0.0;
+            for (var d = 0u; d < hs; d = d + 1u) { dot = dot + a[q + d] * b[kv + j * cols + d]; }
+            s = dot * scale;
+        }
+        let m_new = max(m, workgroup_max(lid, s));
+        let p = select(0.0, exp(s - m_new), j < rows);
+        probs[lid] = p;
+        let rescale = exp(m - m_new);
+        total = total * rescale + workgroup_sum(lid, p);  // its barriers also publish probs
+        let chunk = min(256u, rows - start);
+        for (var d = lid; d < hs; d = d + 256u) {
+            var acc = out[y + d] * rescale;
+            for (var i = 0u; i < chunk; i = i + 1u) { acc = acc + probs[i] * c[kv + (start + i) * cols + d]; }
+            out[y + d] = acc;
+        }
+        m = m_new;
+        workgroupBarrier();  // every thread is done with probs before the next chunk overwrites it
+    }
+    for (var d = lid; d < hs; d = d + 256u) { out[y + d] = out[y + d] / total; }
+}
+
+// One workgroup per sequence. Greedy: the first largest logit. Otherwise the top-k cutoff by bisection on the
+// logits' order-preserving bit keys (32 counting rounds), then p = exp((logit - max) / temperature) over the
+// kept logits, summed per thread over a contiguous chunk; thread 0 scans the 256 chunk sums and picks the
+// chunk where u * sum falls, and that chunk's thread walks it to the token.
+// a = logits (B, V). p0 = B, p1 = V, p2 = H, p3 = top_k, p4 = seed, p5 = temperature bits
+var<workgroup> best_index: array<u32, 256>;
+var<workgroup> chunk_sums: array<f32, 256>;
+var<workgroup> chosen: vec2<u32>;  // (chunk, its first token's running sum as f32 bits)
+
+fn order_key(x: f32) -> u32 {
+    let bits = bitcast<u32>(x);
+    return select(bits | 0x80000000u, ~bits, (bits >> 31u) == 1u);
+}
+
+fn pcg(x: u32) -> u32 {
+    let state = x * 747796405u + 2891336453u;
+    let word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+    return (word >> 22u) ^ word;
+}
+
+@compute @workgroup_size(256)
+fn sample_tokens_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let seq = row_index(wg, nwg);
+    if (seq >= param(0u)) { return; }
+    let vocab = param(1u);
+    let base = seq * vocab;
+    let n = u32(length[0]);
+    // the largest logit and its first index: per thread, then a tree that prefers the lower index on ties
+    var best = LOWEST;
+    var best_i = vocab;
+    for (var j = lid; j < vocab; j = j + 256u) {
+        if (a[base + j] > best || best_i == vocab) { best = a[base + j]; best_i = j; }
+    }
+    scratch[lid] = best;
+    best_index[lid] = best_i;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            let other = scratch[lid + s];
+            let other_i = best_index[lid + s];
+            if (other_i < vocab && (best_index[lid] == vocab || other > scratch[lid]
+                                    || (other == scratch[lid] && other_i < best_index[lid]))) {
+                scratch[lid] = other;
+                best_index[lid] = other_i;
+            }
+        }
+        workgroupBarrier();
+    }
+    let top = scratch[0];
+    var token = best_index[0];
+    workgroupBarrier();
+    let temperature = paramf(5u);
+    if (temperature > 0.0) {
+        var cutoff = 0u;  // the largest key with at least top_k logits at or above it
+        if (param(3u) < vocab) {
+            for (var bit = 31i; bit >= 0i; bit = bit - 1i) {
+                let candidate = cutoff | (1u << u32(bit));
+                var count = 0.0;
+                for (var j = lid; j < vocab; j = j + 256u) {
+                    count = count + select(0.0, 1.0, order_key(a[base + j]) >= candidate);
+                }
+                if (workgroup_sum(lid, count) >= f32(param(3u))) { cutoff = candidate; }
+            }
+        }
+        let per = (vocab + 255u) / 256u;
+        let lo = min(lid * per, vocab);
+        let hi = min(lo + per, vocab);
+        var part = 0.0;
+        for (var j = lo; j < hi; j = j + 1u) {
+            if (order_key(a[base + j]) >= cutoff) { part = part + exp((a[base + j] - top) / temperature); }
+        }
+        chunk_sums[lid] = part;
+        workgroupBarrier();
+        if (lid == 0u) {
+            var sum = 0.0;
+            for (var t = 0u; t < 256u; t = t + 1u) { sum = sum + chunk_sums[t]; }
+            let h = pcg(pcg(pcg(n) ^ seq) ^ param(4u));
+            let goal = f32(h >> 8u) * (1.0 / 16777216.0) * sum;
+            var running = 0.0;
+            chosen = vec2<u32>(256u, 0u);
+            for (var t = 0u; t < 256u; t = t + 1u) {
+                if (chunk_sums[t] > 0.0) {
+                    chosen = vec2<u32>(t, bitcast<u32>(running));  // the last chunk with mass, unless...
+                    if (running + chunk_sums[t] > goal) { break; }  // ...the goal falls in this one
+                }
+                running = running + chunk_sums[t];
+            }
+            chunk_sums[0] = goal;
+        }
+        workgroupBarrier();
+        let goal = chunk_sums[0];
+        if (lid == chosen.x) {
+            var running = bitcast<f32>(chosen.y);
+            for (var j = lo; j < hi; j = j + 1u) {
+                if (order_key(a[base + j]) >= cutoff) {
+                    token = j;  // the last kept one, should rounding leave the goal above every sum
+                    running = running + exp((a[base + j] - top) / temperature);
+                    if (running > goal) { break; }
+                }
+            }
+        }
+    }
+    if ((temperature > 0.0 && lid == chosen.x) || (temperature <= 0.0 && lid == 0u)) {
+        ids[seq] = i32(token);
+        tokens[seq * param(2u) + n % param(2u)] = i32(token);
+    }
+}
+
+// length[0] += p0 (one thread; p0 is 1)
+@compute @workgroup_size(1)
+fn advance_main() {
+    length[0] = length[0] + i32(param(0u));
+}
