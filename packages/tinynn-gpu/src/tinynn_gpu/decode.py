@@ -28,7 +28,8 @@ class DecodeOps:
         block, c = wpe.shape
         out = self._empty((batch, count, c))
         self.rt.dispatch("decode", "embed_window_main", _groups(out.size),
-                         {0: wte, 1: wpe, 2: out, 4: tokens, 5: length}, (out.size, count, c, ring, block))
+                         {0: wte, 1: wpe, 2: out, 4: tokens, 5: length},
+                         {"size": out.size, "count": count, "cols": c, "ring": ring, "block": block})
         return out
 
     def kv_cache_write_(self, k_cache, v_cache, qkv, length):
@@ -36,7 +37,8 @@ class DecodeOps:
         batch, block, c = k_cache.shape
         n = batch * qkv.shape[1] * c
         self.rt.dispatch("decode", "kv_cache_write_main", _groups(n),
-                         {0: qkv, 2: k_cache, 6: v_cache, 5: length}, (n, qkv.shape[1], c, block))
+                         {0: qkv, 2: k_cache, 6: v_cache, 5: length},
+                         {"size": n, "count": qkv.shape[1], "cols": c, "block": block})
 
     def attention_decode(self, qkv, k_cache, v_cache, length, n_head, scale):
         _bound(k_cache, v_cache, qkv)
@@ -44,14 +46,16 @@ class DecodeOps:
         out = self._empty((batch, 1, c))
         self.rt.dispatch("decode", "attention_decode_main", batch * n_head,
                          {0: qkv, 1: k_cache, 8: v_cache, 2: out, 5: length},
-                         (batch * n_head, n_head, c // n_head, c, block, float(scale)))
+                         {"size": batch * n_head, "n_head": n_head, "head_size": c // n_head, "cols": c,
+                          "block": block, "scale": float(scale)})
         return out
 
     def sample_tokens_(self, logits, tokens, length, ids, *, temperature, top_k, seed):
         _bound(logits)
         batch, vocab = logits.shape
         self.rt.dispatch("decode", "sample_tokens_main", batch, {0: logits, 4: tokens, 5: length, 7: ids},
-                         (batch, vocab, tokens.shape[1], min(int(top_k), vocab), int(seed), float(temperature)))
+                         {"size": batch, "vocab": vocab, "ring": tokens.shape[1], "top_k": min(int(top_k), vocab),
+                          "seed": int(seed), "temperature": float(temperature)})
 
     def advance_(self, length):
-        self.rt.dispatch("decode", "advance_main", 1, {5: length}, (1,))
+        self.rt.dispatch("decode", "advance_main", 1, {5: length}, {"step": 1})

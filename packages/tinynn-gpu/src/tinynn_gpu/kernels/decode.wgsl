@@ -5,6 +5,22 @@
 // advance_).
 // Bindings: 0:a 1:b 2:out 3:params 4:tokens 5:length 6:out2 7:ids 8:c
 
+struct Params {
+    size: u32,         // threads with work (elements, or workgroups of (sequence, head) / sequences)
+    count: u32,        // positions in the window embedded or written
+    cols: u32,         // C, the model's width
+    ring: u32,         // H, the token ring's slots per sequence
+    block: u32,        // block_size: the window, and the caches' rows
+    n_head: u32,
+    head_size: u32,
+    vocab: u32,
+    top_k: u32,
+    seed: u32,
+    scale: f32,        // attention's 1 / sqrt(head size)
+    temperature: f32,  // 0: greedy
+    step: i32,         // advance_'s increment
+}
+
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
@@ -17,34 +33,33 @@
 
 const LOWEST = -3.0e38;  // below every finite score: a start for maxima that is not a constant infinity
 
-// a = wte, b = wpe, out = x (B, count, C). p0 = B * count * C, p1 = count, p2 = C, p3 = H, p4 = block_size
+// a = wte, b = wpe, out = x (B, count, C); size = B * count * C
 @compute @workgroup_size(256)
 fn embed_window_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
-    if (i >= param(0u)) { return; }
-    let count = param(1u);
-    let cols = param(2u);
-    let ring = param(3u);
+    if (i >= params.size) { return; }
+    let count = params.count;
+    let cols = params.cols;
+    let ring = params.ring;
     let n = u32(length[0]);
     let row = i / cols;  // (sequence, j)
     let seq = row / count;
     let index = n - count + row % count;  // the token's place in the whole sequence
-    let position = index - (max(n, param(4u)) - param(4u));  // counted from the window's start
+    let position = index - (max(n, params.block) - params.block);  // counted from the window's start
     let token = u32(tokens[seq * ring + index % ring]);
     out[i] = a[token * cols + i % cols] + b[position * cols + i % cols];
 }
 
-// a = qkv (B, T, 3C), out = k_cache, out2 = v_cache (B, block_size, C).
-// p0 = B * T * C, p1 = T, p2 = C, p3 = block_size
+// a = qkv (B, T, 3C), out = k_cache, out2 = v_cache (B, block_size, C); count = T, size = B * T * C
 @compute @workgroup_size(256)
 fn kv_cache_write_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
-    if (i >= param(0u)) { return; }
-    let count = param(1u);
-    let cols = param(2u);
-    let block = param(3u);
+    if (i >= params.size) { return; }
+    let count = params.count;
+    let cols = params.cols;
+    let block = params.block;
     let row = i / cols;  // (sequence, t)
     let seq = row / count;
     let dst = (seq * block + min(u32(length[0]), block) - count + row % count) * cols + i % cols;
@@ -54,23 +69,22 @@ fn kv_cache_write_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
 
 // One workgroup per (sequence, head): the query's scores over the cached keys 256 at a time, with a running
 // maximum and sum (online softmax), so the cache length is not bounded by workgroup memory.
-// a = qkv (B, 1, 3C), b = k_cache, c = v_cache (B, block_size, C), out = y (B, 1, C).
-// p0 = B * n_head, p1 = n_head, p2 = head size, p3 = C, p4 = block_size, p5 = scale bits
+// a = qkv (B, 1, 3C), b = k_cache, c = v_cache (B, block_size, C), out = y (B, 1, C); size = B * n_head
 var<workgroup> probs: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn attention_decode_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
     let bh = row_index(wg, nwg);
-    if (bh >= param(0u)) { return; }  // the same for the whole workgroup, so no barrier is split
-    let hs = param(2u);
-    let cols = param(3u);
-    let block = param(4u);
-    let scale = paramf(5u);
-    let seq = bh / param(1u);
-    let q = seq * 3u * cols + (bh % param(1u)) * hs;
-    let kv = seq * block * cols + (bh % param(1u)) * hs;  // row 0 of this head in the caches
-    let y = seq * cols + (bh % param(1u)) * hs;
+    if (bh >= params.size) { return; }  // the same for the whole workgroup, so no barrier is split
+    let hs = params.head_size;
+    let cols = params.cols;
+    let block = params.block;
+    let scale = params.scale;
+    let seq = bh / params.n_head;
+    let q = seq * 3u * cols + (bh % params.n_head) * hs;
+    let kv = seq * block * cols + (bh % params.n_head) * hs;  // row 0 of this head in the caches
+    let y = seq * cols + (bh % params.n_head) * hs;
     let rows = min(u32(length[0]), block);
     for (var d = lid; d < hs; d = d + 256u) { out[y + d] = 0.0; }
     var m = LOWEST;
@@ -104,7 +118,7 @@ fn attention_decode_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
 // logits' order-preserving bit keys (32 counting rounds), then p = exp((logit - max) / temperature) over the
 // kept logits, summed per thread over a contiguous chunk; thread 0 scans the 256 chunk sums and picks the
 // chunk where u * sum falls, and that chunk's thread walks it to the token.
-// a = logits (B, V). p0 = B, p1 = V, p2 = H, p3 = top_k, p4 = seed, p5 = temperature bits
+// a = logits (B, V); size = B
 var<workgroup> best_index: array<u32, 256>;
 var<workgroup> chunk_sums: array<f32, 256>;
 var<workgroup> chosen: vec2<u32>;  // (chunk, its first token's running sum as f32 bits)
@@ -124,8 +138,8 @@ fn pcg(x: u32) -> u32 {
 fn sample_tokens_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
     let seq = row_index(wg, nwg);
-    if (seq >= param(0u)) { return; }
-    let vocab = param(1u);
+    if (seq >= params.size) { return; }
+    let vocab = params.vocab;
     let base = seq * vocab;
     let n = u32(length[0]);
     // the largest logit and its first index: per thread, then a tree that prefers the lower index on ties
@@ -152,17 +166,17 @@ fn sample_tokens_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let top = scratch[0];
     var token = best_index[0];
     workgroupBarrier();
-    let temperature = paramf(5u);
+    let temperature = params.temperature;
     if (temperature > 0.0) {
         var cutoff = 0u;  // the largest key with at least top_k logits at or above it
-        if (param(3u) < vocab) {
+        if (params.top_k < vocab) {
             for (var bit = 31i; bit >= 0i; bit = bit - 1i) {
                 let candidate = cutoff | (1u << u32(bit));
                 var count = 0.0;
                 for (var j = lid; j < vocab; j = j + 256u) {
                     count = count + select(0.0, 1.0, order_key(a[base + j]) >= candidate);
                 }
-                if (workgroup_sum(lid, count) >= f32(param(3u))) { cutoff = candidate; }
+                if (workgroup_sum(lid, count) >= f32(params.top_k)) { cutoff = candidate; }
             }
         }
         let per = (vocab + 255u) / 256u;
@@ -177,7 +191,7 @@ fn sample_tokens_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
         if (lid == 0u) {
             var sum = 0.0;
             for (var t = 0u; t < 256u; t = t + 1u) { sum = sum + chunk_sums[t]; }
-            let h = pcg(pcg(pcg(n) ^ seq) ^ param(4u));
+            let h = pcg(pcg(pcg(n) ^ seq) ^ params.seed);
             let goal = f32(h >> 8u) * (1.0 / 16777216.0) * sum;
             var running = 0.0;
             chosen = vec2<u32>(256u, 0u);
@@ -205,12 +219,12 @@ fn sample_tokens_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     }
     if ((temperature > 0.0 && lid == chosen.x) || (temperature <= 0.0 && lid == 0u)) {
         ids[seq] = i32(token);
-        tokens[seq * param(2u) + n % param(2u)] = i32(token);
+        tokens[seq * params.ring + n % params.ring] = i32(token);
     }
 }
 
-// length[0] += p0 (one thread; p0 is 1)
+// length[0] += step (one thread)
 @compute @workgroup_size(1)
 fn advance_main() {
-    length[0] = length[0] + i32(param(0u));
+    length[0] = length[0] + params.step;
 }
