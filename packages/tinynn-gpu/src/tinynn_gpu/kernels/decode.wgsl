@@ -71,6 +71,7 @@ fn kv_cache_write_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
 // maximum and sum (online softmax), so the cache length is not bounded by workgroup memory.
 // a = qkv (B, 1, 3C), b = k_cache, c = v_cache (B, block_size, C), out = y (B, 1, C); size = B * n_head
 var<workgroup> probs: array<f32, 256>;
+var<workgroup> cached_rows: u32;
 
 @compute @workgroup_size(256)
 fn attention_decode_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -85,7 +86,8 @@ fn attention_decode_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     let q = seq * 3u * cols + (bh % params.n_head) * hs;
     let kv = seq * block * cols + (bh % params.n_head) * hs;  // row 0 of this head in the caches
     let y = seq * cols + (bh % params.n_head) * hs;
-    let rows = min(u32(length[0]), block);
+    if (lid == 0u) { cached_rows = min(u32(length[0]), block); }
+    let rows = workgroupUniformLoad(&cached_rows);  // the loop below has barriers: its bound must be uniform
     for (var d = lid; d < hs; d = d + 256u) { out[y + d] = 0.0; }
     var m = LOWEST;
     var total = 0.0;
