@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from tinynn.errors import TinynnError
 from tinynn.tensor import Tensor, no_grad
 
 READ_EVERY = 256  # tokens drawn between read-backs when nobody streams them (the ring holds them meanwhile)
+STREAM_INTERVAL = 1 / 30  # seconds between read-backs while streaming: bursts 30 times a second read as a stream
 MAX_SEED = 2**32 - 1  # the hash takes 32 bits
 PARAMETERS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_k": "top_k", "seed": "seed"}
 
@@ -105,10 +107,6 @@ class Decoder:
                 self.prefilled = True
         self.n += 1
 
-    def last_ids(self) -> np.ndarray:
-        """The tokens the last step drew, (B,): one read-back."""
-        return self.backend.to_numpy(self.ids).astype(np.int64)
-
     def last_tokens(self, count: int) -> np.ndarray:
         """The last `count` tokens of each sequence, (B, count), count <= READ_EVERY: one read-back."""
         ring = self.backend.to_numpy(self.tokens)
@@ -147,15 +145,21 @@ def _inference(modules):
 
 
 def stream(model, idx, max_new_tokens: int, temperature=1.0, top_k=None, seed=0, use_cache=True):
-    """An iterator over the new tokens of the B sequences in idx (B, T): an int array (B,) as soon as each is
-    drawn (one read-back per token). Bad arguments fail here, not at the first token."""
+    """An iterator over the new tokens of the B sequences in idx (B, T): an int array (B,) per token, in
+    generation order. The tokens are read back at most STREAM_INTERVAL apart, and the ones drawn meanwhile
+    come out together: on a GPU a read-back per token would stall the device on every token. Bad arguments
+    fail here, not at the first token."""
     check(max_new_tokens, temperature, top_k, seed)
     decoder = Decoder(model, idx, temperature, top_k, seed, use_cache)
 
     def tokens():
-        for _ in range(max_new_tokens):
+        unread, last_read = 0, time.perf_counter()
+        for made in range(1, max_new_tokens + 1):
             decoder.step()
-            yield decoder.last_ids()
+            unread += 1
+            if made == max_new_tokens or unread == READ_EVERY or time.perf_counter() - last_read >= STREAM_INTERVAL:
+                yield from decoder.last_tokens(unread).T
+                unread, last_read = 0, time.perf_counter()
     return tokens()
 
 
