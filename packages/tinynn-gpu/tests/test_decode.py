@@ -1,6 +1,6 @@
 """The generation kernels (kernels/decode.wgsl) against the NumPy reference, outputs poisoned with NaN, shapes
 drawn by hypothesis: lengths below and past block_size, caches longer than one 256-key chunk, vocabularies
-smaller and larger than a workgroup. Then a whole generation on the GPU: captured steps replayed, the same
+smaller and larger than a workgroup; decoding's few-row matmul. Then a whole generation on the GPU: captured steps replayed, the same
 tokens as the CPU."""
 import numpy as np
 import pytest
@@ -98,6 +98,19 @@ def on_a_boundary(logits, temperature, top_k, seed, row, n, a, b) -> bool:
     running = np.cumsum(np.where(kept, np.exp((x - x.max()) / temperature), 0.0))
     goal = float(uniform(seed, np.array([row]), n)[0]) * running[-1]
     return abs(running[min(a, b)] - goal) <= 1e-5 * running[-1]
+
+
+@SETTINGS
+@given(m=st.integers(1, 16), n=st.one_of(st.integers(1, 20), st.integers(90, 300)),
+       k=st.one_of(st.integers(1, 40), st.integers(250, 1100)), with_bias=st.booleans(), seed=st.integers(0, 2**31))
+def test_matmul_rows(poisoned, m, n, k, with_bias, seed):
+    """Decoding's matmul (matmul_rows.wgsl), which the selector takes for up to 16 rows times a weight."""
+    g = np.random.default_rng(seed)
+    a, w, bias = g.standard_normal((m, k)), g.standard_normal((n, k)), g.standard_normal(n)
+    da, dw, dbias = (poisoned.from_numpy(x.astype(np.float32)) for x in (a, w, bias))
+    out = poisoned.matmul(da, dw, transpose_b=True, bias=dbias if with_bias else None)
+    assert poisoned.mm.last == poisoned.mm.rows.describe()
+    assert_close(poisoned.to_numpy(out), a @ w.T + (bias if with_bias else 0), rtol=2e-5)
 
 
 def test_advance(gpu):
