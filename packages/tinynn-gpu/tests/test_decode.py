@@ -56,7 +56,7 @@ def test_kv_cache_write(poisoned, batch, block, c, seed):
 
 
 @SETTINGS
-@given(batch=st.integers(1, 3), n_head=st.integers(1, 4), hs=st.sampled_from([1, 3, 8, 16]),
+@given(batch=st.integers(1, 3), n_head=st.integers(1, 4), hs=st.sampled_from([1, 3, 8, 16, 48, 64, 300]),
        block=st.one_of(st.integers(1, 20), st.integers(250, 600)), seed=st.integers(0, 2**31))
 def test_attention_decode(poisoned, batch, n_head, hs, block, seed):
     g = np.random.default_rng(seed)

@@ -6,6 +6,7 @@ names, and tests/test_decode.py checks each kernel against them.
 """
 from __future__ import annotations
 
+from tinynn.backends import Backend
 from tinynn_gpu.runtime import TooLarge
 
 WG = 256
@@ -43,6 +44,8 @@ class DecodeOps:
     def attention_decode(self, qkv, k_cache, v_cache, length, n_head, scale):
         _bound(k_cache, v_cache, qkv)
         batch, block, c = k_cache.shape
+        if c // n_head > WG:  # the kernel gives each head element a thread
+            return Backend.attention_decode(self, qkv, k_cache, v_cache, length, n_head, scale)
         out = self._empty((batch, 1, c))
         self.rt.dispatch("decode", "attention_decode_main", batch * n_head,
                          {0: qkv, 1: k_cache, 8: v_cache, 2: out, 5: length},

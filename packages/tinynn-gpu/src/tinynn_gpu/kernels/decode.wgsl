@@ -67,10 +67,14 @@ fn kv_cache_write_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgr
     out2[dst] = a[row * 3u * cols + 2u * cols + i % cols];
 }
 
-// One workgroup per (sequence, head): the query's scores over the cached keys 256 at a time, with a running
-// maximum and sum (online softmax), so the cache length is not bounded by workgroup memory.
+// One workgroup per (sequence, head), head size <= 256 (decode.py sends larger heads to the CPU). Keys come
+// 256 at a time with a running maximum and sum (online softmax), so the cache length is not bounded by
+// workgroup memory: a thread per key for the scores, then threads (g, d) sum probs * values over every
+// groups-th key for output element d, and the groups' partials meet at the end. Loops are unrolled by four:
+// independent loads in flight instead of one latency per step.
 // a = qkv (B, 1, 3C), b = k_cache, c = v_cache (B, block_size, C), out = y (B, 1, C); size = B * n_head
 var<workgroup> probs: array<f32, 256>;
+var<workgroup> query: array<f32, 256>;
 var<workgroup> cached_rows: u32;
 
 @compute @workgroup_size(256)
@@ -80,40 +84,59 @@ fn attention_decode_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     if (bh >= params.size) { return; }  // the same for the whole workgroup, so no barrier is split
     let hs = params.head_size;
     let cols = params.cols;
-    let block = params.block;
-    let scale = params.scale;
     let seq = bh / params.n_head;
-    let q = seq * 3u * cols + (bh % params.n_head) * hs;
-    let kv = seq * block * cols + (bh % params.n_head) * hs;  // row 0 of this head in the caches
-    let y = seq * cols + (bh % params.n_head) * hs;
-    if (lid == 0u) { cached_rows = min(u32(length[0]), block); }
+    let head = (bh % params.n_head) * hs;
+    let kv = seq * params.block * cols + head;  // row 0 of this head in the caches
+    let groups = 256u / hs;
+    let g = lid / hs;
+    let d = lid % hs;
+    if (lid < hs) { query[lid] = a[seq * 3u * cols + head + lid] * params.scale; }
+    if (lid == 0u) { cached_rows = min(u32(length[0]), params.block); }
     let rows = workgroupUniformLoad(&cached_rows);  // the loop below has barriers: its bound must be uniform
-    for (var d = lid; d < hs; d = d + 256u) { out[y + d] = 0.0; }
     var m = LOWEST;
     var total = 0.0;
+    var acc = 0.0;  // this thread's share of y[d]: its group's keys
     for (var start = 0u; start < rows; start = start + 256u) {
         let j = start + lid;
         var s = LOWEST;
         if (j < rows) {
+            let key = kv + j * cols;
             var dot = 0.0;
-            for (var d = 0u; d < hs; d = d + 1u) { dot = dot + a[q + d] * b[kv + j * cols + d]; }
-            s = dot * scale;
+            var e = 0u;
+            for (; e + 4u <= hs; e = e + 4u) {
+                dot = dot + query[e] * b[key + e] + query[e + 1u] * b[key + e + 1u]
+                          + query[e + 2u] * b[key + e + 2u] + query[e + 3u] * b[key + e + 3u];
+            }
+            for (; e < hs; e = e + 1u) { dot = dot + query[e] * b[key + e]; }
+            s = dot;
         }
         let m_new = max(m, workgroup_max(lid, s));
         let p = select(0.0, exp(s - m_new), j < rows);
         probs[lid] = p;
         let rescale = exp(m - m_new);
         total = total * rescale + workgroup_sum(lid, p);  // its barriers also publish probs
-        let chunk = min(256u, rows - start);
-        for (var d = lid; d < hs; d = d + 256u) {
-            var acc = out[y + d] * rescale;
-            for (var i = 0u; i < chunk; i = i + 1u) { acc = acc + probs[i] * c[kv + (start + i) * cols + d]; }
-            out[y + d] = acc;
+        acc = acc * rescale;
+        if (g < groups) {
+            let chunk = min(256u, rows - start);
+            let value = kv + start * cols + d;
+            var i = g;
+            for (; i + 3u * groups < chunk; i = i + 4u * groups) {
+                acc = acc + probs[i] * c[value + i * cols] + probs[i + groups] * c[value + (i + groups) * cols]
+                          + probs[i + 2u * groups] * c[value + (i + 2u * groups) * cols]
+                          + probs[i + 3u * groups] * c[value + (i + 3u * groups) * cols];
+            }
+            for (; i < chunk; i = i + groups) { acc = acc + probs[i] * c[value + i * cols]; }
         }
         m = m_new;
         workgroupBarrier();  // every thread is done with probs before the next chunk overwrites it
     }
-    for (var d = lid; d < hs; d = d + 256u) { out[y + d] = out[y + d] / total; }
+    probs[lid] = select(0.0, acc, g < groups);
+    workgroupBarrier();
+    if (lid < hs) {
+        var y = 0.0;
+        for (var t = 0u; t < groups; t = t + 1u) { y = y + probs[t * hs + lid]; }
+        out[seq * cols + head + lid] = y / total;
+    }
 }
 
 // One workgroup per sequence. Greedy: the first largest logit. Otherwise the top-k cutoff by bisection on the
