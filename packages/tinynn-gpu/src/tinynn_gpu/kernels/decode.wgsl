@@ -139,14 +139,17 @@ fn attention_decode_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
     }
 }
 
-// One workgroup per sequence. Greedy: the first largest logit. Otherwise the top-k cutoff by bisection on the
-// logits' order-preserving bit keys (32 counting rounds), then p = exp((logit - max) / temperature) over the
-// kept logits, summed per thread over a contiguous chunk; thread 0 scans the 256 chunk sums and picks the
-// chunk where u * sum falls, and that chunk's thread walks it to the token.
+// One workgroup per sequence. Greedy: the first largest logit. Otherwise the top-k cutoff, the k-th largest
+// logit's order-preserving bit key, found four bits at a time (8 rounds of a 16-bin histogram of the keys
+// that share the bits found so far), then p = exp((logit - max) / temperature) over the kept logits, summed
+// per thread over a contiguous chunk; thread 0 scans the chunk sums and picks the chunk where u * sum falls,
+// and that chunk's thread walks it to the token.
 // a = logits (B, V); size = B
 var<workgroup> best_index: array<u32, 256>;
 var<workgroup> chunk_sums: array<f32, 256>;
 var<workgroup> chosen: vec2<u32>;  // (chunk, its first token's running sum as f32 bits)
+var<workgroup> bins: array<atomic<u32>, 16>;
+var<workgroup> found: vec2<u32>;  // (the cutoff's bits found so far, the rank still wanted below them)
 
 fn order_key(x: f32) -> u32 {
     let bits = bitcast<u32>(x);
@@ -193,16 +196,33 @@ fn sample_tokens_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     workgroupBarrier();
     let temperature = params.temperature;
     if (temperature > 0.0) {
-        var cutoff = 0u;  // the largest key with at least top_k logits at or above it
+        var cutoff = 0u;  // the k-th largest key: top_k logits or more are at or above it
         if (params.top_k < vocab) {
-            for (var bit = 31i; bit >= 0i; bit = bit - 1i) {
-                let candidate = cutoff | (1u << u32(bit));
-                var count = 0.0;
+            if (lid == 0u) { found = vec2<u32>(0u, params.top_k); }
+            for (var shift = 28i; shift >= 0i; shift = shift - 4i) {
+                if (lid < 16u) { atomicStore(&bins[lid], 0u); }
+                workgroupBarrier();
+                let prefix = found.x;
+                let above = select(0xffffffffu << u32(shift + 4i), 0u, shift == 28i);  // the bits already found
                 for (var j = lid; j < vocab; j = j + 256u) {
-                    count = count + select(0.0, 1.0, order_key(a[base + j]) >= candidate);
+                    let key = order_key(a[base + j]);
+                    if ((key & above) == prefix) { atomicAdd(&bins[(key >> u32(shift)) & 15u], 1u); }
                 }
-                if (workgroup_sum(lid, count) >= f32(params.top_k)) { cutoff = candidate; }
+                workgroupBarrier();
+                if (lid == 0u) {
+                    var wanted = found.y;
+                    var digit = 15u;
+                    loop {  // the highest digit whose keys, with the higher digits', reach the wanted rank
+                        let count = atomicLoad(&bins[digit]);
+                        if (wanted <= count || digit == 0u) { break; }
+                        wanted = wanted - count;
+                        digit = digit - 1u;
+                    }
+                    found = vec2<u32>(prefix | (digit << u32(shift)), wanted);
+                }
+                workgroupBarrier();
             }
+            cutoff = found.x;
         }
         let per = (vocab + 255u) / 256u;
         let lo = min(lid * per, vocab);
@@ -214,13 +234,14 @@ fn sample_tokens_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
         chunk_sums[lid] = part;
         workgroupBarrier();
         if (lid == 0u) {
+            let used = (vocab + per - 1u) / per;  // chunks that hold logits
             var sum = 0.0;
-            for (var t = 0u; t < 256u; t = t + 1u) { sum = sum + chunk_sums[t]; }
+            for (var t = 0u; t < used; t = t + 1u) { sum = sum + chunk_sums[t]; }
             let h = pcg(pcg(pcg(n) ^ seq) ^ params.seed);
             let goal = f32(h >> 8u) * (1.0 / 16777216.0) * sum;
             var running = 0.0;
             chosen = vec2<u32>(256u, 0u);
-            for (var t = 0u; t < 256u; t = t + 1u) {
+            for (var t = 0u; t < used; t = t + 1u) {
                 if (chunk_sums[t] > 0.0) {
                     chosen = vec2<u32>(t, bitcast<u32>(running));  // the last chunk with mass, unless...
                     if (running + chunk_sums[t] > goal) { break; }  // ...the goal falls in this one
