@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import time
 
 import numpy as np
@@ -38,7 +39,7 @@ def check(max_new_tokens, temperature, top_k, seed, names=PARAMETERS) -> None:
     """Refuse values generation cannot honour, naming the parameter (`names` maps to the CLI's flags)."""
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
         raise TinynnError(f"{names['max_new_tokens']} must be an integer >= 0, got {max_new_tokens!r}")
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+    if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) or temperature < 0:
         raise TinynnError(f"{names['temperature']} must be a finite number >= 0 (0: greedy), got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, (int, np.integer)) or top_k < 1):
         raise TinynnError(f"{names['top_k']} must be an integer >= 1, got {top_k!r}")
