@@ -15,7 +15,7 @@ length.
   `use_cache=False` (`tinynn generate --no-cache`) does for every token, so both give the same text.
 
     >>> tokens = model.generate(prompt[None, :], 200, temperature=0.8, top_k=20, seed=1)  # (1, T + 200)
-    >>> for ids in model.stream(prompt[None, :], 200): print(ids[0])                       # one by one
+    >>> for ids in model.stream(prompt[None, :], 200): print(ids[0])                       # as they come
 """
 from __future__ import annotations
 
@@ -74,6 +74,8 @@ class Decoder:
         prompt = np.asarray(prompt)
         if prompt.ndim != 2 or prompt.shape[1] == 0:
             raise TinynnError(f"the prompt must be token ids shaped (batch, length >= 1), got shape {prompt.shape}")
+        if prompt.min() < 0 or prompt.max() >= model.config.vocab_size:
+            raise TinynnError(f"the prompt holds token ids outside 0..{model.config.vocab_size - 1}")
         self.model = model
         self.modules = list(model.modules())
         self.backend = be = model.wte.weight.backend
