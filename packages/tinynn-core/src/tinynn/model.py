@@ -88,5 +88,6 @@ class GPT(Module):
         return generation.generate(self, idx, max_new_tokens, temperature, top_k, seed, use_cache)
 
     def stream(self, idx, max_new_tokens: int, temperature=1.0, top_k=None, seed=0, use_cache=True):
-        """generate's tokens one by one: an iterator of int arrays (B,), each yielded as soon as it is drawn."""
+        """generate's tokens as they are drawn: an iterator of int arrays (B,), one per new token (read back in
+        bursts at most 1/30 s apart, see generate.stream)."""
         return generation.stream(self, idx, max_new_tokens, temperature, top_k, seed, use_cache)

@@ -136,7 +136,7 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
             save(step + 1)
     bar.close()
 
-    out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed)
+    out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
     sample = tokenizer.decode(out[0])
     if cfg.loss_plot:
         plot_history(history, cfg.loss_plot)
