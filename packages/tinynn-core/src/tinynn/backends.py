@@ -237,6 +237,15 @@ class Backend:
                     weight_decay: float, grad_scale=None):
         """SGD with momentum in place on every parameter; hyper = [lr]."""
 
+    # --- data parallel: every gradient in one buffer, so one Allreduce (and one read-back) moves them all ---
+    @reference_fallback
+    def pack(self, arrays: list):
+        """Every array's elements laid end to end in one flat array (all arrays of one dtype)."""
+
+    @reference_fallback
+    def unpack(self, flat, shapes: list):
+        """pack's inverse: a list of fresh arrays, one per shape, holding consecutive pieces of `flat`."""
+
     # --- generation: decoding with a KV cache. The sequence state lives in backend arrays (a ring of token
     # ids and its length), so a decode step reads no host value and a GPU backend can replay it. ---
     @reference_fallback
