@@ -262,6 +262,37 @@ class Backend:
     def unpack(self, flat, shapes: list):
         """pack's inverse: a list of fresh arrays, one per shape, holding consecutive pieces of `flat`."""
 
+    # --- generation: decoding with a KV cache. The sequence state lives in backend arrays (a ring of token
+    # ids and its length), so a decode step reads no host value and a GPU backend can replay it. ---
+    @reference_fallback
+    def embed_window(self, wte, wpe, tokens, length, count: int):
+        """The last `count` tokens of each sequence embedded -> (B, count, C): token ids from `tokens`
+        (B, H), a ring holding token i of a sequence at slot i % H, whose length is length[0] (an int array
+        (1,)); token rows of wte plus position rows of wpe, positions counted from the start of the last
+        block_size tokens (block_size = wpe's rows), the window a GPT sees. count <= min(length, block_size)."""
+
+    @reference_fallback
+    def kv_cache_write_(self, k_cache, v_cache, qkv, length):
+        """Store the keys and values of qkv (B, T, 3C), its second and third thirds, in k_cache and v_cache
+        (B, block_size, C) as the window's last T positions: rows min(length, block_size) - T onwards."""
+
+    @reference_fallback
+    def attention_decode(self, qkv, k_cache, v_cache, length, n_head: int, scale: float):
+        """Causal attention of one new position -> y (B, 1, C): its query, the first third of qkv (B, 1, 3C),
+        over the first min(length, block_size) rows of the caches (B, block_size, C), per head."""
+
+    @reference_fallback
+    def sample_tokens_(self, logits, tokens, length, ids, *, temperature: float, top_k: int, seed: int):
+        """Draw each sequence's next token from logits (B, V); write it into ids (B,) and into the ring
+        `tokens` (B, H) at slot length % H. temperature 0 takes the first largest logit; otherwise
+        p ~ exp((logit - max) / temperature) over the logits >= the top_k-th largest, and the token is the
+        first whose running sum of p exceeds u * sum(p), u in [0, 1) a hash of (seed, sequence, length):
+        the same seed gives the same draws on every run, with no generator state to carry."""
+
+    @reference_fallback
+    def advance_(self, length):
+        """length[0] += 1: the sequences grew by the token just drawn."""
+
     # --- memory ---
     def memory_stats(self, reset_peak: bool = False) -> dict:
         """Memory held for arrays, in bytes: `in_use_bytes` (arrays alive now), `pooled_bytes` (freed, kept

@@ -9,6 +9,7 @@ import argparse
 import json
 import platform
 import sys
+import time
 
 import numpy as np
 
@@ -35,11 +36,16 @@ def cmd_train(args):
 
 
 def cmd_generate(args):
-    from tinynn import checkpoint, rng
+    from tinynn import checkpoint, generate, rng
     from tinynn.config import from_dict
     from tinynn.data import CharTokenizer
     from tinynn.model import GPT
-    backends.set_default(args.device)
+    flags = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
+             "seed": "--seed"}
+    generate.check(args.max_new_tokens, args.temperature, args.top_k, args.seed, names=flags)
+    if args.num_samples < 1:
+        raise TinynnError(f"--num-samples must be at least 1, got {args.num_samples}")
+    backend = backends.set_default(args.device)
     saved = checkpoint.load(args.checkpoint)
     tokenizer = CharTokenizer(saved["chars"])
     cfg = from_dict(saved["config"], f"checkpoint {args.checkpoint}")
@@ -47,9 +53,22 @@ def cmd_generate(args):
     model = GPT(cfg.model_config(tokenizer.vocab_size))
     model.load_state_dict(saved["model"])
     prompt = tokenizer.encode(args.prompt) if args.prompt else np.zeros(1, dtype=np.int64)
-    out = model.generate(prompt[None, :], args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         rng=np.random.default_rng(args.seed))
-    print(tokenizer.decode(out[0]))
+    prompts = np.repeat(prompt[None, :], args.num_samples, axis=0)  # (N, T): the samples decode as one batch
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed,
+                "use_cache": not args.no_cache}
+    start = time.perf_counter()
+    if args.num_samples == 1:  # streamed: each token printed as soon as it is drawn
+        print(tokenizer.decode(prompt), end="", flush=True)
+        for ids in model.stream(prompts, args.max_new_tokens, **sampling):
+            print(tokenizer.decode(ids), end="", flush=True)
+        print()
+    else:  # several samples: read back in blocks, printed whole at the end
+        out = model.generate(prompts, args.max_new_tokens, **sampling)
+        print("\n---\n".join(tokenizer.decode(row) for row in out))
+    seconds = time.perf_counter() - start
+    made = args.num_samples * args.max_new_tokens
+    print(f"{made} tokens in {seconds:.2f} s: {made / max(seconds, 1e-9):,.0f} tokens/s on {backend.device_name} "
+          f"({backend.name}{', no cache' if args.no_cache else ''})", file=sys.stderr)
 
 
 def cmd_demo(args):
@@ -126,9 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--prompt", default="")
     p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.8, help="0: always the likeliest token")
+    p.add_argument("--top-k", type=int, default=None, help="draw from the k likeliest tokens only")
+    p.add_argument("--seed", type=int, default=0, help="the same seed gives the same text")
+    p.add_argument("--num-samples", type=int, default=1, help="samples decoded together as one batch")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole context for every token")
     p.set_defaults(func=cmd_generate)
 
     p = with_device(sub.add_parser("demo", help="run the demos (all, or the numbered ones)"))

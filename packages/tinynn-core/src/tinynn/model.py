@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinynn import functional as F
+from tinynn import generate as generation
 from tinynn.nn import Block, Dropout, Embedding, LayerNorm, Linear, Module
-from tinynn.tensor import Tensor, no_grad
+from tinynn.tensor import Tensor
 
 
 @dataclass
@@ -54,26 +55,39 @@ class GPT(Module):
         loss = None if targets is None else F.cross_entropy(logits, targets)
         return logits, loss
 
-    def generate(self, idx: np.ndarray, max_new_tokens: int, temperature=1.0, top_k=None, rng=None) -> np.ndarray:
-        """Extend idx (B, T) by sampling max_new_tokens tokens, each conditioned on the last block_size."""
-        rng = rng or np.random.default_rng()
-        idx = np.asarray(idx, dtype=np.int64)
-        was_training = self.training
-        self.eval()
-        with no_grad():
-            for _ in range(max_new_tokens):
-                logits, _ = self(idx[:, -self.config.block_size:])
-                last = logits[:, -1, :].numpy().astype(np.float64)  # (B, vocab)
-                if temperature <= 0:  # greedy
-                    nxt = last.argmax(axis=-1)
-                else:
-                    last = last / temperature
-                    if top_k is not None and top_k < last.shape[-1]:
-                        cutoff = np.sort(last, axis=-1)[:, -top_k][:, None]
-                        last = np.where(last < cutoff, -np.inf, last)
-                    p = np.exp(last - last.max(axis=-1, keepdims=True))
-                    p /= p.sum(axis=-1, keepdims=True)
-                    nxt = np.array([rng.choice(len(row), p=row) for row in p])
-                idx = np.concatenate([idx, nxt[:, None]], axis=1)
-        self.train(was_training)
-        return idx
+    # --- generation (tinynn/generate.py drives these; x is an embedded window, embed_window's output) ---
+    def prefill(self, x: Tensor, cache) -> Tensor:
+        """The window x (B, T, C) in one pass, every position's keys and values kept in cache (a list of
+        LayerCache, one per block) -> the last position's logits (B, vocab)."""
+        for block, layer in zip(self.blocks, cache):
+            x = block.prefill(x, layer)
+        return self._last_logits(x)
+
+    def decode(self, x: Tensor, cache) -> Tensor:
+        """One new position x (B, 1, C), attending over the cached ones -> its logits (B, vocab)."""
+        for block, layer in zip(self.blocks, cache):
+            x = block.decode(x, layer)
+        return self._last_logits(x)
+
+    def window(self, x: Tensor) -> Tensor:
+        """The window x (B, T, C) recomputed without a cache -> the last position's logits (B, vocab)."""
+        for block in self.blocks:
+            x = block(x)
+        return self._last_logits(x)
+
+    def _last_logits(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        if T > 1:
+            x = x[:, T - 1:]  # only the last position's next token is drawn
+        return self.lm_head(self.ln_f(x)).reshape(B, self.config.vocab_size)  # (B, 1, vocab) -> (B, vocab)
+
+    def generate(self, idx, max_new_tokens: int, temperature=1.0, top_k=None, seed=0, use_cache=True) -> np.ndarray:
+        """idx (B, T) token ids extended by max_new_tokens sampled tokens -> (B, T + max_new_tokens).
+        temperature 0 is greedy; top_k keeps the k likeliest tokens; the same seed gives the same text.
+        use_cache=False recomputes the whole window for every token (the same tokens, slower)."""
+        return generation.generate(self, idx, max_new_tokens, temperature, top_k, seed, use_cache)
+
+    def stream(self, idx, max_new_tokens: int, temperature=1.0, top_k=None, seed=0, use_cache=True):
+        """generate's tokens as they are drawn: an iterator of int arrays (B,), one per new token (read back in
+        bursts at most 1/30 s apart, see generate.stream)."""
+        return generation.stream(self, idx, max_new_tokens, temperature, top_k, seed, use_cache)

@@ -151,6 +151,13 @@ class CausalSelfAttention(Module):
         att = self.attn_dropout(F.softmax(att, causal=True, scale=1.0 / math.sqrt(hs)))
         return (att @ v).permute(0, 2, 1, 3).reshape(B, T, C3 // 3)  # (B, nh, T, hs) -> (B, T, C)
 
+    def decode(self, x, cache):
+        """x (B, 1, C), one new position: its keys and values join the cache (a generate.LayerCache), its
+        query attends over every cached position."""
+        qkv = self.qkv(x)  # (B, 1, 3C)
+        cache.write(qkv)
+        return self.proj(cache.attend(qkv, self.n_head))
+
 
 class MLP(Module):
     def __init__(self, n_embd, n_layer, dropout=0.0, bias=True):
@@ -173,4 +180,15 @@ class Block(Module):
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+    def prefill(self, x, cache):
+        """forward, with every position's keys and values kept in the cache for the tokens that follow
+        (the projection runs a second time here: once per prompt, so forward stays the one training path)."""
+        cache.write(self.attn.qkv(self.ln1(x)))
+        return self(x)
+
+    def decode(self, x, cache):
+        """forward for one new position x (B, 1, C), attending over the cached ones."""
+        x = x + self.attn.decode(self.ln1(x), cache)
         return x + self.mlp(self.ln2(x))

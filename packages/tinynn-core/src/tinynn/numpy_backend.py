@@ -310,5 +310,58 @@ class NumpyBackend(Backend):
         assert ends[-1] == flat.size, f"shapes of {ends[-1]} elements do not cover {flat.size}"
         return [piece.reshape(shape) for piece, shape in zip(np.split(flat.copy(), ends[:-1]), shapes)]
 
+    # --- generation ---
+    def embed_window(self, wte, wpe, tokens, length, count):
+        n, block = int(length[0]), wpe.shape[0]
+        index = np.arange(n - count, n)  # the tokens' places in the whole sequence
+        return wte[tokens[:, index % tokens.shape[1]]] + wpe[index - max(0, n - block)]  # (B, count, C)
+
+    def kv_cache_write_(self, k_cache, v_cache, qkv, length):
+        c, t = k_cache.shape[2], qkv.shape[1]
+        start = min(int(length[0]), k_cache.shape[1]) - t
+        k_cache[:, start:start + t] = qkv[:, :, c:2 * c]
+        v_cache[:, start:start + t] = qkv[:, :, 2 * c:]
+
+    def attention_decode(self, qkv, k_cache, v_cache, length, n_head, scale):
+        b, _, c = k_cache.shape
+        rows, hs = min(int(length[0]), k_cache.shape[1]), c // n_head
+        q = qkv[:, :, :c].reshape(b, n_head, 1, hs)  # (B, nh, 1, hs): one position, so no transpose
+        k = k_cache[:, :rows].reshape(b, rows, n_head, hs).transpose(0, 2, 3, 1)  # (B, nh, hs, rows)
+        v = v_cache[:, :rows].reshape(b, rows, n_head, hs).transpose(0, 2, 1, 3)  # (B, nh, rows, hs)
+        att = self.softmax_forward(q @ k, scale=scale)  # (B, nh, 1, rows)
+        return (att @ v).reshape(b, 1, c)  # (B, nh, 1, hs) -> (B, 1, C)
+
+    def sample_tokens_(self, logits, tokens, length, ids, *, temperature, top_k, seed):
+        n, (b, v) = int(length[0]), logits.shape
+        if temperature == 0:
+            draw = logits.argmax(axis=-1)
+        else:
+            kept = logits >= np.sort(logits, axis=-1)[:, v - min(top_k, v)][:, None]
+            top = logits.max(axis=-1, keepdims=True)
+            p = np.where(kept, np.exp((logits - top) / np.float32(temperature)), np.float32(0))
+            running = np.cumsum(p, axis=-1, dtype=np.float32)
+            target = uniform(seed, np.arange(b), n) * running[:, -1]
+            draw = (running <= target[:, None]).sum(axis=-1)  # the first index whose running sum exceeds
+            last_kept = v - 1 - kept[:, ::-1].argmax(axis=-1)
+            draw = np.minimum(draw, last_kept)  # target rounded up to the total: the last kept token
+        ids[...] = draw
+        tokens[:, n % tokens.shape[1]] = draw
+
+    def advance_(self, length):
+        length += 1
+
+
+def _pcg(x):
+    """PCG's output permutation as a hash of uint32 values (decode.wgsl has the same)."""
+    state = x * np.uint32(747796405) + np.uint32(2891336453)
+    word = ((state >> ((state >> np.uint32(28)) + np.uint32(4))) ^ state) * np.uint32(277803737)
+    return (word >> np.uint32(22)) ^ word
+
+
+def uniform(seed: int, sequence: np.ndarray, n: int) -> np.ndarray:
+    """u in [0, 1) (24 bits, float32) for each sequence's draw of token n, a pure function of its inputs."""
+    h = _pcg(_pcg(_pcg(np.full(len(sequence), n, np.uint32)) ^ sequence.astype(np.uint32)) ^ np.uint32(seed))
+    return (h >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24)
+
 
 NUMPY = NumpyBackend()

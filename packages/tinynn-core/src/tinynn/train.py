@@ -222,8 +222,7 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
     if not world.is_root:  # rank 0 alone samples and plots
         return TrainResult(model, tokenizer, history, "", ckpt_path)
 
-    out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, top_k=None,
-                         rng=np.random.default_rng(cfg.seed))
+    out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
     sample = tokenizer.decode(out[0])
     if cfg.loss_plot:
         plot_history(history, cfg.loss_plot)

@@ -20,6 +20,7 @@ import numpy as np
 from tinynn.backends import Backend
 from tinynn_gpu.attention import Attention, unsupported_head_size
 from tinynn_gpu.capture import CapturedStep
+from tinynn_gpu.decode import DecodeOps
 from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims
 from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.multi_tensor import MultiTensor
@@ -33,7 +34,8 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
 INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
              "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
-             "cross_entropy_backward"}
+             "cross_entropy_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
+             "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
 WG = 256
 
 
@@ -42,7 +44,7 @@ class OnCpu(Exception):
     raised before the op records a dispatch, so the fallback never repeats part of the work."""
 
 
-class WgpuBackend(Backend):
+class WgpuBackend(DecodeOps, Backend):
     name = "gpu"
     is_gpu = True
 

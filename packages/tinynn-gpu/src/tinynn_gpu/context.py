@@ -23,7 +23,7 @@ WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-stor
 TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
 BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
 KERNEL_FILES = ("elementwise", "strided", "reduce", "softmax", "layernorm", "cross_entropy", "embedding",
-                "optimizer", "norm")
+                "optimizer", "norm", "decode", "matmul_rows")
 # kernel files still on the positional parameter block (params_positional.wgsl: `param(i)`, a tuple from
 # Python) rather than their own named `struct Params`; the block goes once this is empty
 POSITIONAL = {"reduce", "layernorm", "optimizer", "norm", "multi_tensor"}

@@ -22,6 +22,7 @@ import wgpu
 
 from tinynn_gpu.context import kernel_source
 from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul
+from tinynn_gpu.matmul_rows import RowsMatmul
 
 LESSON_TILES = (8, 16, 32)
 BLOCK_CONFIGS = (
@@ -88,6 +89,7 @@ class MatmulSelector:
         self.forced = os.environ.get("TINYNN_MATMUL")  # one variant for every shape, e.g. "lesson8"
         if self.forced and self.forced not in self.variants:
             raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
+        self.rows = RowsMatmul(runtime)
         self.last = None
 
     def describe(self) -> str:
@@ -115,6 +117,9 @@ class MatmulSelector:
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias=None) -> bool:
         """Record out = op(a) @ op(b) (+ bias) with this shape class's variant; True: the bias was added."""
+        if not self.forced and self.rows.fits(batch, m, transpose_a, transpose_b):  # decoding's few rows
+            self.last = self.rows.describe()
+            return self.rows.record(a, b, out, m, n, k, bias)
         key = (f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} "
                f"b={_pow2(batch)} m={_pow2(m)} n={_pow2(n)} k={_pow2(k)}")
         name = self.forced or self.choices.get(key)

@@ -1,0 +1,53 @@
+"""The generation ops on the GPU (kernels/decode.wgsl): a decode step's embedding, KV-cache write, attention
+and sampling, all reading the sequence length from a GPU array, so a step records once and replays.
+
+`DecodeOps` is a base of `WgpuBackend`; the NumPy references are in tinynn/numpy_backend.py under the same
+names, and tests/test_decode.py checks each kernel against them.
+"""
+from __future__ import annotations
+
+from tinynn.backends import Backend
+
+WG = 256
+
+
+def _groups(n: int) -> int:
+    return -(-n // WG)
+
+
+class DecodeOps:
+    def embed_window(self, wte, wpe, tokens, length, count):
+        batch, ring = tokens.shape
+        block, c = wpe.shape
+        out = self._empty((batch, count, c))
+        self.rt.dispatch("decode", "embed_window_main", _groups(out.size),
+                         {0: wte, 1: wpe, 2: out, 4: tokens, 5: length},
+                         {"size": out.size, "count": count, "cols": c, "ring": ring, "block": block})
+        return out
+
+    def kv_cache_write_(self, k_cache, v_cache, qkv, length):
+        batch, block, c = k_cache.shape
+        n = batch * qkv.shape[1] * c
+        self.rt.dispatch("decode", "kv_cache_write_main", _groups(n),
+                         {0: qkv, 2: k_cache, 6: v_cache, 5: length},
+                         {"size": n, "count": qkv.shape[1], "cols": c, "block": block})
+
+    def attention_decode(self, qkv, k_cache, v_cache, length, n_head, scale):
+        batch, block, c = k_cache.shape
+        if c // n_head > WG:  # the kernel gives each head element a thread
+            return Backend.attention_decode(self, qkv, k_cache, v_cache, length, n_head, scale)
+        out = self._empty((batch, 1, c))
+        self.rt.dispatch("decode", "attention_decode_main", batch * n_head,
+                         {0: qkv, 1: k_cache, 8: v_cache, 2: out, 5: length},
+                         {"size": batch * n_head, "n_head": n_head, "head_size": c // n_head, "cols": c,
+                          "block": block, "scale": float(scale)})
+        return out
+
+    def sample_tokens_(self, logits, tokens, length, ids, *, temperature, top_k, seed):
+        batch, vocab = logits.shape
+        self.rt.dispatch("decode", "sample_tokens_main", batch, {0: logits, 4: tokens, 5: length, 7: ids},
+                         {"size": batch, "vocab": vocab, "ring": tokens.shape[1], "top_k": min(int(top_k), vocab),
+                          "seed": int(seed), "temperature": float(temperature)})
+
+    def advance_(self, length):
+        self.rt.dispatch("decode", "advance_main", 1, {5: length}, {"step": 1})
