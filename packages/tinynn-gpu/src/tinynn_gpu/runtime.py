@@ -243,15 +243,15 @@ class Runtime:
 
     def write(self, arr: GpuArray, x: np.ndarray) -> None:
         """Overwrite arr's buffer with x (same byte size)."""
-        data = np.ascontiguousarray(x, dtype=arr.dtype).tobytes()
-        if len(data) != arr.nbytes:
+        data = np.ascontiguousarray(x, dtype=arr.dtype)  # written from its memory: no bytes copy (43 MB: 48 ms)
+        if data.nbytes != arr.nbytes:
             raise ValueError(f"cannot write {x.shape} {x.dtype} into a {arr.shape} {arr.dtype} array")
         self.flush()  # queue.write_buffer runs before commands not yet submitted: submit those first
-        if data:
+        if data.nbytes:
             self.queue.write_buffer(arr.buffer, 0, data)
         self.counters["uploads"] += 1
         if self.tape is not None:  # inside a captured step this is a constant: replay writes the same bytes
-            self.tape.events.append(("write", arr.buffer, data))
+            self.tape.events.append(("write", arr.buffer, data.tobytes()))
             self.tape.hold(arr)
 
     def read(self, arr: GpuArray) -> np.ndarray:
@@ -272,14 +272,16 @@ class Runtime:
         self._encoder().copy_buffer_to_buffer(self.error_flags, 0, staging, flags_at, 4)
         self.flush()
         staging.map_sync(wgpu.MapMode.READ, 0, flags_at + 4)
-        data = staging.read_mapped(0, flags_at + 4, copy=True)
+        mapped = staging.read_mapped(0, flags_at + 4, copy=False)  # copied once, below, before unmap
+        flags = int.from_bytes(mapped[flags_at:], "little")
+        out = np.frombuffer(mapped, dtype=arr.dtype, count=arr.size).reshape(arr.shape).copy()
+        del mapped
         staging.unmap()
         self.counters["host_syncs"] += 1
-        flags = int.from_bytes(data[flags_at:], "little")
         if flags:
             self.queue.write_buffer(self.error_flags, 0, bytes(4))  # raised once
             raise TinynnError("; ".join(msg for bit, msg in KERNEL_ERRORS.items() if flags & bit))
-        return np.frombuffer(data, dtype=arr.dtype, count=arr.size).reshape(arr.shape).copy()
+        return out
 
     def sync(self) -> None:
         if self._sync_source is None:
