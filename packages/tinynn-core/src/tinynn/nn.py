@@ -92,8 +92,8 @@ class Linear(Module):
         self.weight = parameter(normal((out_features, in_features), std))
         self.bias = parameter(np.zeros(out_features)) if bias else None
 
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+    def forward(self, x, residual=None, activation=None):
+        return F.linear(x, self.weight, self.bias, residual, activation)
 
 
 class Embedding(Module):
@@ -132,7 +132,7 @@ class CausalSelfAttention(Module):
         self.attn_dropout = Dropout(dropout)
         self.resid_dropout = Dropout(dropout)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
         B, T, C = x.shape
         hs = C // self.n_head
         qkv = self.qkv(x).reshape(B, T, 3, self.n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
@@ -140,7 +140,7 @@ class CausalSelfAttention(Module):
         att = F.matmul(q, k, transpose_b=True)  # (B, nh, T, T)
         att = self.attn_dropout(F.softmax(att, causal=True, scale=1.0 / math.sqrt(hs)))
         y = (att @ v).permute(0, 2, 1, 3).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
-        return self.resid_dropout(self.proj(y))
+        return _project(self.proj, y, self.resid_dropout, residual)
 
 
 class MLP(Module):
@@ -149,8 +149,8 @@ class MLP(Module):
         self.proj = Linear(4 * n_embd, n_embd, bias, std=0.02 / math.sqrt(2 * n_layer))
         self.dropout = Dropout(dropout)
 
-    def forward(self, x):
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+    def forward(self, x, residual=None):
+        return _project(self.proj, self.fc(x, activation="gelu"), self.dropout, residual)
 
 
 class Block(Module):
@@ -163,5 +163,14 @@ class Block(Module):
         self.mlp = MLP(n_embd, n_layer, dropout, bias)
 
     def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = self.attn(self.ln1(x), residual=x)  # x + attn(ln1(x)), the add fused into attn's projection
+        return self.mlp(self.ln2(x), residual=x)
+
+
+def _project(proj: Linear, x, dropout: Dropout, residual):
+    """dropout(proj(x)) + residual, the add fused into proj's matmul unless a dropout comes between."""
+    if residual is None:
+        return dropout(proj(x))
+    if dropout.training and dropout.p > 0:
+        return residual + dropout(proj(x))
+    return proj(x, residual=residual)

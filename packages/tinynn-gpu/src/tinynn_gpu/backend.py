@@ -15,6 +15,7 @@ from tinynn.backends import Backend
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims, padded
 from tinynn_gpu.matmul import MatmulSelector
+from tinynn_gpu.matmul_blocked import ACTIVATIONS, Epilogue
 from tinynn_gpu.multi_tensor import MultiTensor
 from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
 
@@ -239,6 +240,26 @@ class WgpuBackend(Backend):
         return self._reduce(a, axes, keepdims, 1)
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False, bias=None):
+        return self._matmul(a, b, transpose_a, transpose_b, Epilogue(bias=None if bias is None else _buf(bias)))
+
+    def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}")
+        pre = self._empty((x.shape[0], weight.shape[0])) if activation else None
+        y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else _buf(bias), activation, pre,
+                                                          None if residual is None else _buf(residual)))
+        return y, pre
+
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+        if activation is not None:
+            g = self.unary_backward(activation, pre, pre, g)
+        g_x = self._matmul(g, weight, False, False, Epilogue())
+        g_bias = self._empty((weight.shape[0],)) if has_bias else None
+        g_weight = self._matmul(g, x, True, False, Epilogue(row_sums=g_bias))  # g.T @ x; g_bias = g's column sums
+        return g_x, g_weight, g_bias
+
+    def _matmul(self, a, b, transpose_a, transpose_b, epilogue):
+        """out = epilogue(op(a) @ op(b)): in the matmul's own stores where its kernel can, else after it."""
         m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
         n = b.shape[-2] if transpose_b else b.shape[-1]
         shared_b = b.ndim == 2 and a.ndim > 2
@@ -249,14 +270,27 @@ class WgpuBackend(Backend):
         batch_shape = a.shape[:-2]
         out = self._empty(batch_shape + (m, n))
         if out.size == 0:
+            if epilogue.row_sums is not None:
+                self._fill(epilogue.row_sums, 0.0)
             return out
-        if k == 0:
-            self._fill(out, 0.0)
-            fused = False
-        else:
-            fused = self.mm.record(_buf(a), _buf(b), out, math.prod(batch_shape), m, n, k, transpose_a,
-                                   transpose_b, shared_b, None if bias is None else _buf(bias))
-        return out if bias is None or fused else self.binary("add", out, bias)
+        if self.mm.record(_buf(a), _buf(b), out, math.prod(batch_shape), m, n, k, transpose_a, transpose_b,
+                          shared_b, epilogue):
+            return out
+        # a kernel without an epilogue (the lesson's): the same steps as separate ops
+        if epilogue.row_sums is not None:
+            sums = self.sum(a, (a.ndim - 2 if transpose_a else a.ndim - 1,))
+            self._copy(sums, epilogue.row_sums)
+        if epilogue.bias is not None:
+            out = self.binary("add", out, epilogue.bias)
+        if epilogue.activation is not None:
+            self._copy(out, epilogue.pre)
+            out = self.unary(epilogue.activation, out)
+        if epilogue.residual is not None:
+            out = self.binary("add", out, epilogue.residual)
+        return out
+
+    def _copy(self, src, dst):
+        self._scatter(src, dst, 0, src.shape, contiguous_strides(src.shape))
 
     # --- fused neural-network ops ---
     def _rows(self, entry, shape, bindings, params, module="softmax"):

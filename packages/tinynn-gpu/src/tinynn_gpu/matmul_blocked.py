@@ -2,14 +2,32 @@
 
 `BlockConfig` names a variant (block BM x BN x BK, TM x TN results per thread); `generate` fills the template
 with fully unrolled code, one variable per vec4 accumulator (see the template's header for why).
-`BlockedMatmul` compiles a variant per operand layout on first use and records its dispatches.
+`BlockedMatmul` compiles a variant per operand layout on first use and records its dispatches, with an
+`Epilogue` (bias, GELU, residual add, row sums) fused into the stores.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
 
+from tinynn_gpu.runtime import MAX_GROUPS, grid
+
 XYZW = "xyzw"
+ACTIVATIONS = {None: 0, "gelu": 1}
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What a matmul does to each result as it stores it; every part optional (arrays on the GPU)."""
+    bias: object = None  # (N,): added to every row
+    activation: str | None = None  # "gelu"; then `pre` receives the value before it
+    pre: object = None
+    residual: object = None  # the output's shape: added last
+    row_sums: object = None  # (batch, M): sum over k of op(a), the bias gradient of a weight gradient
+
+    @property
+    def empty(self) -> bool:
+        return (self.bias, self.activation, self.residual, self.row_sums) == (None, None, None, None)
 
 
 @dataclass(frozen=True)
@@ -72,8 +90,9 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool) -> str:
         inner += [f"        let b{kk}_{q} = b_tile[{kk * cfg.bn // 4}u + tx + {q}u * THREADS_N];" for q in range(qn)]
         inner += [f"        acc_{i}_{q} = acc_{i}_{q} + a{kk}_{i // 4}.{XYZW[i % 4]} * b{kk}_{q};"
                   for i in range(cfg.tm) for q in range(qn)]
+    row_sum = [f"            row_sum = row_sum + a_tile[{kk * cfg.bm // 4}u + lid];" for kk in range(cfg.bk)]
     store = [f"    store(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
-             f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, add_bias);" for i in range(cfg.tm) for q in range(qn)]
+             f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, raw);" for i in range(cfg.tm) for q in range(qn)]
     fills = {
         "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
         "THREADS": cfg.threads, "GROUP": cfg.group, "A_TILE_VEC4": cfg.bk * cfg.bm // 4,
@@ -83,7 +102,7 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool) -> str:
         "A_INDEX": "base + k * params.m + m" if transpose_a else "base + m * params.k + k",
         "B_INDEX": "base + n * params.k + k" if transpose_b else "base + k * params.n + n",
         "DECLARE": "\n".join(declare), "LOAD": "\n".join(load), "INNER": "\n".join(inner),
-        "STORE": "\n".join(store),
+        "ROW_SUM": "\n".join(row_sum), "STORE": "\n".join(store),
     }
     text = (resources.files("tinynn_gpu") / "kernels" / "matmul_blocked.wgsl").read_text(encoding="utf-8")
     for key, value in fills.items():
@@ -99,26 +118,49 @@ class BlockedMatmul:
         self.rt = runtime
         self.config = config
         self.modules = {}
-        self.no_bias = runtime.empty((1,))  # bound when there is no bias (the kernel never reads it then)
+        # stand-ins bound where the epilogue has no array (the kernel never touches them then); distinct
+        # buffers, because two writable bindings may not share one
+        self.unused_read = runtime.empty((1,))
+        self.unused_pre, self.unused_row_sums = runtime.empty((1,)), runtime.empty((1,))
 
     def describe(self) -> str:
         return f"blocked {self.config.name}"
 
-    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias=None) -> bool:
-        """Record out = op(a) @ op(b) (+ bias); True: the bias was added."""
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
+        """Record out = epilogue(op(a) @ op(b)); True: the epilogue was applied (always, for this kernel)."""
         layout = (bool(transpose_a), bool(transpose_b))
         cfg = self.config
         name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}"
         if layout not in self.modules:
             self.modules[layout] = self.rt.device.create_shader_module(label=name, code=generate(cfg, *layout))
+        module = self.modules[layout]
         splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
         k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
-        target = out if splits == 1 else self.rt.empty((batch * splits * m * n,))  # one slice per split
-        groups = (-(-n // cfg.bn), -(-m // cfg.bm), batch * splits)
-        self.rt.dispatch(name, "matmul_main", groups, {0: a, 1: b, 2: target, 4: self.no_bias if bias is None else bias},
-                         (m, n, k, int(shared_b), splits, k_chunk, int(bias is not None)), module=self.modules[layout],
-                         params_bytes=32)
-        if splits > 1:  # out[b] = sum of the splits' slices
-            self.rt.dispatch("reduce", "reduce_main", -(-batch * m * n // 256), {0: target, 2: out},
-                             (batch, splits, m * n, 0, splits, 1))
-        return bias is not None
+        row_sums = epilogue.row_sums
+        if splits > 1:  # one slice per split, for matmul_finish_main to add up
+            target = self.rt.empty((batch * splits * m * n,))
+            row_target = self.rt.empty((batch * splits * m,)) if row_sums is not None else None
+        else:
+            target, row_target = out, row_sums
+        params = [m, n, k, int(shared_b), splits, k_chunk, int(epilogue.bias is not None),
+                  ACTIVATIONS[epilogue.activation], int(epilogue.residual is not None), int(row_sums is not None),
+                  batch]
+        bindings = {4: _or(epilogue.bias, self.unused_read), 5: _or(epilogue.residual, self.unused_read),
+                    6: _or(epilogue.pre, self.unused_pre)}
+        blocks_n, blocks_m, zs = -(-n // cfg.bn), -(-m // cfg.bm), batch * splits
+        for z0 in range(0, zs, MAX_GROUPS):  # grids past the per-dimension limit: several dispatches
+            for y0 in range(0, blocks_m, MAX_GROUPS):
+                groups = (blocks_n, min(MAX_GROUPS, blocks_m - y0), min(MAX_GROUPS, zs - z0))
+                self.rt.dispatch(name, "matmul_main", groups,
+                                 {**bindings, 0: a, 1: b, 2: target, 7: _or(row_target, self.unused_row_sums)},
+                                 params + [y0, z0], module=module, params_bytes=64)
+        if splits > 1:
+            total = batch * m * n
+            self.rt.dispatch(name, "matmul_finish_main", grid(-(-total // 256)),
+                             {**bindings, 2: out, 7: _or(row_sums, self.unused_row_sums), 8: target,
+                              9: _or(row_target, self.unused_read)}, params + [0, 0], module=module, params_bytes=64)
+        return True
+
+
+def _or(array, stand_in):
+    return stand_in if array is None else array
