@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from tinynn.backends import Backend
+from tinynn_gpu import group_sum
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims, padded
 from tinynn_gpu.matmul import MatmulSelector
@@ -223,15 +224,15 @@ class WgpuBackend(Backend):
         return x.view(kept if keepdims else tuple(shape))
 
     def _reduce_middle(self, a, outer, r, inner, op):
-        # enough threads to fill the GPU: split a long R into chunks when outer * inner is small (an R of
-        # 256 or less is summed in one pass: a second dispatch would cost more than it saves)
-        chunks = 1 if r <= 256 else max(1, min(-(-r // 32), 16384 // max(1, outer * inner)))
-        chunk_len = -(-r // chunks)
-        chunks = -(-r // chunk_len)
-        out = self._empty((outer * chunks * inner,))
-        params = (outer, r, inner, op, chunk_len, chunks)
-        self.rt.dispatch("reduce", "reduce_main", _groups(out.size), {0: _buf(a), 2: out}, params)
-        return out if chunks == 1 else self._reduce_middle(out, outer, chunks, inner, op)
+        """(outer, R, inner) -> (outer * inner,): one dispatch whatever the sizes (reduce.wgsl)."""
+        out = self._empty((outer * inner,))
+        module = group_sum.module_name(self.rt, "reduce")
+        if inner == 1:
+            self.rt.dispatch(module, "reduce_rows_main", outer, {0: _buf(a), 2: out}, (outer, r, inner, op))
+        else:
+            tiles = outer * -(-inner // 32)
+            self.rt.dispatch(module, "reduce_columns_main", tiles, {0: _buf(a), 2: out}, (outer, r, inner, op))
+        return out
 
     def sum(self, a, axes, keepdims=False):
         return self._reduce(a, axes, keepdims, 0)
@@ -341,14 +342,16 @@ class WgpuBackend(Backend):
         self._rows("layernorm_backward_main", x.shape, {**common, 4: gx}, (rows, c), module="layernorm")
         g_weight = g_bias = None
         if weight is not None or has_bias:
-            chunk = 64
+            chunk = 32
             chunks = -(-rows // chunk)
-            gw_part, gb_part = self._empty((chunks, c)), self._empty((chunks, c))
+            partials, gw, gb = self._empty((2, chunks, c)), self._empty((c,)), self._empty((c,))
+            params = (rows, c, chunk, chunks)
             self.rt.dispatch("layernorm", "layernorm_param_grads_main", _groups(chunks * c),
-                             {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 4: gw_part, 8: gb_part},
-                             (rows, c, chunk, chunks))
-            g_weight = self._reduce_middle(gw_part, 1, chunks, c, 0).view((c,)) if weight is not None else None
-            g_bias = self._reduce_middle(gb_part, 1, chunks, c, 0).view((c,)) if has_bias else None
+                             {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 9: partials}, params)
+            self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", _groups(c),
+                             {9: partials, 4: gw, 8: gb}, params)
+            g_weight = gw if weight is not None else None
+            g_bias = gb if has_bias else None
         return gx, g_weight, g_bias
 
     def cross_entropy_forward(self, logits, targets, ignore_index):

@@ -1,7 +1,7 @@
 // LayerNorm over the last axis (C): forward and input gradient one 256-thread workgroup per row, each a
 // single kernel (statistics and normalisation fused); the weight and bias gradients sum column-wise over
-// chunks of rows into partials that the reduce kernel finishes.
-// Bindings: 0:x 1:weight 2:bias 3:params 4:out 5:mean 6:rstd 7:g 8:out2
+// chunks of rows into partials (one pass for both), which a second kernel adds up.
+// Bindings: 0:x 1:weight 2:bias 3:params 4:out 5:mean 6:rstd 7:g 8:out2 9:partials
 // A missing weight or bias is bound as ones or zeros by the launcher, so one kernel serves every case.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -13,6 +13,7 @@
 @group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
 @group(0) @binding(7) var<storage, read> g: array<f32>;
 @group(0) @binding(8) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(9) var<storage, read_write> partials: array<f32>;
 
 // p0 = rows, p1 = C, p2 = eps bits. out = y; mean, rstd per row.
 @compute @workgroup_size(256)
@@ -62,14 +63,17 @@ fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     }
 }
 
-// p0 = rows, p1 = C, p2 = rows per chunk, p3 = chunks. Thread (chunk, c): out = sum g * xhat (weight
-// gradient partials), out2 = sum g (bias gradient partials), both (chunks, C).
+// The weight and bias gradients in one pass over g and x, then one small finish: p0 = rows, p1 = C,
+// p2 = rows per chunk, p3 = chunks. Thread (chunk, c) of layernorm_param_grads_main writes its chunk's
+// sum g * xhat and sum g to partials (2, chunks, C); consecutive threads take consecutive columns, so
+// every row is read coalesced.
 @compute @workgroup_size(256)
 fn layernorm_param_grads_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                               @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
     let cols = param(1u);
-    if (i >= param(3u) * cols) { return; }
+    let chunks = param(3u);
+    if (i >= chunks * cols) { return; }
     let c = i % cols;
     let chunk = i / cols;
     let start = chunk * param(2u);
@@ -81,6 +85,24 @@ fn layernorm_param_grads_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num
         gw = gw + gi * (x[row * cols + c] - mean[row]) * rstd[row];
         gb = gb + gi;
     }
-    out[i] = gw;
-    out2[i] = gb;
+    partials[i] = gw;
+    partials[chunks * cols + i] = gb;
+}
+
+// Thread c: out = weight gradient, out2 = bias gradient, each the sum of its column of partials.
+@compute @workgroup_size(256)
+fn layernorm_param_grads_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                                     @builtin(local_invocation_index) lid: u32) {
+    let c = element_index(wg, nwg, lid);
+    let cols = param(1u);
+    let chunks = param(3u);
+    if (c >= cols) { return; }
+    var gw = 0.0;
+    var gb = 0.0;
+    for (var chunk = 0u; chunk < chunks; chunk = chunk + 1u) {
+        gw = gw + partials[chunk * cols + c];
+        gb = gb + partials[(chunks + chunk) * cols + c];
+    }
+    out[c] = gw;
+    out2[c] = gb;
 }
