@@ -234,4 +234,5 @@ def test_multi_tensor_kernels_compile_for_every_slot_count(gpu):
     """lavapipe binds 32 storage buffers (7 slots); an H200 takes all 64: check the WGSL for both."""
     from tinynn_gpu.multi_tensor import MAX_SLOTS, generate
     for slots in (1, gpu.multi.slots, MAX_SLOTS):
-        gpu.rt.device.create_shader_module(code=generate(slots))
+        for subgroups in {False, "subgroup" in gpu.ctx.features}:
+            gpu.rt.device.create_shader_module(code=generate(slots, subgroups))
