@@ -15,10 +15,15 @@
 const COLUMNS: u32 = 32u;  // reduce_columns_main: columns per workgroup
 const LANES: u32 = 8u;  // threads per column
 
+// NaN tested on the bits: compilers may fold x != x to false
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 // max that lets NaN win, as NumPy does
 fn max_nan(x: f32, y: f32) -> f32 {
-    if (x != x) { return x; }
-    if (y != y) { return y; }
+    if (is_nan(x)) { return x; }
+    if (is_nan(y)) { return y; }
     return max(x, y);
 }
 
