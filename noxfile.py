@@ -10,6 +10,7 @@ nox.options.reuse_existing_virtualenvs = False
 
 TEST_TOOLS = ["pytest>=7", "hypothesis>=6"]
 CORE, GPU = "./packages/tinynn-core", "./packages/tinynn-gpu"
+TINT = "wgpudawn==0.32.0.4"  # Dawn's WGSL compiler with a no-GPU backend: test_wgsl_tint.py (Python >= 3.11)
 
 
 @nox.session(name="tests-cpu")
@@ -26,7 +27,7 @@ def tests_cpu(session):
 def tests_gpu(session):
     """tinynn-core + tinynn-gpu on a real WebGPU adapter (lavapipe in CI): the GPU kernels against the CPU,
     then the whole core suite again with the GPU backend active. A missing adapter fails, never skips."""
-    session.install(f"{CORE}[plot]", GPU, *TEST_TOOLS)
+    session.install(f"{CORE}[plot]", GPU, *TEST_TOOLS, TINT)
     env = {"TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp"}
     session.run("tinynn", "info", "--device", "gpu", env=env)
     session.run("pytest", "packages/tinynn-gpu/tests", "packages/tinynn-core/tests", *session.posargs, env=env)

@@ -226,12 +226,12 @@ class WgpuBackend(Backend):
     def _reduce_middle(self, a, outer, r, inner, op):
         """(outer, R, inner) -> (outer * inner,): one dispatch whatever the sizes (reduce.wgsl)."""
         out = self._empty((outer * inner,))
-        module = group_sum.module_name(self.rt, "reduce")
+        shader = group_sum.shader(self.rt, "reduce")
+        params = {"outer": outer, "r": r, "inner": inner, "op": op}
         if inner == 1:
-            self.rt.dispatch(module, "reduce_rows_main", outer, {0: _buf(a), 2: out}, (outer, r, inner, op))
+            self.rt.dispatch(shader, "reduce_rows_main", outer, {0: _buf(a), 2: out}, params)
         else:
-            tiles = outer * -(-inner // 32)
-            self.rt.dispatch(module, "reduce_columns_main", tiles, {0: _buf(a), 2: out}, (outer, r, inner, op))
+            self.rt.dispatch(shader, "reduce_columns_main", outer * -(-inner // 32), {0: _buf(a), 2: out}, params)
         return out
 
     def sum(self, a, axes, keepdims=False):
@@ -329,7 +329,7 @@ class WgpuBackend(Backend):
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
         self._rows("layernorm_forward_main", x.shape,
-                   {0: _buf(x), 1: _buf(w), 2: _buf(b), 4: y, 5: mean, 6: rstd}, (rows, c, float(eps)),
+                   {0: _buf(x), 1: _buf(w), 2: _buf(b), 4: y, 5: mean, 6: rstd}, {"rows": rows, "cols": c, "eps": eps},
                    module="layernorm")
         return y, mean, rstd
 
@@ -339,13 +339,13 @@ class WgpuBackend(Backend):
         w = weight if weight is not None else self._constant(1.0, c)
         gx = self._empty(x.shape)
         common = {0: _buf(x), 1: _buf(w), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g)}
-        self._rows("layernorm_backward_main", x.shape, {**common, 4: gx}, (rows, c), module="layernorm")
+        self._rows("layernorm_backward_main", x.shape, {**common, 4: gx}, {"rows": rows, "cols": c}, module="layernorm")
         g_weight = g_bias = None
         if weight is not None or has_bias:
             chunk = 32
             chunks = -(-rows // chunk)
             partials, gw, gb = self._empty((2, chunks, c)), self._empty((c,)), self._empty((c,))
-            params = (rows, c, chunk, chunks)
+            params = {"rows": rows, "cols": c, "chunk": chunk, "chunks": chunks}
             self.rt.dispatch("layernorm", "layernorm_param_grads_main", _groups(chunks * c),
                              {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 9: partials}, params)
             self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", _groups(c),
@@ -394,12 +394,12 @@ class WgpuBackend(Backend):
     def global_norm(self, arrays):
         partials, count = self.multi.sum_squares([_buf(a) for a in arrays], lambda n: self._empty((n,)))
         norm = self._empty(())
-        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, (count,))
+        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, {"count": count})
         return norm
 
     def clip_coefficient(self, norm, max_norm):
         out = self._empty(())
-        self.rt.dispatch("norm", "clip_coefficient_main", 1, {0: _buf(norm), 2: out}, (float(max_norm),))
+        self.rt.dispatch("norm", "clip_coefficient_main", 1, {0: _buf(norm), 2: out}, {"max_norm": max_norm})
         return out
 
     def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
@@ -413,7 +413,7 @@ class WgpuBackend(Backend):
         for p, g, buf in zip(params, grads, momentum_buffers):
             self.rt.dispatch("optimizer", "sgd_main", _groups(p.size),
                              {0: _buf(p), 1: _buf(g), 2: _buf(buf), 5: _buf(hyper), 6: _buf(scale)},
-                             (p.size, float(momentum), float(weight_decay)))
+                             {"n": p.size, "momentum": momentum, "weight_decay": weight_decay})
 
 
 def _groups(n: int) -> int:

@@ -22,6 +22,9 @@ TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3
 BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
 KERNEL_FILES = ("elementwise", "strided", "softmax", "layernorm", "cross_entropy", "embedding",
                 "optimizer", "norm")
+# kernel files still on the positional parameter block (params_positional.wgsl: `param(i)`, a tuple from
+# Python) rather than their own named `struct Params`; the block goes once this is empty
+POSITIONAL = {"elementwise", "strided", "softmax", "cross_entropy", "embedding"}
 
 
 @dataclass
@@ -32,6 +35,7 @@ class GpuContext:
     limits: dict
     features: set
     modules: dict = field(default_factory=dict)  # kernel file name -> GPUShaderModule
+    sources: dict = field(default_factory=dict)  # kernel file name -> its WGSL (as compiled)
 
     @property
     def name(self) -> str:
@@ -57,10 +61,13 @@ def is_software(info: dict) -> bool:
 def kernel_source(name: str) -> str:
     """A kernel file's WGSL, with common.wgsl prepended (lesson.wgsl is self-contained)."""
     folder = resources.files("tinynn_gpu") / "kernels"
-    text = (folder / f"{name}.wgsl").read_text(encoding="utf-8")
+
+    def read(file):
+        return (folder / f"{file}.wgsl").read_text(encoding="utf-8")
     if name == "lesson":
-        return text
-    return (folder / "common.wgsl").read_text(encoding="utf-8") + "\n" + text
+        return read(name)
+    positional = read("params_positional") + "\n" if name in POSITIONAL else ""
+    return read("common") + "\n" + positional + read(name)
 
 
 def choose_adapter(adapters):
@@ -102,7 +109,8 @@ def create() -> GpuContext:
     ctx = GpuContext(adapter, device, dict(adapter.info), dict(device.limits), set(device.features))
     for name in KERNEL_FILES:
         try:
-            ctx.modules[name] = device.create_shader_module(label=name, code=kernel_source(name))
+            ctx.sources[name] = kernel_source(name)
+            ctx.modules[name] = device.create_shader_module(label=name, code=ctx.sources[name])
         except Exception as e:
             raise BackendUnavailable(f"kernel {name}.wgsl failed to compile on {ctx.name}: {e}") from None
     return ctx

@@ -3,7 +3,7 @@
 A file with a `{{GROUP_SUM}}` line gets `group_sum(lanes, x)` from kernels/group_sum_subgroup.wgsl when the
 device was opened with the `subgroup` feature, else from kernels/group_sum_workgroup.wgsl (a tree in
 workgroup memory). TINYNN_SUBGROUPS=0 forces the workgroup-memory path (tests run both). Each variant is
-compiled once into the context's modules under its own name, so a pipeline is never shared between them.
+compiled once and kept in the runtime's kernels under its own name.
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ def fill(text: str, subgroups: bool) -> str:
     return text.replace("{{GROUP_SUM}}", snippet.read_text(encoding="utf-8"))
 
 
-def module_name(rt, name: str) -> str:
-    """The module name of kernels/<name>.wgsl with the device's group_sum, compiled on first use."""
-    subgroups = uses_subgroups(rt.ctx)
-    key = f"{name}[{'subgroup' if subgroups else 'workgroup'}]"
-    if key not in rt.ctx.modules:
-        rt.ctx.modules[key] = rt.device.create_shader_module(label=key, code=fill(kernel_source(name), subgroups))
-    return key
+def shader(rt, name: str):
+    """kernels/<name>.wgsl with the device's group_sum, compiled on first use (a runtime Shader)."""
+    key = f"{name}[{'subgroup' if uses_subgroups(rt.ctx) else 'workgroup'}]"
+    found = rt.kernels.get(key)
+    if found is None:
+        found = rt.kernels[key] = rt.shader(fill(kernel_source(name), uses_subgroups(rt.ctx)), key)
+    return found

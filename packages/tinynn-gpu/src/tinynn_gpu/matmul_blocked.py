@@ -132,7 +132,7 @@ class BlockedMatmul:
         cfg = self.config
         name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}"
         if layout not in self.modules:
-            self.modules[layout] = self.rt.device.create_shader_module(label=name, code=generate(cfg, *layout))
+            self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
         module = self.modules[layout]
         splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
         k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
@@ -142,23 +142,24 @@ class BlockedMatmul:
             row_target = self.rt.empty((batch * splits * m,)) if row_sums is not None else None
         else:
             target, row_target = out, row_sums
-        params = [m, n, k, int(shared_b), splits, k_chunk, int(epilogue.bias is not None),
-                  ACTIVATIONS[epilogue.activation], int(epilogue.residual is not None), int(row_sums is not None),
-                  batch]
+        params = {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
+                  "has_bias": int(epilogue.bias is not None), "activation": ACTIVATIONS[epilogue.activation],
+                  "has_residual": int(epilogue.residual is not None), "row_sums": int(row_sums is not None),
+                  "batch": batch}
         bindings = {4: _or(epilogue.bias, self.unused_read), 5: _or(epilogue.residual, self.unused_read),
                     6: _or(epilogue.pre, self.unused_pre)}
         blocks_n, blocks_m, zs = -(-n // cfg.bn), -(-m // cfg.bm), batch * splits
         for z0 in range(0, zs, MAX_GROUPS):  # grids past the per-dimension limit: several dispatches
             for y0 in range(0, blocks_m, MAX_GROUPS):
                 groups = (blocks_n, min(MAX_GROUPS, blocks_m - y0), min(MAX_GROUPS, zs - z0))
-                self.rt.dispatch(name, "matmul_main", groups,
+                self.rt.dispatch(module, "matmul_main", groups,
                                  {**bindings, 0: a, 1: b, 2: target, 7: _or(row_target, self.unused_row_sums)},
-                                 params + [y0, z0], module=module, params_bytes=64)
+                                 {**params, "y_offset": y0, "z_offset": z0})
         if splits > 1:
             total = batch * m * n
-            self.rt.dispatch(name, "matmul_finish_main", grid(-(-total // 256)),
+            self.rt.dispatch(module, "matmul_finish_main", grid(-(-total // 256)),
                              {**bindings, 2: out, 7: _or(row_sums, self.unused_row_sums), 8: target,
-                              9: _or(row_target, self.unused_read)}, params + [0, 0], module=module, params_bytes=64)
+                              9: _or(row_target, self.unused_read)}, params)
         return True
 
 

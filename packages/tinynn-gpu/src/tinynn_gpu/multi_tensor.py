@@ -25,12 +25,12 @@ def generate(slots: int, subgroups: bool) -> str:
             f"fn adamw_{i}(lo: u32, hi: u32, lid: u32) {{\n"
             f"    for (var j = lo + lid; j < hi; j = j + 256u) {{\n"
             f"        let g = grad_{i}[j] * scale[0];\n"
-            f"        let m = paramf(4u) * m_{i}[j] + (1.0 - paramf(4u)) * g;\n"
-            f"        let v = paramf(5u) * v_{i}[j] + (1.0 - paramf(5u)) * g * g;\n"
+            f"        let m = params.beta1 * m_{i}[j] + (1.0 - params.beta1) * g;\n"
+            f"        let v = params.beta2 * v_{i}[j] + (1.0 - params.beta2) * g * g;\n"
             f"        m_{i}[j] = m;\n"
             f"        v_{i}[j] = v;\n"
-            f"        let p = param_{i}[j] * (1.0 - step[0] * paramf(7u));\n"
-            f"        param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + paramf(6u));\n"
+            f"        let p = param_{i}[j] * (1.0 - step[0] * params.weight_decay);\n"
+            f"        param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + params.eps);\n"
             f"    }}\n}}")
         squares.append(
             f"fn squares_{i}(lo: u32, hi: u32, lid: u32) -> f32 {{\n"
@@ -67,16 +67,16 @@ class MultiTensor:
         # the kernels name every slot's bindings, so a group smaller than `slots` binds these in the gaps
         # (distinct buffers: two writable bindings may not share one); their tables give them no work
         self.unused = [runtime.empty((1,)) for _ in range(4 * self.slots)]
+        self._shaders = {}  # uses subgroups -> Shader
         self._tables = {}  # a group's table, uploaded once: a training step reuses the same groups
 
-    def _module(self) -> str:
-        """The kernels' module name, compiled on first use with the device's group_sum."""
+    def _module(self):
+        """The kernels' shader, compiled on first use with the device's group_sum."""
         subgroups = group_sum.uses_subgroups(self.rt.ctx)
-        name = f"multi_tensor x{self.slots} [{'subgroup' if subgroups else 'workgroup'}]"
-        if name not in self.rt.ctx.modules:
-            self.rt.ctx.modules[name] = self.rt.device.create_shader_module(label=name,
-                                                                            code=generate(self.slots, subgroups))
-        return name
+        if subgroups not in self._shaders:
+            name = f"multi_tensor x{self.slots} [{'subgroup' if subgroups else 'workgroup'}]"
+            self._shaders[subgroups] = self.rt.shader(generate(self.slots, subgroups), name)
+        return self._shaders[subgroups]
 
     def _or_unused(self, tensors, i, k):
         """Slot i's tensor of kind k (0 param, 1 grad, 2 m, 3 v), or its stand-in when the group is short."""
@@ -102,8 +102,8 @@ class MultiTensor:
             bindings.update({5 + 4 * i + k: self._or_unused(kinds[k], i, k)
                              for i in range(self.slots) for k in range(4)})
             self.rt.dispatch(module, "adamw_main", workgroups, bindings,
-                             [len(group), ADAMW_CHUNK, workgroups, 0, float(beta1), float(beta2), float(eps),
-                              float(weight_decay)])
+                             {"slots": len(group), "chunk": ADAMW_CHUNK, "workgroups": workgroups, "beta1": beta1,
+                              "beta2": beta2, "eps": eps, "weight_decay": weight_decay})
 
     def sum_squares(self, arrays, partials_of):
         """Record per-workgroup sums of squares of all arrays; returns (partials, how many it filled).
@@ -117,6 +117,7 @@ class MultiTensor:
             bindings = {2: partials, 4: table}
             bindings.update({6 + 4 * i: self._or_unused(group, i, 1) for i in range(self.slots)})
             self.rt.dispatch(module, "sum_squares_main", workgroups, bindings,
-                             [len(group), SQUARES_CHUNK, workgroups, first])
+                             {"slots": len(group), "chunk": SQUARES_CHUNK, "workgroups": workgroups,
+                              "first_partial": first})
             first += workgroups
         return partials, first

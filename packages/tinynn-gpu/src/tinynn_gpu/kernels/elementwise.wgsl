@@ -49,7 +49,7 @@ fn power(x: f32, s: f32) -> f32 {
     if (s == 0.5) { return sqrt(x); }
     let r = pow(abs(x), s);
     if (x < 0.0) {
-        if (fract(s) != 0.0) { return bitcast<f32>(0x7fc00000u); }  // NaN, as NumPy gives
+        if (fract(s) != 0.0) { return nan(); }  // NaN, as NumPy gives
         if (fract(s * 0.5) != 0.0) { return -r; }
     }
     return r;

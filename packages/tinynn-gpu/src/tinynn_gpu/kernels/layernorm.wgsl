@@ -8,6 +8,11 @@
 @group(0) @binding(1) var<storage, read> weight: array<f32>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
+
+struct Params {
+    rows: u32, cols: u32, eps: f32,
+    chunk: u32, chunks: u32,  // the parameter gradients: rows per chunk, chunks
+}
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read_write> mean: array<f32>;
 @group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
@@ -15,20 +20,20 @@
 @group(0) @binding(8) var<storage, read_write> out2: array<f32>;
 @group(0) @binding(9) var<storage, read_write> partials: array<f32>;
 
-// p0 = rows, p1 = C, p2 = eps bits. out = y; mean, rstd per row.
+// out = y; mean, rstd per row.
 @compute @workgroup_size(256)
 fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
     let row = row_index(wg, nwg);
-    if (row >= param(0u)) { return; }
-    let cols = param(1u);
+    if (row >= params.rows) { return; }
+    let cols = params.cols;
     let base = row * cols;
     var s = 0.0;
     for (var j = lid; j < cols; j = j + 256u) { s = s + x[base + j]; }
     let mu = workgroup_sum(lid, s) / f32(cols);
     var sq = 0.0;  // two passes: E[(x - mu)^2] keeps its precision where E[x^2] - mu^2 would not
     for (var j = lid; j < cols; j = j + 256u) { let d = x[base + j] - mu; sq = sq + d * d; }
-    let r = inverseSqrt(workgroup_sum(lid, sq) / f32(cols) + paramf(2u));
+    let r = inverseSqrt(workgroup_sum(lid, sq) / f32(cols) + params.eps);
     for (var j = lid; j < cols; j = j + 256u) {
         out[base + j] = (x[base + j] - mu) * r * weight[j] + bias[j];
     }
@@ -38,13 +43,13 @@ fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     }
 }
 
-// p0 = rows, p1 = C. out = dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * weight
+// out = dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * weight
 @compute @workgroup_size(256)
 fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                            @builtin(local_invocation_index) lid: u32) {
     let row = row_index(wg, nwg);
-    if (row >= param(0u)) { return; }
-    let cols = param(1u);
+    if (row >= params.rows) { return; }
+    let cols = params.cols;
     let base = row * cols;
     let mu = mean[row];
     let r = rstd[row];
@@ -63,21 +68,20 @@ fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     }
 }
 
-// The weight and bias gradients in one pass over g and x, then one small finish: p0 = rows, p1 = C,
-// p2 = rows per chunk, p3 = chunks. Thread (chunk, c) of layernorm_param_grads_main writes its chunk's
+// The weight and bias gradients in one pass over g and x, then one small finish. Thread (chunk, c) of layernorm_param_grads_main writes its chunk's
 // sum g * xhat and sum g to partials (2, chunks, C); consecutive threads take consecutive columns, so
 // every row is read coalesced.
 @compute @workgroup_size(256)
 fn layernorm_param_grads_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                               @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
-    let cols = param(1u);
-    let chunks = param(3u);
+    let cols = params.cols;
+    let chunks = params.chunks;
     if (i >= chunks * cols) { return; }
     let c = i % cols;
     let chunk = i / cols;
-    let start = chunk * param(2u);
-    let stop = min(start + param(2u), param(0u));
+    let start = chunk * params.chunk;
+    let stop = min(start + params.chunk, params.rows);
     var gw = 0.0;
     var gb = 0.0;
     for (var row = start; row < stop; row = row + 1u) {
@@ -94,8 +98,8 @@ fn layernorm_param_grads_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num
 fn layernorm_param_grads_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                      @builtin(local_invocation_index) lid: u32) {
     let c = element_index(wg, nwg, lid);
-    let cols = param(1u);
-    let chunks = param(3u);
+    let cols = params.cols;
+    let chunks = params.chunks;
     if (c >= cols) { return; }
     var gw = 0.0;
     var gb = 0.0;

@@ -32,7 +32,7 @@
 
 struct Params {
     m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, has_bias: u32, activation: u32,
-    has_residual: u32, row_sums: u32, batch: u32, y_offset: u32, z_offset: u32, pad0: u32, pad1: u32, pad2: u32,
+    has_residual: u32, row_sums: u32, batch: u32, y_offset: u32, z_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;

@@ -9,8 +9,12 @@
 // chunk neighbouring threads take neighbouring elements: every load and store is coalesced.
 //
 // Bindings: 0:step 1:scale 2:partials 3:params 4:table, then per slot i: 5+4i:param 6+4i:grad 7+4i:m 8+4i:v.
-// p0 = slots in use, p1 = chunk, p2 = workgroups, p3 = first partials slot (sum_squares_main),
-// p4 = beta1, p5 = beta2, p6 = eps, p7 = weight decay (adamw_main).
+
+struct Params {
+    slots: u32, chunk: u32, workgroups: u32,
+    first_partial: u32,  // sum_squares_main: where this group's partials start
+    beta1: f32, beta2: f32, eps: f32, weight_decay: f32,  // adamw_main
+}
 
 @group(0) @binding(0) var<storage, read> step: array<f32>;  // [lr, 1 - beta1^t, 1 - beta2^t]
 @group(0) @binding(1) var<storage, read> scale: array<f32>;  // [gradient-clip coefficient]
@@ -31,17 +35,17 @@ struct Work { slot: u32, lo: u32, hi: u32 }
 
 fn find_work(w: u32) -> Work {
     var slot = 0u;
-    for (var i = 1u; i < param(0u); i = i + 1u) {
+    for (var i = 1u; i < params.slots; i = i + 1u) {
         if (table[2u * i] <= w) { slot = i; }
     }
-    let lo = (w - table[2u * slot]) * param(1u);
-    return Work(slot, lo, min(lo + param(1u), table[2u * slot + 1u]));
+    let lo = (w - table[2u * slot]) * params.chunk;
+    return Work(slot, lo, min(lo + params.chunk, table[2u * slot + 1u]));
 }
 
 @compute @workgroup_size(256)
 fn adamw_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
     let w = row_index(wg, nwg);
-    if (w >= param(2u)) { return; }
+    if (w >= params.workgroups) { return; }
     let work = find_work(w);
     switch work.slot {
 {{ADAMW_CASES}}
@@ -54,7 +58,7 @@ fn adamw_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 fn sum_squares_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
     let w = row_index(wg, nwg);
     var s = 0.0;
-    if (w < param(2u)) {
+    if (w < params.workgroups) {
         let work = find_work(w);
         switch work.slot {
 {{SQUARES_CASES}}
@@ -62,5 +66,5 @@ fn sum_squares_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
         }
     }
     s = group_sum(lanes, s);
-    if (lanes.lid == 0u && w < param(2u)) { partials[param(3u) + w] = s; }
+    if (lanes.lid == 0u && w < params.workgroups) { partials[params.first_partial + w] = s; }
 }

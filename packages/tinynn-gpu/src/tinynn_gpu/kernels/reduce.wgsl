@@ -4,7 +4,9 @@
 // - reduce_columns_main (inner > 1): one workgroup per 32 adjacent columns of one outer index, 8 threads
 //   per column each folding every 8th row, so a warp reads 32 consecutive floats of a row.
 // group_sum is filled in by group_sum.py: subgroup operations where the device has them.
-// Bindings: 0:a 2:out 3:params. p0 = outer, p1 = R, p2 = inner, p3 = op (0 sum, 1 max). out is (outer, inner).
+// Bindings: 0:a 2:out 3:params. out is (outer, inner).
+
+struct Params { outer: u32, r: u32, inner: u32, op: u32 }  // op: 0 sum, 1 max
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
@@ -47,10 +49,10 @@ fn group_max(lid: u32, x: f32) -> f32 {
 @compute @workgroup_size(256)
 fn reduce_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
     let row = row_index(wg, nwg);
-    if (row >= param(0u)) { return; }
-    let r_len = param(1u);
+    if (row >= params.outer) { return; }
+    let r_len = params.r;
     let base = row * r_len;
-    if (param(3u) == 1u) {
+    if (params.op == 1u) {
         var m = neg_inf();
         for (var r = lanes.lid; r < r_len; r = r + 256u) { m = max_nan(m, a[base + r]); }
         m = group_max(lanes.lid, m);
@@ -72,15 +74,15 @@ fn reduce_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
 @compute @workgroup_size(256)
 fn reduce_columns_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32) {
-    let inner = param(2u);
+    let inner = params.inner;
     let tiles = (inner + COLUMNS - 1u) / COLUMNS;
     let tile = row_index(wg, nwg);
-    if (tile >= param(0u) * tiles) { return; }
+    if (tile >= params.outer * tiles) { return; }
     let o = tile / tiles;
     let j = (tile % tiles) * COLUMNS + lid % COLUMNS;
     let lane = lid / COLUMNS;
-    let r_len = param(1u);
-    let is_max = param(3u) == 1u;
+    let r_len = params.r;
+    let is_max = params.op == 1u;
     var acc = select(0.0, neg_inf(), is_max);
     if (j < inner) {
         for (var r = lane; r < r_len; r = r + LANES) { acc = fold(acc, a[(o * r_len + r) * inner + j], is_max); }
