@@ -7,6 +7,7 @@ GPU timestamps and reported as GB/s (bytes each kernel must move / its GPU time)
 TINYNN_SUBGROUPS=0 times the workgroup-memory reductions instead of the subgroup ones.
 """
 import argparse
+import time
 
 import numpy as np
 
@@ -16,10 +17,13 @@ from tinynn.model import GPT
 VOCAB = 65  # tinynn bench's vocabulary
 
 
-def timed(gpu, fn, reps):
-    """(ms per call, per-kernel rows) from GPU timestamps over reps calls (one warm-up call first)."""
-    fn()
-    gpu.sync()
+def timed(gpu, fn, reps, warmup_seconds=0.5):
+    """(ms per call, per-kernel rows) from GPU timestamps over reps calls, after warmup_seconds of calls
+    (an idle H200 runs at low clocks until it has been busy for a few hundred ms)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warmup_seconds:
+        fn()
+        gpu.sync()
     rows = gpu.profile(lambda: [fn() for _ in range(reps)])
     return sum(r["ms"] for r in rows) / reps, rows
 

@@ -348,7 +348,7 @@ class WgpuBackend(Backend):
             params = {"rows": rows, "cols": c, "chunk": chunk, "chunks": chunks}
             self.rt.dispatch("layernorm", "layernorm_param_grads_main", _groups(chunks * c),
                              {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 9: partials}, params)
-            self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", _groups(c),
+            self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", -(-c // 32),
                              {9: partials, 4: gw, 8: gb}, params)
             g_weight = gw if weight is not None else None
             g_bias = gb if has_bias else None

@@ -10,7 +10,7 @@ from tinynn_gpu.context import kernel_source
 MAX_SLOTS = 64
 WG = 256
 ADAMW_CHUNK = WG * 8  # elements per workgroup: enough work to hide the slot look-up, enough workgroups to fill a GPU
-SQUARES_CHUNK = WG * 32  # larger: fewer partials for norm_finish_main's single workgroup to add
+SQUARES_CHUNK = WG * 64  # larger: fewer partials for norm_finish_main's single workgroup to add
 
 
 def generate(slots: int, subgroups: bool) -> str:
@@ -83,14 +83,16 @@ class MultiTensor:
         return tensors[i] if i < len(tensors) else self.unused[4 * i + k]
 
     def table(self, arrays, chunk):
-        """The group's [first workgroup, size] per slot as a u32 array on the GPU, and its workgroup count."""
+        """The group's table as a u32 array on the GPU (each workgroup's slot, then each slot's first
+        workgroup and size; multi_tensor.wgsl), and its workgroup count."""
         sizes = tuple(a.size for a in arrays)
         key = (sizes, chunk)
         if key not in self._tables:
             counts = [-(-n // chunk) for n in sizes]
             firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            rows = np.stack([firsts, sizes], axis=1).astype(np.uint32)  # (slots used, 2)
-            self._tables[key] = (self.rt.upload(rows.reshape(-1)), int(sum(counts)))
+            slot_of = np.repeat(np.arange(len(sizes)), counts)  # (workgroups,)
+            table = np.concatenate([slot_of, np.stack([firsts, sizes], axis=1).reshape(-1)]).astype(np.uint32)
+            self._tables[key] = (self.rt.upload(table), int(sum(counts)))
         return self._tables[key]
 
     def adamw(self, params, grads, exp_avgs, exp_avg_sqs, hyper, scale, beta1, beta2, eps, weight_decay):
@@ -102,7 +104,7 @@ class MultiTensor:
             bindings.update({5 + 4 * i + k: self._or_unused(kinds[k], i, k)
                              for i in range(self.slots) for k in range(4)})
             self.rt.dispatch(module, "adamw_main", workgroups, bindings,
-                             {"slots": len(group), "chunk": ADAMW_CHUNK, "workgroups": workgroups, "beta1": beta1,
+                             {"chunk": ADAMW_CHUNK, "workgroups": workgroups, "beta1": beta1,
                               "beta2": beta2, "eps": eps, "weight_decay": weight_decay})
 
     def sum_squares(self, arrays, partials_of):
@@ -117,7 +119,7 @@ class MultiTensor:
             bindings = {2: partials, 4: table}
             bindings.update({6 + 4 * i: self._or_unused(group, i, 1) for i in range(self.slots)})
             self.rt.dispatch(module, "sum_squares_main", workgroups, bindings,
-                             {"slots": len(group), "chunk": SQUARES_CHUNK, "workgroups": workgroups,
+                             {"chunk": SQUARES_CHUNK, "workgroups": workgroups,
                               "first_partial": first})
             first += workgroups
         return partials, first

@@ -93,20 +93,28 @@ fn layernorm_param_grads_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num
     partials[chunks * cols + i] = gb;
 }
 
-// Thread c: out = weight gradient, out2 = bias gradient, each the sum of its column of partials.
+// out = weight gradient, out2 = bias gradient: the column sums of partials. A workgroup takes 32 columns,
+// 8 threads each folding every 8th chunk (short chains of loads), then adds its 8 lanes.
+var<workgroup> lane_sums: array<vec2<f32>, 256>;
+
 @compute @workgroup_size(256)
 fn layernorm_param_grads_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                      @builtin(local_invocation_index) lid: u32) {
-    let c = element_index(wg, nwg, lid);
     let cols = params.cols;
     let chunks = params.chunks;
-    if (c >= cols) { return; }
-    var gw = 0.0;
-    var gb = 0.0;
-    for (var chunk = 0u; chunk < chunks; chunk = chunk + 1u) {
-        gw = gw + partials[chunk * cols + c];
-        gb = gb + partials[(chunks + chunk) * cols + c];
+    let c = row_index(wg, nwg) * 32u + lid % 32u;
+    let lane = lid / 32u;
+    var sums = vec2<f32>(0.0);
+    if (c < cols) {
+        for (var chunk = lane; chunk < chunks; chunk = chunk + 8u) {
+            sums = sums + vec2<f32>(partials[chunk * cols + c], partials[(chunks + chunk) * cols + c]);
+        }
     }
-    out[c] = gw;
-    out2[c] = gb;
+    lane_sums[lid] = sums;
+    workgroupBarrier();
+    if (lane == 0u && c < cols) {
+        for (var l = 1u; l < 8u; l = l + 1u) { sums = sums + lane_sums[lid + 32u * l]; }
+        out[c] = sums.x;
+        out2[c] = sums.y;
+    }
 }

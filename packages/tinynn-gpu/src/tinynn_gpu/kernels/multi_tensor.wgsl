@@ -2,16 +2,17 @@
 // the storage bindings: a GPT's whole AdamW update is one dispatch on an H200), instead of one dispatch
 // per parameter (each costs the GPU ~2 us however small it is). multi_tensor.py fills in the {{...}}.
 //
-// Each tensor is cut into chunks of `chunk` elements, one workgroup per chunk; `table` holds each slot's
-// first workgroup and size. A workgroup finds its slot with a short scan of the table (the same for all
-// its threads), and a switch picks that slot's bindings: WGSL cannot index bindings or pass storage
-// pointers to functions, so every slot has its own binding set and its own copy of the loop. Inside a
-// chunk neighbouring threads take neighbouring elements: every load and store is coalesced.
+// Each tensor is cut into chunks of `chunk` elements, one workgroup per chunk. `table` gives each workgroup
+// its slot, and each slot its first workgroup and size (two loads, the same for all the workgroup's
+// threads, where a scan over the slots would put a chain of dependent loads in front of every chunk). A switch then picks that
+// slot's bindings: WGSL cannot index bindings or pass storage pointers to functions, so every slot has its
+// own binding set and its own copy of the loop. Inside a chunk neighbouring threads take neighbouring
+// elements: every load and store is coalesced.
 //
 // Bindings: 0:step 1:scale 2:partials 3:params 4:table, then per slot i: 5+4i:param 6+4i:grad 7+4i:m 8+4i:v.
 
 struct Params {
-    slots: u32, chunk: u32, workgroups: u32,
+    chunk: u32, workgroups: u32,
     first_partial: u32,  // sum_squares_main: where this group's partials start
     beta1: f32, beta2: f32, eps: f32, weight_decay: f32,  // adamw_main
 }
@@ -20,7 +21,9 @@ struct Params {
 @group(0) @binding(1) var<storage, read> scale: array<f32>;  // [gradient-clip coefficient]
 @group(0) @binding(2) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read> table: array<u32>;  // [2i]: slot i's first workgroup, [2i + 1]: its size
+// table: [w] = workgroup w's slot (w < workgroups), then per slot i: [workgroups + 2i] its first workgroup,
+// [workgroups + 2i + 1] its size
+@group(0) @binding(4) var<storage, read> table: array<u32>;
 {{BINDINGS}}
 
 {{GROUP_SUM}}
@@ -34,12 +37,10 @@ struct Params {
 struct Work { slot: u32, lo: u32, hi: u32 }
 
 fn find_work(w: u32) -> Work {
-    var slot = 0u;
-    for (var i = 1u; i < params.slots; i = i + 1u) {
-        if (table[2u * i] <= w) { slot = i; }
-    }
-    let lo = (w - table[2u * slot]) * params.chunk;
-    return Work(slot, lo, min(lo + params.chunk, table[2u * slot + 1u]));
+    let slot = table[w];
+    let first = table[params.workgroups + 2u * slot];
+    let lo = (w - first) * params.chunk;
+    return Work(slot, lo, min(lo + params.chunk, table[params.workgroups + 2u * slot + 1u]));
 }
 
 @compute @workgroup_size(256)
