@@ -80,8 +80,12 @@ def epilogue_for(case, gpu):
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=matmul_cases)
 def test_blocked_matmul_every_variant(poisoned, config, case):
+    check_blocked(poisoned, config, case)
+
+
+def check_blocked(gpu, config, case):
+    """One drawn case through one variant, a drawn epilogue included, against float64."""
     batch, m, n, k, ta, tb, shared, _ = case
-    gpu = poisoned
     a, b = operands(case)
     epilogue, expected = epilogue_for(case, gpu)
     da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))
@@ -114,6 +118,20 @@ def test_lesson_matmul_leaves_the_epilogue_to_the_backend(poisoned, case):
         assert rel_err(gpu.to_numpy(epilogue.pre), pre) <= RTOL
     if epilogue.row_sums is not None:
         assert rel_err(gpu.to_numpy(epilogue.row_sums), row_sums) <= RTOL
+
+
+quads = st.integers(1, 40).map(lambda q: 4 * q)
+
+
+@pytest.mark.parametrize("config", [c for c in BLOCK_CONFIGS if c.vec4], ids=lambda c: c.name)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.tuples(st.integers(1, 2), quads, quads, st.one_of(quads, st.sampled_from([260, 516])), st.booleans(),
+                      st.booleans(), st.booleans(), st.integers(0, 2**31)))
+def test_vec4_loads(poisoned, config, case):
+    """Shapes whose contiguous dimensions are multiples of 4, where the vec4-load code runs."""
+    batch, m, n, k, ta, tb, shared, _ = case
+    assert config.uses_vec4(m, n, k, ta, tb)
+    check_blocked(poisoned, config, case)
 
 
 def test_split_k_grid_past_65535_workgroups(poisoned, rng):

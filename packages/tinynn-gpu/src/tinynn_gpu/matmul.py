@@ -37,6 +37,10 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 64, 16, 4, 4, splits=4),
     BlockConfig(64, 64, 16, 4, 4, splits=8),
     BlockConfig(128, 128, 16, 8, 8, splits=4),
+    BlockConfig(64, 64, 16, 4, 4, vec4=True),
+    BlockConfig(128, 128, 16, 8, 8, vec4=True),
+    BlockConfig(64, 64, 16, 4, 4, splits=8, vec4=True),
+    BlockConfig(128, 128, 16, 8, 8, splits=4, vec4=True),
 )
 CACHE_VERSION = 2  # 2: keys are exact shapes
 

@@ -39,18 +39,25 @@ class BlockConfig:
     tn: int
     group: int = 8
     splits: int = 1  # split-K: this many workgroups share each output block's K range
+    vec4: bool = False  # global loads of 4 floats at once where the shape allows (`uses_vec4`)
 
     @property
     def name(self) -> str:
         split = f" split{self.splits}" if self.splits > 1 else ""
-        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}"
+        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}{' vec4' if self.vec4 else ''}"
+
+    def uses_vec4(self, m, n, k, transpose_a, transpose_b) -> bool:
+        """vec4 loads need each operand's contiguous dimension to be a multiple of 4 (so every quad is
+        aligned and whole); other shapes run the scalar-load code of the same configuration."""
+        return self.vec4 and (m if transpose_a else k) % 4 == 0 and (k if transpose_b else n) % 4 == 0
 
     @property
     def threads(self) -> int:
         return (self.bm // self.tm) * (self.bn // self.tn)
 
     def check(self, max_threads=256, max_workgroup_bytes=16384) -> None:
-        if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk < 1:
+        if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk < 1 or \
+                (self.vec4 and self.bk % 4):
             raise ValueError(f"matmul config {self.name}: TM, TN must be multiples of 4 dividing BM, BN")
         if not 1 <= self.threads <= max_threads:
             raise ValueError(f"matmul config {self.name}: {self.threads} threads, the device allows {max_threads}")
@@ -80,10 +87,37 @@ def _load_lines(cfg: BlockConfig, operand: str, k_fastest: bool) -> list[str]:
     return lines
 
 
-def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool) -> str:
+def _vec4_load_lines(cfg: BlockConfig, operand: str, k_fastest: bool) -> list[str]:
+    """The same tile copy from vec4 global loads: along m (or n) a quad is one tile entry; along k a thread
+    loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries."""
+    width4 = (cfg.bm if operand == "a" else cfg.bn) // 4
+    tile, origin = f"{operand}_tile", "row0" if operand == "a" else "col0"
+
+    def load(index, k):
+        return f"load_a4(a_base, {index}, {k}, k_end)" if operand == "a" else f"load_b4(b_base, {k}, {index}, k_end)"
+    total = width4 * (cfg.bk // 4) if k_fastest else cfg.bk * width4
+    lines = []
+    for i in range(-(-total // cfg.threads)):
+        slot = f"lid + {i * cfg.threads}u"
+        if k_fastest:  # neighbouring threads take neighbouring quads of k
+            quads = [f"let q{c} = {load(f'{origin} + 4u * w4 + {c}u', 'k0 + 4u * kq')};" for c in range(4)]
+            stores = [f"{tile}[(4u * kq + {j}u) * {width4}u + w4] = vec4<f32>(q0.{x}, q1.{x}, q2.{x}, q3.{x});"
+                      for j, x in enumerate(XYZW)]
+            body = f"let kq = ({slot}) % {cfg.bk // 4}u; let w4 = ({slot}) / {cfg.bk // 4}u; " + " ".join(quads + stores)
+        else:  # m (or n) contiguous: a quad is one tile entry, neighbouring threads take neighbouring quads
+            body = (f"let k = ({slot}) / {width4}u; let w4 = ({slot}) % {width4}u; "
+                    f"{tile}[k * {width4}u + w4] = {load(f'{origin} + 4u * w4', 'k0 + k')};")
+        guard = f"if ({slot} < {total}u) " if (i + 1) * cfg.threads > total else ""
+        lines.append(f"        {guard}{{ {body} }}")
+    return lines
+
+
+def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False) -> str:
+    """The WGSL of one configuration and layout; vec4: with vec4 global loads (see BlockConfig.uses_vec4)."""
     qm, qn = cfg.tm // 4, cfg.tn // 4
     declare = [f"    var acc_{i}_{q} = vec4<f32>(0.0);" for i in range(cfg.tm) for q in range(qn)]
-    load = _load_lines(cfg, "a", k_fastest=not transpose_a) + _load_lines(cfg, "b", k_fastest=transpose_b)
+    lines = _vec4_load_lines if vec4 else _load_lines
+    load = lines(cfg, "a", k_fastest=not transpose_a) + lines(cfg, "b", k_fastest=transpose_b)
     inner = []
     for kk in range(cfg.bk):
         inner += [f"        let a{kk}_{q} = a_tile[{kk * cfg.bm // 4}u + ty + {q}u * THREADS_M];" for q in range(qm)]
@@ -99,6 +133,8 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool) -> str:
         "B_TILE_VEC4": cfg.bk * cfg.bn // 4,
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
+        "ELEMENT": "vec4<f32>" if vec4 else "f32", "SUFFIX": "4" if vec4 else "", "ZERO": "vec4<f32>(0.0)" if vec4 else "0.0",
+        "QUAD": " / 4u" if vec4 else "", "LOADS": "vec4 loads" if vec4 else "scalar loads",
         "A_INDEX": "base + k * params.m + m" if transpose_a else "base + m * params.k + k",
         "B_INDEX": "base + n * params.k + k" if transpose_b else "base + k * params.n + n",
         "DECLARE": "\n".join(declare), "LOAD": "\n".join(load), "INNER": "\n".join(inner),
@@ -128,9 +164,9 @@ class BlockedMatmul:
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = epilogue(op(a) @ op(b)); True: the epilogue was applied (always, for this kernel)."""
-        layout = (bool(transpose_a), bool(transpose_b))
         cfg = self.config
-        name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}"
+        layout = (bool(transpose_a), bool(transpose_b), cfg.uses_vec4(m, n, k, transpose_a, transpose_b))
+        name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
         if layout not in self.modules:
             self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
         module = self.modules[layout]

@@ -28,15 +28,17 @@
 //
 // Bindings: 0:a 1:b 2:out 3:params 4:bias 5:residual 6:pre 7:row_sums; matmul_finish_main reads the
 // split slices from 8:parts and 9:row_parts. Unused ones are bound to small stand-ins.
-// Layout of this variant: a {{A_LAYOUT}}, b {{B_LAYOUT}}.
+// vec4 variants read a and b as vec4s: a quad along a contiguous m or n is one tile entry; quads along a
+// contiguous k are loaded 4 rows at a time and transposed into the tile (4x fewer load instructions).
+// Layout of this variant: a {{A_LAYOUT}}, b {{B_LAYOUT}}, {{LOADS}}.
 
 struct Params {
     m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, has_bias: u32, activation: u32,
     has_residual: u32, row_sums: u32, batch: u32, y_offset: u32, z_offset: u32,
 }
 
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(0) var<storage, read> a: array<{{ELEMENT}}>;
+@group(0) @binding(1) var<storage, read> b: array<{{ELEMENT}}>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
@@ -58,14 +60,14 @@ const GELU_C: f32 = 0.7978845608028654;  // sqrt(2 / pi), as in elementwise.wgsl
 var<workgroup> a_tile: array<vec4<f32>, {{A_TILE_VEC4}}>;  // [k][m / 4]
 var<workgroup> b_tile: array<vec4<f32>, {{B_TILE_VEC4}}>;  // [k][n / 4]
 
-fn load_a(base: u32, m: u32, k: u32, k_end: u32) -> f32 {
-    if (m >= params.m || k >= k_end) { return 0.0; }
-    return a[{{A_INDEX}}];
+fn load_a{{SUFFIX}}(base: u32, m: u32, k: u32, k_end: u32) -> {{ELEMENT}} {
+    if (m >= params.m || k >= k_end) { return {{ZERO}}; }
+    return a[({{A_INDEX}}){{QUAD}}];
 }
 
-fn load_b(base: u32, k: u32, n: u32, k_end: u32) -> f32 {
-    if (k >= k_end || n >= params.n) { return 0.0; }
-    return b[{{B_INDEX}}];
+fn load_b{{SUFFIX}}(base: u32, k: u32, n: u32, k_end: u32) -> {{ELEMENT}} {
+    if (k >= k_end || n >= params.n) { return {{ZERO}}; }
+    return b[({{B_INDEX}}){{QUAD}}];
 }
 
 // elementwise.wgsl's GELU, term for term, so the fused and the separate forms round alike
