@@ -35,7 +35,7 @@ def every_kernel():
     for config in BLOCK_CONFIGS:
         for ta in (False, True):
             for tb in (False, True):
-                yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb)
+                yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
     # the workgroup-memory group_sum: Tint wants `enable subgroups;` for the subgroup form, which naga refuses
     yield "reduce", group_sum.fill(kernel_source("reduce"), subgroups=False)
     yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, subgroups=False))
