@@ -230,7 +230,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tens
     if bias is not None and bias.shape != (out_features,):
         raise ValueError(f"linear: bias {bias.shape} does not fit weight {weight.shape}")
     if residual is not None and residual.shape != x.shape[:-1] + (out_features,):
-        raise ValueError(f"linear: residual {residual.shape} is not the output's shape {x.shape[:-1] + (out_features,)}")
+        raise ValueError(f"linear: residual {residual.shape} is not the output's shape "
+                         f"{x.shape[:-1] + (out_features,)}")
     rows = reshape(x, (-1, x.shape[-1]))  # (N, in)
     res = None if residual is None else reshape(residual, (-1, out_features))  # (N, out)
     be = x.backend

@@ -103,7 +103,8 @@ def _vec4_load_lines(cfg: BlockConfig, operand: str, k_fastest: bool) -> list[st
             quads = [f"let q{c} = {load(f'{origin} + 4u * w4 + {c}u', 'k0 + 4u * kq')};" for c in range(4)]
             stores = [f"{tile}[(4u * kq + {j}u) * {width4}u + w4] = vec4<f32>(q0.{x}, q1.{x}, q2.{x}, q3.{x});"
                       for j, x in enumerate(XYZW)]
-            body = f"let kq = ({slot}) % {cfg.bk // 4}u; let w4 = ({slot}) / {cfg.bk // 4}u; " + " ".join(quads + stores)
+            body = (f"let kq = ({slot}) % {cfg.bk // 4}u; let w4 = ({slot}) / {cfg.bk // 4}u; "
+                    + " ".join(quads + stores))
         else:  # m (or n) contiguous: a quad is one tile entry, neighbouring threads take neighbouring quads
             body = (f"let k = ({slot}) / {width4}u; let w4 = ({slot}) % {width4}u; "
                     f"{tile}[k * {width4}u + w4] = {load(f'{origin} + 4u * w4', 'k0 + k')};")
@@ -133,8 +134,9 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
         "B_TILE_VEC4": cfg.bk * cfg.bn // 4,
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
-        "ELEMENT": "vec4<f32>" if vec4 else "f32", "SUFFIX": "4" if vec4 else "", "ZERO": "vec4<f32>(0.0)" if vec4 else "0.0",
-        "QUAD": " / 4u" if vec4 else "", "LOADS": "vec4 loads" if vec4 else "scalar loads",
+        "ELEMENT": "vec4<f32>" if vec4 else "f32", "SUFFIX": "4" if vec4 else "",
+        "ZERO": "vec4<f32>(0.0)" if vec4 else "0.0", "QUAD": " / 4u" if vec4 else "",
+        "LOADS": "vec4 loads" if vec4 else "scalar loads",
         "A_INDEX": "base + k * params.m + m" if transpose_a else "base + m * params.k + k",
         "B_INDEX": "base + n * params.k + k" if transpose_b else "base + k * params.n + n",
         "DECLARE": "\n".join(declare), "LOAD": "\n".join(load), "INNER": "\n".join(inner),

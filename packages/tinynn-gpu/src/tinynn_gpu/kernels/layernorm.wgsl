@@ -68,9 +68,9 @@ fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     }
 }
 
-// The weight and bias gradients in one pass over g and x, then one small finish. Thread (chunk, c) of layernorm_param_grads_main writes its chunk's
-// sum g * xhat and sum g to partials (2, chunks, C); consecutive threads take consecutive columns, so
-// every row is read coalesced.
+// The weight and bias gradients in one pass over g and x, then one small finish. Thread (chunk, c) of
+// layernorm_param_grads_main writes its chunk's sum g * xhat and sum g to partials (2, chunks, C);
+// consecutive threads take consecutive columns, so every row is read coalesced.
 @compute @workgroup_size(256)
 fn layernorm_param_grads_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                               @builtin(local_invocation_index) lid: u32) {

@@ -3,11 +3,11 @@
 // per parameter (each costs the GPU ~2 us however small it is). multi_tensor.py fills in the {{...}}.
 //
 // Each tensor is cut into chunks of `chunk` elements, one workgroup per chunk. `table` gives each workgroup
-// its slot, and each slot its first workgroup and size (two loads, the same for all the workgroup's
-// threads, where a scan over the slots would put a chain of dependent loads in front of every chunk). A switch then picks that
-// slot's bindings: WGSL cannot index bindings or pass storage pointers to functions, so every slot has its
-// own binding set and its own copy of the loop. Inside a chunk neighbouring threads take neighbouring
-// elements: every load and store is coalesced.
+// its slot, and each slot its first workgroup and size: two loads, the same for all the workgroup's
+// threads (a scan over the slots would put a chain of dependent loads in front of every chunk). A switch
+// then picks that slot's bindings: WGSL cannot index bindings or pass storage pointers to functions, so
+// every slot has its own binding set and its own copy of the loop. Inside a chunk neighbouring threads
+// take neighbouring elements: every load and store is coalesced.
 //
 // Bindings: 0:step 1:scale 2:partials 3:params 4:table, then per slot i: 5+4i:param 6+4i:grad 7+4i:m 8+4i:v.
 
