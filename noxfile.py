@@ -11,23 +11,25 @@ nox.options.reuse_existing_virtualenvs = False
 TEST_TOOLS = ["pytest>=7", "hypothesis>=6"]
 CORE, GPU = "./packages/tinynn-core", "./packages/tinynn-gpu"
 TINT = "wgpudawn==0.32.0.4"  # Dawn's WGSL compiler with a no-GPU backend: test_wgsl_tint.py (Python >= 3.11)
+REQUIRE_MPI = {"TINYNN_REQUIRE_MPI": "1"}  # the [mpi] extra is installed: its mpiexec tests must run, not skip
 
 
 @nox.session(name="tests-cpu")
 def tests_cpu(session):
-    """tinynn-core alone: the NumPy reference, autograd, model, training and CLI. No GPU package."""
-    session.install(f"{CORE}[plot]", *TEST_TOOLS)
+    """tinynn-core alone: the NumPy reference, autograd, model, training and CLI (data-parallel runs under
+    the [mpi] extra's mpiexec too). No GPU package."""
+    session.install(f"{CORE}[plot,mpi]", *TEST_TOOLS)
     session.run("python", "-c", "import importlib.util as u, sys; "
                 "bad = [m for m in ('wgpu', 'tinynn_gpu') if u.find_spec(m)]; "
                 "sys.exit(f'tinynn-core pulled in {bad}') if bad else print('no GPU package installed: ok')")
-    session.run("pytest", "packages/tinynn-core/tests", *session.posargs)
+    session.run("pytest", "packages/tinynn-core/tests", *session.posargs, env=REQUIRE_MPI)
 
 
 @nox.session(name="tests-gpu")
 def tests_gpu(session):
     """tinynn-core + tinynn-gpu on a real WebGPU adapter (lavapipe in CI): the GPU kernels against the CPU,
     then the whole core suite again with the GPU backend active. A missing adapter fails, never skips."""
-    session.install(f"{CORE}[plot]", GPU, *TEST_TOOLS, TINT)
-    env = {"TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp"}
+    session.install(f"{CORE}[plot,mpi]", GPU, *TEST_TOOLS, TINT)
+    env = {"TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp", **REQUIRE_MPI}
     session.run("tinynn", "info", "--device", "gpu", env=env)
     session.run("pytest", "packages/tinynn-gpu/tests", "packages/tinynn-core/tests", *session.posargs, env=env)

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tinynn_gpu import group_sum, matmul_blocked, multi_tensor
+from tinynn_gpu import group_sum, matmul_blocked, multi_tensor, packing
 from tinynn_gpu.context import KERNEL_FILES, kernel_source
 from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, lesson_source
 
@@ -40,6 +40,7 @@ def every_kernel():
     yield "reduce", group_sum.fill(kernel_source("reduce"), subgroups=False)
     yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, subgroups=False))
                 for n in range(1, multi_tensor.MAX_SLOTS + 1))
+    yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))
 
 
 def test_every_kernel_compiles_on_tint(tint):

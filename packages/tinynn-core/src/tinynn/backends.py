@@ -248,6 +248,15 @@ class Backend:
                     weight_decay: float, grad_scale=None):
         """SGD with momentum in place on every parameter; hyper = [lr]."""
 
+    # --- data parallel: every gradient in one buffer, so one Allreduce (and one read-back) moves them all ---
+    @reference_fallback
+    def pack(self, arrays: list):
+        """Every array's elements laid end to end in one flat array (all arrays of one dtype)."""
+
+    @reference_fallback
+    def unpack(self, flat, shapes: list):
+        """pack's inverse: a list of fresh arrays, one per shape, holding consecutive pieces of `flat`."""
+
 
 def reference() -> Backend:
     from tinynn.numpy_backend import NUMPY

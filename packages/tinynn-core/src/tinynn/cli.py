@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from tinynn import __version__, backends
+from tinynn import __version__, backends, distributed
 from tinynn.errors import TinynnError
 
 
@@ -25,6 +25,8 @@ def cmd_train(args):
     if args.max_steps:
         cfg.max_steps = args.max_steps
     result = train(cfg, device=args.device, resume=args.resume, progress=not args.quiet)
+    if not distributed.world().is_root:  # data-parallel: rank 0 alone reports
+        return
     print(f"checkpoint: {result.checkpoint}")
     if cfg.loss_plot:
         print(f"loss curve: {cfg.loss_plot}")
@@ -152,8 +154,7 @@ def main(argv=None) -> int:
     try:
         args.func(args)
     except TinynnError as e:
-        print(f"tinynn: error: {e}", file=sys.stderr)
-        return 2
+        return distributed.fail(str(e), 2)  # prints `tinynn: error: ...`; under MPI it ends every rank
     except KeyboardInterrupt:
         print("tinynn: interrupted", file=sys.stderr)
         return 130

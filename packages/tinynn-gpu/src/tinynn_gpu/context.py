@@ -3,7 +3,9 @@
 Adapter choice: `TINYNN_ADAPTER` (a substring of the adapter's name) when set; otherwise hardware first
 (discrete, then integrated, then other), Vulkan/Metal/DX12 before OpenGL. Software adapters (lavapipe,
 llvmpipe, SwiftShader: wgpu reports their type as CPU) come last; the backend marks them, and core's `auto`
-device does not use them. Any failure raises `BackendUnavailable` with the reason.
+device does not use them. Among equally good adapters, `TINYNN_ADAPTER_INDEX` picks one (modulo their count):
+MPI rank r on a machine sets it to r (tinynn/distributed.py), so each rank has a GPU of its own where there
+are enough. Any failure raises `BackendUnavailable` with the reason.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ KERNEL_FILES = ("elementwise", "strided", "softmax", "layernorm", "cross_entropy
                 "optimizer", "norm")
 # kernel files still on the positional parameter block (params_positional.wgsl: `param(i)`, a tuple from
 # Python) rather than their own named `struct Params`; the block goes once this is empty
-POSITIONAL = {"elementwise", "strided", "softmax", "cross_entropy", "embedding"}
+POSITIONAL: set[str] = set()  # none left: every kernel file declares its own struct Params
 
 
 @dataclass
@@ -83,7 +85,12 @@ def choose_adapter(adapters):
         info = a.info
         return (is_software(info), TYPE_RANK.get(info.get("adapter_type"), 3),
                 BACKEND_RANK.get(info.get("backend_type"), 2))
-    return min(adapters, key=rank)
+    best = min(rank(a) for a in adapters)
+    equals = [a for a in adapters if rank(a) == best]  # e.g. every H200 of the machine, through Vulkan
+    index = os.environ.get("TINYNN_ADAPTER_INDEX", "0").strip()
+    if not index.isdigit():
+        raise BackendUnavailable(f"TINYNN_ADAPTER_INDEX must be a whole number, got {index!r}")
+    return equals[int(index) % len(equals)]
 
 
 def create() -> GpuContext:

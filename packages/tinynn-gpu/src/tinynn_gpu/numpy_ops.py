@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 
 from tinynn import backends
-from tinynn_gpu.runtime import TooLarge
 
 
 def _gpu():
@@ -23,6 +22,7 @@ def _gpu():
 def _on_gpu(gpu_fn, cpu_fn, *arrays):
     gpu = _gpu()
     if gpu is not None:
+        from tinynn_gpu.runtime import TooLarge  # imports wgpu: only once a GPU backend exists
         try:
             return gpu_fn(gpu, *[gpu.rt.upload(np.ascontiguousarray(a, dtype=np.float32)) for a in arrays])
         except TooLarge:

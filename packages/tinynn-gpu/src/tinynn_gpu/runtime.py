@@ -21,6 +21,8 @@ from collections import Counter, OrderedDict, defaultdict
 
 import numpy as np
 import wgpu
+from tinynn.errors import TinynnError
+from tinynn.numpy_backend import EMBEDDING_RANGE, TARGET_RANGE
 
 from tinynn_gpu.params import ParamsLayout
 
@@ -28,6 +30,10 @@ STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.Buff
 MAX_GROUPS = 65535  # per dispatch dimension
 CACHE_SIZE = 8192
 QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
+# Bits a kernel sets in the error-flags word (atomicOr; embedding.wgsl, cross_entropy.wgsl), and the error
+# each becomes: `read` copies the word back with every read-back and raises, so a bad input surfaces at the
+# step's one read-back with the NumPy backend's message, and never as a silently wrong number.
+KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
 REPLAY_CHUNK = 32  # dispatches per submission in a replay: on the H200 32 gave a 5.6 ms step, 96 6.0, one 7.6
 
 
@@ -112,6 +118,7 @@ class Runtime:
         self._sync_source = None
         self._profile = None  # while profiling: {"queries", "labels", "times"}
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
+        self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
 
     # --- memory ---
     def empty(self, shape, dtype=np.float32) -> GpuArray:
@@ -154,18 +161,24 @@ class Runtime:
             self.tape.broken = "the step reads a value back"
         if nbytes == 0:
             return np.zeros(arr.shape, arr.dtype)
-        size = _bucket(nbytes)
+        flags_at = _round4(nbytes)  # the kernels' error flags come back behind the data
+        size = _bucket(flags_at + 4)
         staging = self.staging.get(size)
         if staging is None:
             staging = self.staging[size] = self.device.create_buffer(
                 size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self._end_pass()
-        self._encoder().copy_buffer_to_buffer(arr.buffer, 0, staging, 0, _round4(nbytes))
+        self._encoder().copy_buffer_to_buffer(arr.buffer, 0, staging, 0, flags_at)
+        self._encoder().copy_buffer_to_buffer(self.error_flags, 0, staging, flags_at, 4)
         self.flush()
-        staging.map_sync(wgpu.MapMode.READ, 0, _round4(nbytes))
-        data = staging.read_mapped(0, _round4(nbytes), copy=True)
+        staging.map_sync(wgpu.MapMode.READ, 0, flags_at + 4)
+        data = staging.read_mapped(0, flags_at + 4, copy=True)
         staging.unmap()
         self.counters["host_syncs"] += 1
+        flags = int.from_bytes(data[flags_at:], "little")
+        if flags:
+            self.queue.write_buffer(self.error_flags, 0, bytes(4))  # raised once
+            raise TinynnError("; ".join(msg for bit, msg in KERNEL_ERRORS.items() if flags & bit))
         return np.frombuffer(data, dtype=arr.dtype, count=arr.size).reshape(arr.shape).copy()
 
     def sync(self) -> None:
