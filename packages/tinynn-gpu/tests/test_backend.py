@@ -153,7 +153,7 @@ def captured_losses(backend, steps, dropout=0.0, seed=0):
 def test_captured_step_replays_exactly_what_eager_computes(gpu, monkeypatch):
     replayed, step = captured_losses(gpu, 12)
     assert step._run.tape is not None and step._run.eager_reason is None
-    assert len(step._run.tape.events) > 100
+    assert len(step._run.tape.events) > 50  # a whole 2-layer step: forward, backward, optimizer
     replays = gpu.counters["replays"]
     # the same run uncaptured: the same kernels, same order
     monkeypatch.setattr(gpu, "capture", lambda fn, key=None: fn)

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from tinynn_gpu import add_data, matmul_data, relu_data, scale_data
 from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, LessonMatmul, MatmulSelector
-from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul
+from tinynn.numpy_backend import NUMPY
+from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue
 
 RTOL = 1e-5
 
@@ -53,19 +54,102 @@ def test_lesson_matmul_every_tile(poisoned, tile, case):
     assert rel_err(gpu.to_numpy(out), reference(a, b, ta, tb)) <= RTOL
 
 
+def epilogue_for(case, gpu):
+    """An epilogue drawn from the case's seed (bias, GELU, residual, row sums each on or off), its GPU
+    arrays, and a function giving (out, pre, row_sums) in float64 from the plain product."""
+    batch, m, n, k, ta, tb, shared, seed = case
+    g = np.random.default_rng(seed)
+    bias = g.standard_normal(n).astype(np.float32) if seed & 1 else None
+    gelu = bool(seed & 2)
+    residual = g.standard_normal((batch, m, n)).astype(np.float32) if seed & 4 else None
+    row_sums = bool(seed & 8)
+    epilogue = Epilogue(None if bias is None else gpu.from_numpy(bias), "gelu" if gelu else None,
+                        gpu.rt.empty((batch, m, n)) if gelu else None,
+                        None if residual is None else gpu.from_numpy(residual),
+                        gpu.rt.empty((batch, m)) if row_sums else None)
+
+    def expected(product, a):
+        pre = product + (0 if bias is None else bias)
+        out = NUMPY.unary("gelu", pre) if gelu else pre
+        a = a.astype(np.float64)
+        return out + (0 if residual is None else residual), pre, (a.sum(-2) if ta else a.sum(-1))
+    return epilogue, expected
+
+
 @pytest.mark.parametrize("config", BLOCK_CONFIGS, ids=lambda c: c.name)
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=matmul_cases)
 def test_blocked_matmul_every_variant(poisoned, config, case):
+    check_blocked(poisoned, config, case)
+
+
+def check_blocked(gpu, config, case):
+    """One drawn case through one variant, a drawn epilogue included, against float64."""
+    batch, m, n, k, ta, tb, shared, _ = case
+    a, b = operands(case)
+    epilogue, expected = epilogue_for(case, gpu)
+    da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))
+    assert BlockedMatmul(gpu.rt, config).record(da, db, out, batch, m, n, k, ta, tb, shared, epilogue)
+    want, pre, row_sums = expected(reference(a, b, ta, tb), a)
+    # float32 owes a product accuracy relative to |op(a)| @ |op(b)|, not to a sum that cancels to near 0
+    magnitude = np.linalg.norm(reference(np.abs(a), np.abs(b), ta, tb))
+    assert np.linalg.norm(gpu.to_numpy(out) - want) <= RTOL * max(np.linalg.norm(want), magnitude)
+    if epilogue.pre is not None:
+        assert np.linalg.norm(gpu.to_numpy(epilogue.pre) - pre) <= RTOL * max(np.linalg.norm(pre), magnitude)
+    if epilogue.row_sums is not None:
+        assert rel_err(gpu.to_numpy(epilogue.row_sums), row_sums) <= RTOL
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=matmul_cases)
+def test_lesson_matmul_leaves_the_epilogue_to_the_backend(poisoned, case):
+    """The lesson's kernel has no epilogue: the backend applies it with separate ops, to the same result."""
     batch, m, n, k, ta, tb, shared, _ = case
     gpu = poisoned
     a, b = operands(case)
-    bias = np.random.default_rng(case[-1]).standard_normal(n).astype(np.float32) if case[-1] % 2 else None
-    da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))
-    dbias = None if bias is None else gpu.from_numpy(bias)
-    assert BlockedMatmul(gpu.rt, config).record(da, db, out, batch, m, n, k, ta, tb, shared, dbias) == (bias is not None)
-    expected = reference(a, b, ta, tb) + (0 if bias is None else bias)  # the bias epilogue, on odd seeds
-    assert rel_err(gpu.to_numpy(out), expected) <= RTOL
+    epilogue, expected = epilogue_for(case, gpu)
+    selector, gpu.mm = gpu.mm, MatmulSelector(gpu.rt, autotune=False)
+    gpu.mm.forced = "lesson16"
+    try:
+        out = gpu._matmul(gpu.from_numpy(a), gpu.from_numpy(b), ta, tb, epilogue)
+    finally:
+        gpu.mm = selector
+    want, pre, row_sums = expected(reference(a, b, ta, tb), a)
+    # float32 owes a product accuracy relative to |op(a)| @ |op(b)|, not to a sum that cancels to near 0
+    magnitude = np.linalg.norm(reference(np.abs(a), np.abs(b), ta, tb))
+    assert np.linalg.norm(gpu.to_numpy(out) - want) <= RTOL * max(np.linalg.norm(want), magnitude)
+    if epilogue.pre is not None:
+        assert np.linalg.norm(gpu.to_numpy(epilogue.pre) - pre) <= RTOL * max(np.linalg.norm(pre), magnitude)
+    if epilogue.row_sums is not None:
+        assert rel_err(gpu.to_numpy(epilogue.row_sums), row_sums) <= RTOL
+
+
+quads = st.integers(1, 40).map(lambda q: 4 * q)
+
+
+@pytest.mark.parametrize("config", [c for c in BLOCK_CONFIGS if c.vec4], ids=lambda c: c.name)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.tuples(st.integers(1, 2), quads, quads, st.one_of(quads, st.sampled_from([260, 516])), st.booleans(),
+                      st.booleans(), st.booleans(), st.integers(0, 2**31)))
+def test_vec4_loads(poisoned, config, case):
+    """Shapes whose contiguous dimensions are multiples of 4, where the vec4-load code runs."""
+    batch, m, n, k, ta, tb, shared, _ = case
+    assert config.uses_vec4(m, n, k, ta, tb)
+    check_blocked(poisoned, config, case)
+
+
+def test_split_k_grid_past_65535_workgroups(poisoned, rng):
+    """batch x splits above the 65535 workgroups a dispatch dimension allows: launched in pieces."""
+    config = BlockConfig(32, 32, 8, 4, 4, splits=4)
+    batch, k = 17_000, 32  # 68,000 workgroups along z
+    a = rng.standard_normal((batch, 1, k)).astype(np.float32)
+    b = rng.standard_normal((batch, k, 2)).astype(np.float32)
+    gpu = poisoned
+    out, row_sums = gpu.rt.empty((batch, 1, 2)), gpu.rt.empty((batch, 1))
+    BlockedMatmul(gpu.rt, config).record(gpu.from_numpy(a), gpu.from_numpy(b), out, batch, 1, 2, k, False, False,
+                                         False, Epilogue(row_sums=row_sums))
+    assert rel_err(gpu.to_numpy(out), reference(a, b, False, False)) <= RTOL
+    assert rel_err(gpu.to_numpy(row_sums), a.astype(np.float64).sum(-1)) <= RTOL
 
 
 def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):
@@ -172,7 +256,8 @@ def test_multi_tensor_kernels_compile_for_every_slot_count(gpu):
     """lavapipe binds 32 storage buffers (7 slots); an H200 takes all 64: check the WGSL for both."""
     from tinynn_gpu.multi_tensor import MAX_SLOTS, generate
     for slots in (1, gpu.multi.slots, MAX_SLOTS):
-        gpu.rt.device.create_shader_module(code=generate(slots))
+        for subgroups in {False, "subgroup" in gpu.ctx.features}:
+            gpu.rt.device.create_shader_module(code=generate(slots, subgroups))
 
 
 def test_variants_differing_only_in_group_run_their_own_kernels(gpu, rng):
@@ -184,5 +269,5 @@ def test_variants_differing_only_in_group_run_their_own_kernels(gpu, rng):
         mm, out = BlockedMatmul(gpu.rt, BlockConfig(32, 32, 8, 4, 4, group=group)), gpu.rt.empty((70, 50))
         mm.record(da, db, out, 1, 70, 50, 40, False, False, False)
         np.testing.assert_allclose(gpu.to_numpy(out), a @ b, rtol=1e-4, atol=1e-4)
-        pipelines.append(gpu.rt.pipeline(mm.modules[(False, False)], "matmul_main"))
+        pipelines.append(gpu.rt.pipeline(mm.modules[(False, False, False)], "matmul_main"))
     assert pipelines[0] is not pipelines[1]

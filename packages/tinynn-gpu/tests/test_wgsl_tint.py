@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tinynn_gpu import attention, matmul_blocked, multi_tensor, packing
+from tinynn_gpu import attention, group_sum, matmul_blocked, multi_tensor, packing
 from tinynn_gpu.context import KERNEL_FILES, kernel_source
 from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, lesson_source
 
@@ -35,8 +35,11 @@ def every_kernel():
     for config in BLOCK_CONFIGS:
         for ta in (False, True):
             for tb in (False, True):
-                yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb)
-    yield from ((f"multi_tensor x{n}", multi_tensor.generate(n)) for n in range(1, multi_tensor.MAX_SLOTS + 1))
+                yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
+    # the workgroup-memory group_sum: Tint wants `enable subgroups;` for the subgroup form, which naga refuses
+    yield "reduce", group_sum.fill(kernel_source("reduce"), subgroups=False)
+    yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, subgroups=False))
+                for n in range(1, multi_tensor.MAX_SLOTS + 1))
     yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))
     yield from ((f"attention hs{hs} {rows}x{cols}", attention.source(hs, rows, cols))
                 for hs in (16, 20, 64, 128) for rows, cols in attention.TILES)

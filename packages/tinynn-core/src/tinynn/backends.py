@@ -176,6 +176,17 @@ class Backend:
         """op(a) @ op(b), op a transpose of the last two axes where asked; batched over the leading axes
         (equal, or b 2-D and shared by every batch). `bias` (N,) is added to every row: a linear layer."""
 
+    @reference_fallback
+    def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
+        """A linear layer with its neighbours fused: y = activation(x @ weight.T + bias) + residual for x (N, in)
+        and weight (out, in); bias (out,), residual (N, out) and activation ("gelu") each optional.
+        -> (y, pre): pre is the activation's input, kept for the backward (None without an activation)."""
+
+    @reference_fallback
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+        """Gradients (g_x, g_weight, g_bias or None) of linear_forward given g = dL/dy (the residual's gradient
+        is g itself); `pre` and `activation` as the forward returned and took them."""
+
     # --- fused neural-network ops (over the last axis) ---
     @reference_fallback
     def softmax_forward(self, x, causal=False, scale=1.0):

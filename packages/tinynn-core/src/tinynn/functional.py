@@ -224,20 +224,30 @@ def matmul(a: Tensor, b: Tensor, transpose_a=False, transpose_b=False) -> Tensor
     return _result(be.matmul(a.data, b.data, transpose_a, transpose_b), be, (a, b), backward)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias, weight shaped (out_features, in_features) as in PyTorch; the bias is added by
-    the matmul itself (one kernel on the GPU)."""
-    if bias is None:
-        return matmul(x, weight, transpose_b=True)
-    if x.ndim < 1 or x.shape[-1] != weight.shape[1] or bias.shape != (weight.shape[0],):
-        raise ValueError(f"linear: x {x.shape}, weight {weight.shape} and bias {bias.shape} do not fit")
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
+           activation: str | None = None) -> Tensor:
+    """activation(x @ weight.T + bias) + residual, weight shaped (out_features, in_features) as in PyTorch.
+    Bias, activation ("gelu") and residual are each optional and fused into the matmul (one kernel on the
+    GPU): a transformer's MLP input layer is linear(x, w, b, activation="gelu"), its output layers add the
+    residual stream with linear(h, w, b, residual=x)."""
+    out_features = weight.shape[0]
+    if x.ndim < 1 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: x {x.shape} and weight {weight.shape} do not fit")
+    if bias is not None and bias.shape != (out_features,):
+        raise ValueError(f"linear: bias {bias.shape} does not fit weight {weight.shape}")
+    if residual is not None and residual.shape != x.shape[:-1] + (out_features,):
+        raise ValueError(f"linear: residual {residual.shape} is not the output's shape "
+                         f"{x.shape[:-1] + (out_features,)}")
     rows = reshape(x, (-1, x.shape[-1]))  # (N, in)
+    res = None if residual is None else reshape(residual, (-1, out_features))  # (N, out)
     be = x.backend
+    y, pre = be.linear_forward(rows.data, weight.data, _data(bias), _data(res), activation)
 
     def backward(g):  # g (N, out)
-        return (be.matmul(g, weight.data), be.matmul(g, rows.data, True, False), be.sum(g, (0,)))
-    y = _result(be.matmul(rows.data, weight.data, False, True, bias=bias.data), be, (rows, weight, bias), backward)
-    return reshape(y, x.shape[:-1] + (weight.shape[0],))
+        g_x, g_w, g_b = be.linear_backward(g, rows.data, weight.data, pre, activation, has_bias=bias is not None)
+        return (g_x, g_w) + ((g_b,) if bias is not None else ()) + ((g,) if residual is not None else ())
+    parents = (rows, weight) + ((bias,) if bias is not None else ()) + ((res,) if residual is not None else ())
+    return reshape(_result(y, be, parents, backward), x.shape[:-1] + (out_features,))
 
 
 # --- fused neural-network ops ---

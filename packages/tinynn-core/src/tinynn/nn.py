@@ -92,8 +92,8 @@ class Linear(Module):
         self.weight = parameter(normal((out_features, in_features), std))
         self.bias = parameter(np.zeros(out_features)) if bias else None
 
-    def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+    def forward(self, x, residual=None, activation=None):
+        return F.linear(x, self.weight, self.bias, residual, activation)
 
 
 class Embedding(Module):
@@ -132,13 +132,13 @@ class CausalSelfAttention(Module):
         self.attn_dropout = Dropout(dropout)
         self.resid_dropout = Dropout(dropout)
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
         qkv = self.qkv(x)  # (B, T, 3C)
         if self.training and self.attn_dropout.p > 0:
             y = self._attention_with_dropout(qkv)
         else:
             y = F.attention(qkv, self.n_head)  # (B, T, C)
-        return self.resid_dropout(self.proj(y))
+        return _project(self.proj, y, self.resid_dropout, residual)
 
     def _attention_with_dropout(self, qkv):
         """The unfused path: the dropout mask applies to the T x T probabilities, which the fused op never
@@ -165,8 +165,8 @@ class MLP(Module):
         self.proj = Linear(4 * n_embd, n_embd, bias, std=0.02 / math.sqrt(2 * n_layer))
         self.dropout = Dropout(dropout)
 
-    def forward(self, x):
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+    def forward(self, x, residual=None):
+        return _project(self.proj, self.fc(x, activation="gelu"), self.dropout, residual)
 
 
 class Block(Module):
@@ -179,8 +179,8 @@ class Block(Module):
         self.mlp = MLP(n_embd, n_layer, dropout, bias)
 
     def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = self.attn(self.ln1(x), residual=x)  # x + attn(ln1(x)), the add fused into attn's projection
+        return self.mlp(self.ln2(x), residual=x)
 
     def prefill(self, x, cache):
         """forward, with every position's keys and values kept in the cache for the tokens that follow
@@ -192,3 +192,12 @@ class Block(Module):
         """forward for one new position x (B, 1, C), attending over the cached ones."""
         x = x + self.attn.decode(self.ln1(x), cache)
         return x + self.mlp(self.ln2(x))
+
+
+def _project(proj: Linear, x, dropout: Dropout, residual):
+    """dropout(proj(x)) + residual, the add fused into proj's matmul unless a dropout comes between."""
+    if residual is None:
+        return dropout(proj(x))
+    if dropout.training and dropout.p > 0:
+        return residual + dropout(proj(x))
+    return proj(x, residual=residual)

@@ -180,6 +180,22 @@ class NumpyBackend(Backend):
         out = np.matmul(a, b)
         return out if bias is None else out + bias
 
+    def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
+        pre = x @ weight.T
+        if bias is not None:
+            pre = pre + bias
+        if activation not in (None, "gelu"):
+            raise ValueError(f"unknown activation {activation!r}")
+        y = pre if activation is None else self.unary(activation, pre)
+        if residual is not None:
+            y = y + residual
+        return y, (pre if activation else None)
+
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+        if activation is not None:
+            g = self.unary_backward(activation, pre, None, g)  # GELU's gradient needs only its input
+        return g @ weight, g.T @ x, (g.sum(axis=0) if has_bias else None)
+
     # --- fused neural-network ops (over the last axis) ---
     def softmax_forward(self, x, causal=False, scale=1.0):
         """softmax(scale * x) over the last axis; `causal` hides the future first (attention's scores)."""

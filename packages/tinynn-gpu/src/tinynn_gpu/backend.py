@@ -18,11 +18,13 @@ import numbers
 import numpy as np
 
 from tinynn.backends import Backend
+from tinynn_gpu import group_sum
 from tinynn_gpu.attention import Attention, unsupported_head_size
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.decode import DecodeOps
 from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims
 from tinynn_gpu.matmul import MatmulSelector
+from tinynn_gpu.matmul_blocked import ACTIVATIONS, Epilogue
 from tinynn_gpu.multi_tensor import MultiTensor
 from tinynn_gpu.packing import Packing
 from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
@@ -279,15 +281,15 @@ class WgpuBackend(DecodeOps, Backend):
         return x.view(kept if keepdims else tuple(shape))
 
     def _reduce_middle(self, a, outer, r, inner, op):
-        # enough threads to fill the GPU: split a long R into chunks when outer * inner is small (an R of
-        # 256 or less is summed in one pass: a second dispatch would cost more than it saves)
-        chunks = 1 if r <= 256 else max(1, min(-(-r // 32), 16384 // max(1, outer * inner)))
-        chunk_len = -(-r // chunks)
-        chunks = -(-r // chunk_len)
-        out = self._empty((outer * chunks * inner,))
-        params = (outer, r, inner, op, chunk_len, chunks)
-        self.rt.dispatch("reduce", "reduce_main", _groups(out.size), {0: _buf(a), 2: out}, params)
-        return out if chunks == 1 else self._reduce_middle(out, outer, chunks, inner, op)
+        """(outer, R, inner) -> (outer * inner,): one dispatch whatever the sizes (reduce.wgsl)."""
+        out = self._empty((outer * inner,))
+        shader = group_sum.shader(self.rt, "reduce")
+        params = {"outer": outer, "r": r, "inner": inner, "op": op}
+        if inner == 1:
+            self.rt.dispatch(shader, "reduce_rows_main", outer, {0: _buf(a), 2: out}, params)
+        else:
+            self.rt.dispatch(shader, "reduce_columns_main", outer * -(-inner // 32), {0: _buf(a), 2: out}, params)
+        return out
 
     def sum(self, a, axes, keepdims=False):
         return self._reduce(a, axes, keepdims, 0)
@@ -296,6 +298,26 @@ class WgpuBackend(DecodeOps, Backend):
         return self._reduce(a, axes, keepdims, 1)
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False, bias=None):
+        return self._matmul(a, b, transpose_a, transpose_b, Epilogue(bias=None if bias is None else _buf(bias)))
+
+    def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}")
+        pre = self._empty((x.shape[0], weight.shape[0])) if activation else None
+        y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else _buf(bias), activation, pre,
+                                                          None if residual is None else _buf(residual)))
+        return y, pre
+
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+        if activation is not None:
+            g = self.unary_backward(activation, pre, pre, g)
+        g_x = self._matmul(g, weight, False, False, Epilogue())
+        g_bias = self._empty((weight.shape[0],)) if has_bias else None
+        g_weight = self._matmul(g, x, True, False, Epilogue(row_sums=g_bias))  # g.T @ x; g_bias = g's column sums
+        return g_x, g_weight, g_bias
+
+    def _matmul(self, a, b, transpose_a, transpose_b, epilogue):
+        """out = epilogue(op(a) @ op(b)): in the matmul's own stores where its kernel can, else after it."""
         m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
         n = b.shape[-2] if transpose_b else b.shape[-1]
         shared_b = b.ndim == 2 and a.ndim > 2
@@ -306,14 +328,27 @@ class WgpuBackend(DecodeOps, Backend):
         batch_shape = a.shape[:-2]
         out = self._empty(batch_shape + (m, n))
         if out.size == 0:
+            if epilogue.row_sums is not None:
+                self._fill(epilogue.row_sums, 0.0)
             return out
-        if k == 0:
-            self._fill(out, 0.0)
-            fused = False
-        else:
-            fused = self.mm.record(_buf(a), _buf(b), out, math.prod(batch_shape), m, n, k, transpose_a,
-                                   transpose_b, shared_b, None if bias is None else _buf(bias))
-        return out if bias is None or fused else self.binary("add", out, bias)
+        if self.mm.record(_buf(a), _buf(b), out, math.prod(batch_shape), m, n, k, transpose_a, transpose_b,
+                          shared_b, epilogue):
+            return out
+        # a kernel without an epilogue (the lesson's): the same steps as separate ops
+        if epilogue.row_sums is not None:
+            sums = self.sum(a, (a.ndim - 2 if transpose_a else a.ndim - 1,))
+            self._copy(sums, epilogue.row_sums)
+        if epilogue.bias is not None:
+            out = self.binary("add", out, epilogue.bias)
+        if epilogue.activation is not None:
+            self._copy(out, epilogue.pre)
+            out = self.unary(epilogue.activation, out)
+        if epilogue.residual is not None:
+            out = self.binary("add", out, epilogue.residual)
+        return out
+
+    def _copy(self, src, dst):
+        self._scatter(src, dst, 0, src.shape, contiguous_strides(src.shape))
 
     # --- fused neural-network ops ---
     def _rows(self, entry, shape, bindings, params, module="softmax"):
@@ -353,7 +388,7 @@ class WgpuBackend(DecodeOps, Backend):
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
         self._rows("layernorm_forward_main", x.shape,
-                   {0: _buf(x), 1: _buf(w), 2: _buf(b), 4: y, 5: mean, 6: rstd}, (rows, c, float(eps)),
+                   {0: _buf(x), 1: _buf(w), 2: _buf(b), 4: y, 5: mean, 6: rstd}, {"rows": rows, "cols": c, "eps": eps},
                    module="layernorm")
         return y, mean, rstd
 
@@ -363,17 +398,19 @@ class WgpuBackend(DecodeOps, Backend):
         w = weight if weight is not None else self._constant(1.0, c)
         gx = self._empty(x.shape)
         common = {0: _buf(x), 1: _buf(w), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g)}
-        self._rows("layernorm_backward_main", x.shape, {**common, 4: gx}, (rows, c), module="layernorm")
+        self._rows("layernorm_backward_main", x.shape, {**common, 4: gx}, {"rows": rows, "cols": c}, module="layernorm")
         g_weight = g_bias = None
         if weight is not None or has_bias:
-            chunk = 64
+            chunk = 32
             chunks = -(-rows // chunk)
-            gw_part, gb_part = self._empty((chunks, c)), self._empty((chunks, c))
+            partials, gw, gb = self._empty((2, chunks, c)), self._empty((c,)), self._empty((c,))
+            params = {"rows": rows, "cols": c, "chunk": chunk, "chunks": chunks}
             self.rt.dispatch("layernorm", "layernorm_param_grads_main", _groups(chunks * c),
-                             {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 4: gw_part, 8: gb_part},
-                             (rows, c, chunk, chunks))
-            g_weight = self._reduce_middle(gw_part, 1, chunks, c, 0).view((c,)) if weight is not None else None
-            g_bias = self._reduce_middle(gb_part, 1, chunks, c, 0).view((c,)) if has_bias else None
+                             {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 9: partials}, params)
+            self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", -(-c // 32),
+                             {9: partials, 4: gw, 8: gb}, params)
+            g_weight = gw if weight is not None else None
+            g_bias = gb if has_bias else None
         return gx, g_weight, g_bias
 
     def cross_entropy_forward(self, logits, targets, ignore_index):
@@ -441,12 +478,12 @@ class WgpuBackend(DecodeOps, Backend):
     def global_norm(self, arrays):
         partials, count = self.multi.sum_squares([_buf(a) for a in arrays], lambda n: self._empty((n,)))
         norm = self._empty(())
-        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, (count,))
+        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, {"count": count})
         return norm
 
     def clip_coefficient(self, norm, max_norm):
         out = self._empty(())
-        self.rt.dispatch("norm", "clip_coefficient_main", 1, {0: _buf(norm), 2: out}, (float(max_norm),))
+        self.rt.dispatch("norm", "clip_coefficient_main", 1, {0: _buf(norm), 2: out}, {"max_norm": max_norm})
         return out
 
     def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
@@ -460,7 +497,7 @@ class WgpuBackend(DecodeOps, Backend):
         for p, g, buf in zip(params, grads, momentum_buffers):
             self.rt.dispatch("optimizer", "sgd_main", _groups(p.size),
                              {0: _buf(p), 1: _buf(g), 2: _buf(buf), 5: _buf(hyper), 6: _buf(scale)},
-                             (p.size, float(momentum), float(weight_decay)))
+                             {"n": p.size, "momentum": momentum, "weight_decay": weight_decay})
 
     # --- data parallel ---
     def pack(self, arrays):

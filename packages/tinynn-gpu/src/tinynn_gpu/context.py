@@ -22,11 +22,11 @@ WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-stor
                  "max-compute-workgroup-size-x", "max-compute-workgroup-size-y")
 TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
 BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
-KERNEL_FILES = ("elementwise", "strided", "reduce", "softmax", "layernorm", "cross_entropy", "embedding",
+KERNEL_FILES = ("elementwise", "strided", "softmax", "layernorm", "cross_entropy", "embedding",
                 "optimizer", "norm", "decode", "matmul_rows")
 # kernel files still on the positional parameter block (params_positional.wgsl: `param(i)`, a tuple from
 # Python) rather than their own named `struct Params`; the block goes once this is empty
-POSITIONAL = {"reduce", "layernorm", "optimizer", "norm", "multi_tensor"}
+POSITIONAL: set[str] = set()  # none left: every kernel file declares its own struct Params
 
 
 @dataclass
@@ -108,7 +108,7 @@ def create() -> GpuContext:
         raise BackendUnavailable("no WebGPU adapter found (no Vulkan, Metal or DX12 driver?)")
     adapter = choose_adapter(adapters)
     limits = {k: adapter.limits[k] for k in WANTED_LIMITS if k in adapter.limits}
-    features = set(adapter.features) & {"timestamp-query", "timestamp-query-inside-passes"}
+    features = set(adapter.features) & {"timestamp-query", "timestamp-query-inside-passes", "subgroup"}
     try:
         device = adapter.request_device_sync(required_limits=limits, required_features=sorted(features))
     except Exception as e:

@@ -4,10 +4,11 @@ Two families: the lesson's tiled kernel (lesson.wgsl, tile 8, 16 or 32) and the 
 kernel (matmul_blocked.py). Both record `out[B,M,N] = op(a) @ op(b)` for any M, N, K, either operand stored
 transposed, b shared by every batch (a weight).
 
-`MatmulSelector` picks a variant per shape class (layout, and M, N, K, batch rounded up to powers of two).
+`MatmulSelector` picks a variant per real shape (layout, batch, M, N, K): a model trains on a handful of
+shapes, each worth its own choice (split-K, say, wins on some and loses on their neighbours).
 TINYNN_MATMUL=<variant> forces one variant everywhere (the lesson's tile exercise: lesson8, lesson16,
 lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) the first matmul of a
-class times every candidate on the real operands, with GPU timestamps where the adapter has them, and the
+shape times every candidate on the real operands, with GPU timestamps where the adapter has them, and the
 winner is kept in a JSON file keyed by adapter and wgpu version (TINYNN_CACHE_DIR, default
 ~/.cache/tinynn). Without tuning, `default_variant` is a fixed choice measured on an H200 (BENCHMARKS.md).
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import wgpu
 
 from tinynn_gpu.context import kernel_source
-from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul
+from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue
 from tinynn_gpu.matmul_rows import RowsMatmul
 
 LESSON_TILES = (8, 16, 32)
@@ -37,8 +38,12 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 64, 16, 4, 4, splits=4),
     BlockConfig(64, 64, 16, 4, 4, splits=8),
     BlockConfig(128, 128, 16, 8, 8, splits=4),
+    BlockConfig(64, 64, 16, 4, 4, vec4=True),
+    BlockConfig(128, 128, 16, 8, 8, vec4=True),
+    BlockConfig(64, 64, 16, 4, 4, splits=8, vec4=True),
+    BlockConfig(128, 128, 16, 8, 8, splits=4, vec4=True),
 )
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: keys are exact shapes
 
 
 def lesson_source(tile: int) -> str:
@@ -57,17 +62,13 @@ class LessonMatmul:
     def describe(self) -> str:
         return f"lesson tiled {self.tile}x{self.tile}"
 
-    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias=None) -> bool:
-        """Record out = op(a) @ op(b); the lesson's kernel has no bias epilogue, so it returns False."""
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
+        """Record out = op(a) @ op(b); the lesson's kernel has no epilogue: False when one was asked for."""
         flags = int(transpose_a) | int(transpose_b) << 1 | int(shared_b) << 2
         groups = (-(-m // self.tile), -(-n // self.tile), batch)
         self.rt.dispatch(self.module, "matmul_main", groups, {0: a, 1: b, 2: out},
                          {"p0": m, "p1": n, "p2": k, "p3": flags})
-        return False
-
-
-def _pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
+        return epilogue.empty
 
 
 class MatmulSelector:
@@ -115,13 +116,13 @@ class MatmulSelector:
             return "blocked 64x64x16/4x4 split4" if k >= 512 else "blocked 64x64x16/4x4"
         return "blocked 32x32x8/4x4"
 
-    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias=None) -> bool:
-        """Record out = op(a) @ op(b) (+ bias) with this shape class's variant; True: the bias was added."""
-        if not self.forced and self.rows.fits(batch, m, transpose_a, transpose_b):  # decoding's few rows
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
+        """Record out = epilogue(op(a) @ op(b)) with this shape's variant; True: the epilogue was applied."""
+        only_bias = (epilogue.activation, epilogue.residual, epilogue.row_sums) == (None, None, None)
+        if not self.forced and only_bias and self.rows.fits(batch, m, transpose_a, transpose_b):  # decoding
             self.last = self.rows.describe()
-            return self.rows.record(a, b, out, m, n, k, bias)
-        key = (f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} "
-               f"b={_pow2(batch)} m={_pow2(m)} n={_pow2(n)} k={_pow2(k)}")
+            return self.rows.record(a, b, out, m, n, k, epilogue.bias)
+        key = f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"
         name = self.forced or self.choices.get(key)
         if name not in self.variants:
             if self.autotune and not self.rt.profiling and self.rt.tape is None:  # tuning uses the profiler
@@ -130,7 +131,7 @@ class MatmulSelector:
                 name = self.default_variant(batch, m, n, k)
             self.choices[key] = name
         self.last = self.variant(name).describe()
-        return self.variant(name).record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias)
+        return self.variant(name).record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
 
     def time_variants(self, args, names=None, reps=3) -> dict[str, float]:
         """Milliseconds per call of each variant on these operands (GPU timestamps where available)."""

@@ -2,14 +2,32 @@
 
 `BlockConfig` names a variant (block BM x BN x BK, TM x TN results per thread); `generate` fills the template
 with fully unrolled code, one variable per vec4 accumulator (see the template's header for why).
-`BlockedMatmul` compiles a variant per operand layout on first use and records its dispatches.
+`BlockedMatmul` compiles a variant per operand layout on first use and records its dispatches, with an
+`Epilogue` (bias, GELU, residual add, row sums) fused into the stores.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
 
+from tinynn_gpu.runtime import MAX_GROUPS, grid
+
 XYZW = "xyzw"
+ACTIVATIONS = {None: 0, "gelu": 1}
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What a matmul does to each result as it stores it; every part optional (arrays on the GPU)."""
+    bias: object = None  # (N,): added to every row
+    activation: str | None = None  # "gelu"; then `pre` receives the value before it
+    pre: object = None
+    residual: object = None  # the output's shape: added last
+    row_sums: object = None  # (batch, M): sum over k of op(a), the bias gradient of a weight gradient
+
+    @property
+    def empty(self) -> bool:
+        return (self.bias, self.activation, self.residual, self.row_sums) == (None, None, None, None)
 
 
 @dataclass(frozen=True)
@@ -21,18 +39,25 @@ class BlockConfig:
     tn: int
     group: int = 8
     splits: int = 1  # split-K: this many workgroups share each output block's K range
+    vec4: bool = False  # global loads of 4 floats at once where the shape allows (`uses_vec4`)
 
     @property
     def name(self) -> str:
         split = f" split{self.splits}" if self.splits > 1 else ""
-        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}"
+        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}{' vec4' if self.vec4 else ''}"
+
+    def uses_vec4(self, m, n, k, transpose_a, transpose_b) -> bool:
+        """vec4 loads need each operand's contiguous dimension to be a multiple of 4 (so every quad is
+        aligned and whole); other shapes run the scalar-load code of the same configuration."""
+        return self.vec4 and (m if transpose_a else k) % 4 == 0 and (k if transpose_b else n) % 4 == 0
 
     @property
     def threads(self) -> int:
         return (self.bm // self.tm) * (self.bn // self.tn)
 
     def check(self, max_threads=256, max_workgroup_bytes=16384) -> None:
-        if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk < 1:
+        if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk < 1 or \
+                (self.vec4 and self.bk % 4):
             raise ValueError(f"matmul config {self.name}: TM, TN must be multiples of 4 dividing BM, BN")
         if not 1 <= self.threads <= max_threads:
             raise ValueError(f"matmul config {self.name}: {self.threads} threads, the device allows {max_threads}")
@@ -62,28 +87,60 @@ def _load_lines(cfg: BlockConfig, operand: str, k_fastest: bool) -> list[str]:
     return lines
 
 
-def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool) -> str:
+def _vec4_load_lines(cfg: BlockConfig, operand: str, k_fastest: bool) -> list[str]:
+    """The same tile copy from vec4 global loads: along m (or n) a quad is one tile entry; along k a thread
+    loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries."""
+    width4 = (cfg.bm if operand == "a" else cfg.bn) // 4
+    tile, origin = f"{operand}_tile", "row0" if operand == "a" else "col0"
+
+    def load(index, k):
+        return f"load_a4(a_base, {index}, {k}, k_end)" if operand == "a" else f"load_b4(b_base, {k}, {index}, k_end)"
+    total = width4 * (cfg.bk // 4) if k_fastest else cfg.bk * width4
+    lines = []
+    for i in range(-(-total // cfg.threads)):
+        slot = f"lid + {i * cfg.threads}u"
+        if k_fastest:  # neighbouring threads take neighbouring quads of k
+            quads = [f"let q{c} = {load(f'{origin} + 4u * w4 + {c}u', 'k0 + 4u * kq')};" for c in range(4)]
+            stores = [f"{tile}[(4u * kq + {j}u) * {width4}u + w4] = vec4<f32>(q0.{x}, q1.{x}, q2.{x}, q3.{x});"
+                      for j, x in enumerate(XYZW)]
+            body = (f"let kq = ({slot}) % {cfg.bk // 4}u; let w4 = ({slot}) / {cfg.bk // 4}u; "
+                    + " ".join(quads + stores))
+        else:  # m (or n) contiguous: a quad is one tile entry, neighbouring threads take neighbouring quads
+            body = (f"let k = ({slot}) / {width4}u; let w4 = ({slot}) % {width4}u; "
+                    f"{tile}[k * {width4}u + w4] = {load(f'{origin} + 4u * w4', 'k0 + k')};")
+        guard = f"if ({slot} < {total}u) " if (i + 1) * cfg.threads > total else ""
+        lines.append(f"        {guard}{{ {body} }}")
+    return lines
+
+
+def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False) -> str:
+    """The WGSL of one configuration and layout; vec4: with vec4 global loads (see BlockConfig.uses_vec4)."""
     qm, qn = cfg.tm // 4, cfg.tn // 4
     declare = [f"    var acc_{i}_{q} = vec4<f32>(0.0);" for i in range(cfg.tm) for q in range(qn)]
-    load = _load_lines(cfg, "a", k_fastest=not transpose_a) + _load_lines(cfg, "b", k_fastest=transpose_b)
+    lines = _vec4_load_lines if vec4 else _load_lines
+    load = lines(cfg, "a", k_fastest=not transpose_a) + lines(cfg, "b", k_fastest=transpose_b)
     inner = []
     for kk in range(cfg.bk):
         inner += [f"        let a{kk}_{q} = a_tile[{kk * cfg.bm // 4}u + ty + {q}u * THREADS_M];" for q in range(qm)]
         inner += [f"        let b{kk}_{q} = b_tile[{kk * cfg.bn // 4}u + tx + {q}u * THREADS_N];" for q in range(qn)]
         inner += [f"        acc_{i}_{q} = acc_{i}_{q} + a{kk}_{i // 4}.{XYZW[i % 4]} * b{kk}_{q};"
                   for i in range(cfg.tm) for q in range(qn)]
+    row_sum = [f"            row_sum = row_sum + a_tile[{kk * cfg.bm // 4}u + lid];" for kk in range(cfg.bk)]
     store = [f"    store(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
-             f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, add_bias);" for i in range(cfg.tm) for q in range(qn)]
+             f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, raw);" for i in range(cfg.tm) for q in range(qn)]
     fills = {
         "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
         "THREADS": cfg.threads, "GROUP": cfg.group, "A_TILE_VEC4": cfg.bk * cfg.bm // 4,
         "B_TILE_VEC4": cfg.bk * cfg.bn // 4,
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
+        "ELEMENT": "vec4<f32>" if vec4 else "f32", "SUFFIX": "4" if vec4 else "",
+        "ZERO": "vec4<f32>(0.0)" if vec4 else "0.0", "QUAD": " / 4u" if vec4 else "",
+        "LOADS": "vec4 loads" if vec4 else "scalar loads",
         "A_INDEX": "base + k * params.m + m" if transpose_a else "base + m * params.k + k",
         "B_INDEX": "base + n * params.k + k" if transpose_b else "base + k * params.n + n",
         "DECLARE": "\n".join(declare), "LOAD": "\n".join(load), "INNER": "\n".join(inner),
-        "STORE": "\n".join(store),
+        "ROW_SUM": "\n".join(row_sum), "STORE": "\n".join(store),
     }
     text = (resources.files("tinynn_gpu") / "kernels" / "matmul_blocked.wgsl").read_text(encoding="utf-8")
     for key, value in fills.items():
@@ -99,27 +156,50 @@ class BlockedMatmul:
         self.rt = runtime
         self.config = config
         self.modules = {}
-        self.no_bias = runtime.empty((1,))  # bound when there is no bias (the kernel never reads it then)
+        # stand-ins bound where the epilogue has no array (the kernel never touches them then); distinct
+        # buffers, because two writable bindings may not share one
+        self.unused_read = runtime.empty((1,))
+        self.unused_pre, self.unused_row_sums = runtime.empty((1,)), runtime.empty((1,))
 
     def describe(self) -> str:
         return f"blocked {self.config.name}"
 
-    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, bias=None) -> bool:
-        """Record out = op(a) @ op(b) (+ bias); True: the bias was added."""
-        layout = (bool(transpose_a), bool(transpose_b))
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
+        """Record out = epilogue(op(a) @ op(b)); True: the epilogue was applied (always, for this kernel)."""
         cfg = self.config
-        name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}"
+        layout = (bool(transpose_a), bool(transpose_b), cfg.uses_vec4(m, n, k, transpose_a, transpose_b))
+        name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
         if layout not in self.modules:
             self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
+        module = self.modules[layout]
         splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
         k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
-        target = out if splits == 1 else self.rt.empty((batch * splits * m * n,))  # one slice per split
-        groups = (-(-n // cfg.bn), -(-m // cfg.bm), batch * splits)
-        self.rt.dispatch(self.modules[layout], "matmul_main", groups,
-                         {0: a, 1: b, 2: target, 4: self.no_bias if bias is None else bias},
-                         {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
-                          "has_bias": int(bias is not None)})
-        if splits > 1:  # out[b] = sum of the splits' slices
-            self.rt.dispatch("reduce", "reduce_main", -(-batch * m * n // 256), {0: target, 2: out},
-                             (batch, splits, m * n, 0, splits, 1))
-        return bias is not None
+        row_sums = epilogue.row_sums
+        if splits > 1:  # one slice per split, for matmul_finish_main to add up
+            target = self.rt.empty((batch * splits * m * n,))
+            row_target = self.rt.empty((batch * splits * m,)) if row_sums is not None else None
+        else:
+            target, row_target = out, row_sums
+        params = {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
+                  "has_bias": int(epilogue.bias is not None), "activation": ACTIVATIONS[epilogue.activation],
+                  "has_residual": int(epilogue.residual is not None), "row_sums": int(row_sums is not None),
+                  "batch": batch}
+        bindings = {4: _or(epilogue.bias, self.unused_read), 5: _or(epilogue.residual, self.unused_read),
+                    6: _or(epilogue.pre, self.unused_pre)}
+        blocks_n, blocks_m, zs = -(-n // cfg.bn), -(-m // cfg.bm), batch * splits
+        for z0 in range(0, zs, MAX_GROUPS):  # grids past the per-dimension limit: several dispatches
+            for y0 in range(0, blocks_m, MAX_GROUPS):
+                groups = (blocks_n, min(MAX_GROUPS, blocks_m - y0), min(MAX_GROUPS, zs - z0))
+                self.rt.dispatch(module, "matmul_main", groups,
+                                 {**bindings, 0: a, 1: b, 2: target, 7: _or(row_target, self.unused_row_sums)},
+                                 {**params, "y_offset": y0, "z_offset": z0})
+        if splits > 1:
+            total = batch * m * n
+            self.rt.dispatch(module, "matmul_finish_main", grid(-(-total // 256)),
+                             {**bindings, 2: out, 7: _or(row_sums, self.unused_row_sums), 8: target,
+                              9: _or(row_target, self.unused_read)}, params)
+        return True
+
+
+def _or(array, stand_in):
+    return stand_in if array is None else array

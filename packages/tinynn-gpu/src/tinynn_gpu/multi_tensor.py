@@ -4,36 +4,50 @@ from __future__ import annotations
 
 import numpy as np
 
+from tinynn_gpu import group_sum
 from tinynn_gpu.context import kernel_source
 
 MAX_SLOTS = 64
 WG = 256
+ADAMW_CHUNK = WG * 8  # elements per workgroup: enough work to hide the slot look-up, enough workgroups to fill a GPU
+SQUARES_CHUNK = WG * 64  # larger: fewer partials for norm_finish_main's single workgroup to add
 
 
-def generate(slots: int) -> str:
-    bindings, functions, adamw, squares = [], [], [], []
+def generate(slots: int, subgroups: bool) -> str:
+    bindings, adamw, squares, adamw_cases, squares_cases = [], [], [], [], []
     for i in range(slots):
         b = 5 + 4 * i
         bindings += [f"@group(0) @binding({b}) var<storage, read_write> param_{i}: array<f32>;",
                      f"@group(0) @binding({b + 1}) var<storage, read> grad_{i}: array<f32>;",
                      f"@group(0) @binding({b + 2}) var<storage, read_write> m_{i}: array<f32>;",
                      f"@group(0) @binding({b + 3}) var<storage, read_write> v_{i}: array<f32>;"]
-        functions.append(
-            f"fn adamw_{i}(j: u32) {{\n"
-            f"    let g = grad_{i}[j] * scale[0];\n"
-            f"    let m = paramf(1u) * m_{i}[j] + (1.0 - paramf(1u)) * g;\n"
-            f"    let v = paramf(2u) * v_{i}[j] + (1.0 - paramf(2u)) * g * g;\n"
-            f"    m_{i}[j] = m;\n"
-            f"    v_{i}[j] = v;\n"
-            f"    let p = param_{i}[j] * (1.0 - step[0] * paramf(4u));\n"
-            f"    param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + paramf(3u));\n}}")
-        start = "0u" if i == 0 else f"ends[{i - 1}]"
-        keyword = "if" if i == 0 else "} else if"
-        adamw.append(f"    {keyword} (e < ends[{i}]) {{ adamw_{i}(e - {start});")
-        squares.append(f"        {keyword} (e < ends[{i}]) {{ let x = grad_{i}[e - {start}]; s = s + x * x;")
-    text = kernel_source("multi_tensor")
-    fills = {"BINDINGS": "\n".join(bindings), "ADAMW_FUNCTIONS": "\n\n".join(functions),
-             "ADAMW_SELECT": "\n".join(adamw) + "\n    }", "SQUARES_SELECT": "\n".join(squares) + "\n        }"}
+        adamw.append(
+            f"fn adamw_{i}(lo: u32, hi: u32, lid: u32) {{\n"
+            f"    for (var j = lo + lid; j < hi; j = j + 256u) {{\n"
+            f"        let g = grad_{i}[j] * scale[0];\n"
+            f"        let m = params.beta1 * m_{i}[j] + (1.0 - params.beta1) * g;\n"
+            f"        let v = params.beta2 * v_{i}[j] + (1.0 - params.beta2) * g * g;\n"
+            f"        m_{i}[j] = m;\n"
+            f"        v_{i}[j] = v;\n"
+            f"        let p = param_{i}[j] * (1.0 - step[0] * params.weight_decay);\n"
+            f"        param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + params.eps);\n"
+            f"    }}\n}}")
+        squares.append(
+            f"fn squares_{i}(lo: u32, hi: u32, lid: u32) -> f32 {{\n"
+            f"    var s = vec4<f32>(0.0);\n"
+            f"    var j = lo + lid;\n"
+            f"    for (; j + 768u < hi; j = j + 1024u) {{\n"
+            f"        let x = vec4<f32>(grad_{i}[j], grad_{i}[j + 256u], grad_{i}[j + 512u], grad_{i}[j + 768u]);\n"
+            f"        s = s + x * x;\n"
+            f"    }}\n"
+            f"    for (; j < hi; j = j + 256u) {{ let x = grad_{i}[j]; s.x = s.x + x * x; }}\n"
+            f"    return (s.x + s.y) + (s.z + s.w);\n}}")
+        adamw_cases.append(f"        case {i}u: {{ adamw_{i}(work.lo, work.hi, lanes.lid); }}")
+        squares_cases.append(f"            case {i}u: {{ s = squares_{i}(work.lo, work.hi, lanes.lid); }}")
+    text = group_sum.fill(kernel_source("multi_tensor"), subgroups)
+    fills = {"BINDINGS": "\n".join(bindings), "ADAMW_FUNCTIONS": "\n\n".join(adamw),
+             "SQUARES_FUNCTIONS": "\n\n".join(squares), "ADAMW_CASES": "\n".join(adamw_cases),
+             "SQUARES_CASES": "\n".join(squares_cases)}
     for key, value in fills.items():
         text = text.replace("{{" + key + "}}", value)
     return text
@@ -47,50 +61,65 @@ class MultiTensor:
     def __init__(self, runtime):
         self.rt = runtime
         limits = runtime.ctx.limits
-        bindings = min(limits.get("max-storage-buffers-per-shader-stage", 8) - 4,  # step, scale, partials, ends
+        bindings = min(limits.get("max-storage-buffers-per-shader-stage", 8) - 4,  # step, scale, partials, table
                        limits.get("max-bindings-per-bind-group", 1000) - 5)  # those and the uniform
         self.slots = max(1, min(MAX_SLOTS, bindings // 4))
-        self.name = f"multi_tensor x{self.slots}"
-        self.module = runtime.shader(generate(self.slots), self.name)
         # the kernels name every slot's bindings, so a group smaller than `slots` binds these in the gaps
-        # (distinct buffers: two writable bindings may not share one); their index ranges are empty
+        # (distinct buffers: two writable bindings may not share one); their tables give them no work
         self.unused = [runtime.empty((1,)) for _ in range(4 * self.slots)]
-        self._ends = {}  # a group's segment ends, uploaded once: a training step reuses the same groups
+        self._shaders = {}  # uses subgroups -> Shader
+        self._tables = {}  # a group's table, uploaded once: a training step reuses the same groups
+
+    def _module(self):
+        """The kernels' shader, compiled on first use with the device's group_sum."""
+        subgroups = group_sum.uses_subgroups(self.rt.ctx)
+        if subgroups not in self._shaders:
+            name = f"multi_tensor x{self.slots} [{'subgroup' if subgroups else 'workgroup'}]"
+            self._shaders[subgroups] = self.rt.shader(generate(self.slots, subgroups), name)
+        return self._shaders[subgroups]
 
     def _or_unused(self, tensors, i, k):
         """Slot i's tensor of kind k (0 param, 1 grad, 2 m, 3 v), or its stand-in when the group is short."""
         return tensors[i] if i < len(tensors) else self.unused[4 * i + k]
 
-    def ends(self, arrays):
-        """The group's cumulative sizes as a u32 array on the GPU (unused slots: empty ranges)."""
-        ends = tuple(np.cumsum([a.size for a in arrays]).tolist())
-        ends += (ends[-1],) * (self.slots - len(ends))
-        if ends not in self._ends:
-            self._ends[ends] = self.rt.upload(np.array(ends, np.uint32))
-        return self._ends[ends], ends[-1]
+    def table(self, arrays, chunk):
+        """The group's table as a u32 array on the GPU (each workgroup's slot, then each slot's first
+        workgroup and size; multi_tensor.wgsl), and its workgroup count."""
+        sizes = tuple(a.size for a in arrays)
+        key = (sizes, chunk)
+        if key not in self._tables:
+            counts = [-(-n // chunk) for n in sizes]
+            firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            slot_of = np.repeat(np.arange(len(sizes)), counts)  # (workgroups,)
+            table = np.concatenate([slot_of, np.stack([firsts, sizes], axis=1).reshape(-1)]).astype(np.uint32)
+            self._tables[key] = (self.rt.upload(table), int(sum(counts)))
+        return self._tables[key]
 
     def adamw(self, params, grads, exp_avgs, exp_avg_sqs, hyper, scale, beta1, beta2, eps, weight_decay):
+        module = self._module()
         for group in _chunks(list(zip(params, grads, exp_avgs, exp_avg_sqs)), self.slots):
             kinds = list(zip(*group))  # (params, grads, ms, vs) of this group
-            ends, total = self.ends(kinds[0])
-            bindings = {0: hyper, 1: scale, 4: ends}
+            table, workgroups = self.table(kinds[0], ADAMW_CHUNK)
+            bindings = {0: hyper, 1: scale, 4: table}
             bindings.update({5 + 4 * i + k: self._or_unused(kinds[k], i, k)
                              for i in range(self.slots) for k in range(4)})
-            self.rt.dispatch(self.module, "adamw_main", -(-total // WG), bindings,
-                             [total, float(beta1), float(beta2), float(eps), float(weight_decay), 0])
+            self.rt.dispatch(module, "adamw_main", workgroups, bindings,
+                             {"chunk": ADAMW_CHUNK, "workgroups": workgroups, "beta1": beta1,
+                              "beta2": beta2, "eps": eps, "weight_decay": weight_decay})
 
     def sum_squares(self, arrays, partials_of):
         """Record per-workgroup sums of squares of all arrays; returns (partials, how many it filled).
         partials_of(n) allocates the partials array once n is known."""
+        module = self._module()
         groups = _chunks(list(arrays), self.slots)
-        counts = [min(128, -(-sum(a.size for a in g) // (WG * 16))) for g in groups]  # ~16 elements a thread
-        partials = partials_of(sum(counts))
+        tables = [self.table(group, SQUARES_CHUNK) for group in groups]
+        partials = partials_of(max(1, sum(workgroups for _, workgroups in tables)))
         first = 0
-        for group, n_groups in zip(groups, counts):
-            ends, total = self.ends(group)
-            bindings = {2: partials, 4: ends}
+        for group, (table, workgroups) in zip(groups, tables):
+            bindings = {2: partials, 4: table}
             bindings.update({6 + 4 * i: self._or_unused(group, i, 1) for i in range(self.slots)})
-            self.rt.dispatch(self.module, "sum_squares_main", (n_groups, 1, 1), bindings,
-                             [total, 0.0, 0.0, 0.0, 0.0, first])
-            first += n_groups
+            self.rt.dispatch(module, "sum_squares_main", workgroups, bindings,
+                             {"chunk": SQUARES_CHUNK, "workgroups": workgroups,
+                              "first_partial": first})
+            first += workgroups
         return partials, first

@@ -95,8 +95,9 @@ class GpuArray:
 
 class _Lease:
     """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
-    the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost, and nothing refers
-    back to a lease, so it never sits in a reference cycle)."""
+    the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost). An array in a
+    reference cycle takes its lease into the cycle collector's garbage; the runtime holds every buffer
+    (`Runtime.buffers`), so the buffer itself is never finalized there before its lease pools it."""
     __slots__ = ("runtime", "size", "buffer", "__weakref__")
 
     def __init__(self, runtime, size, buffer):
@@ -122,6 +123,9 @@ class Runtime:
         self.queue = ctx.device.queue
         self.max_binding = ctx.limits["max-storage-buffer-binding-size"]
         self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
+        # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
+        # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
+        self.buffers = set()
         self._push = heapq.heappush  # held: a lease dropped at interpreter exit may outlive the module's globals
         self.shaders = {}  # hash of the WGSL -> Shader
         self.kernels = {}  # kernel file name -> Shader
@@ -179,14 +183,16 @@ class Runtime:
     def _create_buffer(self, size: int):
         """A new storage buffer; out of memory, the pool is emptied and the allocation tried once more."""
         try:
-            return self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+            buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
         except wgpu.GPUOutOfMemoryError:
             self.empty_cache()
-        try:
-            return self.device.create_buffer(size=size, usage=STORAGE_USAGE)
-        except wgpu.GPUOutOfMemoryError:
-            raise TinynnError(f"out of GPU memory allocating {size:,} bytes, with {self.in_use_bytes:,} bytes "
-                              "in use by arrays; try a smaller batch_size (or model)") from None
+            try:
+                buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+            except wgpu.GPUOutOfMemoryError:
+                raise TinynnError(f"out of GPU memory allocating {size:,} bytes, with {self.in_use_bytes:,} "
+                                  "bytes in use by arrays; try a smaller batch_size (or model)") from None
+        self.buffers.add(buffer)
+        return buffer
 
     def claim(self, buffers: set) -> list:
         """Take these buffers out of the pool for a captured step (counted in use); the ones found."""
@@ -219,6 +225,7 @@ class Runtime:
             for _, buffer in pool:
                 buffer.destroy()  # wgpu frees it once the submitted work that uses it has finished
                 dead.add(buffer)
+        self.buffers -= dead
         for buffer in self.staging.values():
             buffer.destroy()
         self.free.clear()

@@ -1,5 +1,5 @@
-// Register-blocked batched matmul, out[B,M,N] = op(a)[B,M,K] @ op(b)[B,K,N]: a template that
-// matmul_blocked.py fills in ({{...}}) for one configuration and one operand layout.
+// Register-blocked batched matmul, out[B,M,N] = op(a)[B,M,K] @ op(b)[B,K,N], with a fused epilogue: a
+// template that matmul_blocked.py fills in ({{...}}) for one configuration and one operand layout.
 //
 // Each workgroup computes a BM x BN block of the output; each of its (BM/TM)*(BN/TN) threads holds
 // TM x TN results in registers as TM*TN/4 vec4 accumulators. The generator writes every accumulator as
@@ -11,23 +11,42 @@
 // conflicts. Edges: out-of-range loads read 0 and out-of-range stores are skipped; no thread leaves
 // before a barrier. Workgroups are visited GROUP block-rows at a time so that the A and B panels being
 // read stay in L2 (the raster order would stream all of B once per block-row).
+// Grids above 65535 workgroups in y or z are launched as several dispatches; y_offset and z_offset say
+// where this one starts.
+//
 // Split-K: with `splits` > 1 the z axis runs over (batch, split) and each split sums its own k_chunk of
-// K into its own (M, N) slice of `out`; the launcher then adds the slices (a long K over a small M x N
-// output would otherwise leave most of the GPU idle).
+// K into its own (M, N) slice of `out` (bound to a scratch buffer); matmul_finish_main then adds the
+// slices into the real output and applies the epilogue (a long K over a small M x N output would
+// otherwise leave most of the GPU idle).
 //
-// Bias epilogue: with has_bias, bias[n] is added to every row as the results are stored (a linear layer
-// in one kernel); under split-K only the first split adds it.
+// Epilogue, applied to each result as it is stored (flags in params):
+//   has_bias:     + bias[n] (a linear layer)
+//   activation:   1 = GELU (tanh form); the value before it is written to `pre`, which its backward needs
+//   has_residual: + residual[i] last (the residual connection of a transformer block)
+// row_sums: sum over k of op(a)[m, k] into row_sums[batch, m], from the A tiles already in workgroup
+// memory: for the weight gradient g^T @ x this is the bias gradient, at no extra pass over g.
 //
-// Bindings: 0:a 1:b 2:out 3:params 4:bias.
-// Layout of this variant: a {{A_LAYOUT}}, b {{B_LAYOUT}}.
+// Bindings: 0:a 1:b 2:out 3:params 4:bias 5:residual 6:pre 7:row_sums; matmul_finish_main reads the
+// split slices from 8:parts and 9:row_parts. Unused ones are bound to small stand-ins.
+// vec4 variants read a and b as vec4s: a quad along a contiguous m or n is one tile entry; quads along a
+// contiguous k are loaded 4 rows at a time and transposed into the tile (4x fewer load instructions).
+// Layout of this variant: a {{A_LAYOUT}}, b {{B_LAYOUT}}, {{LOADS}}.
 
-struct Params { m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, has_bias: u32, pad: u32 }
+struct Params {
+    m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, has_bias: u32, activation: u32,
+    has_residual: u32, row_sums: u32, batch: u32, y_offset: u32, z_offset: u32,
+}
 
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(0) var<storage, read> a: array<{{ELEMENT}}>;
+@group(0) @binding(1) var<storage, read> b: array<{{ELEMENT}}>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> residual: array<f32>;
+@group(0) @binding(6) var<storage, read_write> pre: array<f32>;
+@group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
+@group(0) @binding(8) var<storage, read> parts: array<f32>;
+@group(0) @binding(9) var<storage, read> row_parts: array<f32>;
 
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
@@ -36,37 +55,54 @@ const THREADS_M: u32 = {{THREADS_M}}u;  // BM / TM
 const THREADS_N: u32 = {{THREADS_N}}u;  // BN / TN
 const THREADS: u32 = {{THREADS}}u;
 const GROUP: u32 = {{GROUP}}u;
+const GELU_C: f32 = 0.7978845608028654;  // sqrt(2 / pi), as in elementwise.wgsl
 
 var<workgroup> a_tile: array<vec4<f32>, {{A_TILE_VEC4}}>;  // [k][m / 4]
 var<workgroup> b_tile: array<vec4<f32>, {{B_TILE_VEC4}}>;  // [k][n / 4]
 
-fn load_a(base: u32, m: u32, k: u32, k_end: u32) -> f32 {
-    if (m >= params.m || k >= k_end) { return 0.0; }
-    return a[{{A_INDEX}}];
+fn load_a{{SUFFIX}}(base: u32, m: u32, k: u32, k_end: u32) -> {{ELEMENT}} {
+    if (m >= params.m || k >= k_end) { return {{ZERO}}; }
+    return a[({{A_INDEX}}){{QUAD}}];
 }
 
-fn load_b(base: u32, k: u32, n: u32, k_end: u32) -> f32 {
-    if (k >= k_end || n >= params.n) { return 0.0; }
-    return b[{{B_INDEX}}];
+fn load_b{{SUFFIX}}(base: u32, k: u32, n: u32, k_end: u32) -> {{ELEMENT}} {
+    if (k >= k_end || n >= params.n) { return {{ZERO}}; }
+    return b[({{B_INDEX}}){{QUAD}}];
 }
 
-fn bias_at(n: u32) -> f32 {
-    if (n >= params.n) { return 0.0; }
-    return bias[n];
+// elementwise.wgsl's GELU, term for term, so the fused and the separate forms round alike
+fn gelu(x: f32) -> f32 {
+    return 0.5 * x * (1.0 + tanh(clamp(GELU_C * (x + 0.044715 * x * x * x), -15.0, 15.0)));
 }
 
-fn store(base: u32, m: u32, n: u32, acc: vec4<f32>, add_bias: bool) {
-    if (m >= params.m) { return; }
-    var v = acc;
-    if (add_bias) { v = v + vec4<f32>(bias_at(n), bias_at(n + 1u), bias_at(n + 2u), bias_at(n + 3u)); }
-    let i = base + m * params.n + n;
-    if (n + 3u < params.n) {
-        out[i] = v.x; out[i + 1u] = v.y; out[i + 2u] = v.z; out[i + 3u] = v.w;
-    } else {
-        if (n < params.n) { out[i] = v.x; }
-        if (n + 1u < params.n) { out[i + 1u] = v.y; }
-        if (n + 2u < params.n) { out[i + 2u] = v.z; }
+// The epilogue for out[i], column n, whose matmul sum is v.
+fn finish(i: u32, n: u32, v: f32) -> f32 {
+    var y = v;
+    if (params.has_bias == 1u) { y = y + bias[n]; }
+    if (params.activation == 1u) {
+        pre[i] = y;
+        y = gelu(y);
     }
+    if (params.has_residual == 1u) { y = y + residual[i]; }
+    return y;
+}
+
+fn store_one(i: u32, n: u32, v: f32, raw: bool) {
+    if (n >= params.n) { return; }
+    if (raw) {
+        out[i] = v;
+    } else {
+        out[i] = finish(i, n, v);
+    }
+}
+
+fn store(base: u32, m: u32, n: u32, acc: vec4<f32>, raw: bool) {
+    if (m >= params.m) { return; }
+    let i = base + m * params.n + n;
+    store_one(i, n, acc.x, raw);
+    store_one(i + 1u, n + 1u, acc.y, raw);
+    store_one(i + 2u, n + 2u, acc.z, raw);
+    store_one(i + 3u, n + 3u, acc.w, raw);
 }
 
 @compute @workgroup_size({{THREADS}})
@@ -74,15 +110,16 @@ fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
                @builtin(local_invocation_index) lid: u32) {
     let m_dim = params.m;
     let n_dim = params.n;
-    let batch = wg.z / params.splits;
-    let k_begin = (wg.z % params.splits) * params.k_chunk;
+    let z = wg.z + params.z_offset;
+    let batch = z / params.splits;
+    let k_begin = (z % params.splits) * params.k_chunk;
     let k_end = min(params.k, k_begin + params.k_chunk);
     // grouped order: GROUP block-rows share the B panels they read while they are in L2
     let linear = wg.y * nwg.x + wg.x;
     let per_group = GROUP * nwg.x;
     let first_row = (linear / per_group) * GROUP;
     let rows_here = min(nwg.y - first_row, GROUP);
-    let block_m = first_row + (linear % per_group) % rows_here;
+    let block_m = first_row + (linear % per_group) % rows_here + params.y_offset;
     let block_n = (linear % per_group) / rows_here;
     let row0 = block_m * BM;
     let col0 = block_n * BN;
@@ -90,14 +127,49 @@ fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let b_base = select(batch * params.k * n_dim, 0u, params.shared_b == 1u);
     let tx = lid % THREADS_N;
     let ty = lid / THREADS_N;
+    let sum_rows = params.row_sums == 1u && block_n == 0u;  // one block-column sums A's rows
+    var row_sum = vec4<f32>(0.0);
 {{DECLARE}}
     for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
 {{LOAD}}
         workgroupBarrier();
 {{INNER}}
+        if (sum_rows && lid < BM / 4u) {
+{{ROW_SUM}}
+        }
         workgroupBarrier();
     }
-    let out_base = wg.z * m_dim * n_dim;  // with splits: this split's own slice
-    let add_bias = params.has_bias == 1u && wg.z % params.splits == 0u;
+    let raw = params.splits > 1u;  // a split's partial sum: matmul_finish_main applies the epilogue
+    let out_base = z * m_dim * n_dim;  // with splits: this split's own slice
 {{STORE}}
+    if (sum_rows && lid < BM / 4u) {
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            let m = row0 + 4u * lid + c;
+            if (m < m_dim) { row_sums[z * m_dim + m] = row_sum[c]; }
+        }
+    }
+}
+
+// Split-K: out[b, i] = epilogue(sum over splits of parts[b, split, i]); row sums likewise.
+@compute @workgroup_size(256)
+fn matmul_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let i = (wg.y * nwg.x + wg.x) * 256u + lid;
+    let mn = params.m * params.n;
+    if (i >= params.batch * mn) { return; }
+    let batch = i / mn;
+    let j = i % mn;
+    var s = 0.0;
+    for (var split = 0u; split < params.splits; split = split + 1u) {
+        s = s + parts[(batch * params.splits + split) * mn + j];
+    }
+    out[i] = finish(i, j % params.n, s);
+    if (params.row_sums == 1u && i < params.batch * params.m) {
+        let rb = i / params.m;
+        var r = 0.0;
+        for (var split = 0u; split < params.splits; split = split + 1u) {
+            r = r + row_parts[(rb * params.splits + split) * params.m + i % params.m];
+        }
+        row_sums[i] = r;
+    }
 }

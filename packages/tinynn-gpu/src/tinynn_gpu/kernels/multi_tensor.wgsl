@@ -1,37 +1,71 @@
 // Multi-tensor optimizer kernels: one dispatch covers up to SLOTS parameters (64 where the device has
 // the storage bindings: a GPT's whole AdamW update is one dispatch on an H200), instead of one dispatch
-// per parameter (each costs the GPU ~5 us however small it is). The tensors are laid end to end in one
-// index space: slot i covers [ends[i-1], ends[i]). WGSL cannot index bindings or pass storage pointers to
-// functions, so multi_tensor.py writes one binding set and one unrolled branch per slot ({{...}} below).
-// Bindings: 0:step 1:scale 2:partials 3:params 4:ends, then per slot i: 5+4i:param 6+4i:grad 7+4i:m 8+4i:v.
-// p0 = total elements, p1 = beta1, p2 = beta2, p3 = eps, p4 = weight decay, p5 = first partials slot.
+// per parameter (each costs the GPU ~2 us however small it is). multi_tensor.py fills in the {{...}}.
+//
+// Each tensor is cut into chunks of `chunk` elements, one workgroup per chunk. `table` gives each workgroup
+// its slot, and each slot its first workgroup and size: two loads, the same for all the workgroup's
+// threads (a scan over the slots would put a chain of dependent loads in front of every chunk). A switch
+// then picks that slot's bindings: WGSL cannot index bindings or pass storage pointers to functions, so
+// every slot has its own binding set and its own copy of the loop. Inside a chunk neighbouring threads
+// take neighbouring elements: every load and store is coalesced.
+//
+// Bindings: 0:step 1:scale 2:partials 3:params 4:table, then per slot i: 5+4i:param 6+4i:grad 7+4i:m 8+4i:v.
+
+struct Params {
+    chunk: u32, workgroups: u32,
+    first_partial: u32,  // sum_squares_main: where this group's partials start
+    beta1: f32, beta2: f32, eps: f32, weight_decay: f32,  // adamw_main
+}
 
 @group(0) @binding(0) var<storage, read> step: array<f32>;  // [lr, 1 - beta1^t, 1 - beta2^t]
 @group(0) @binding(1) var<storage, read> scale: array<f32>;  // [gradient-clip coefficient]
 @group(0) @binding(2) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read> ends: array<u32>;
+// table: [w] = workgroup w's slot (w < workgroups), then per slot i: [workgroups + 2i] its first workgroup,
+// [workgroups + 2i + 1] its size
+@group(0) @binding(4) var<storage, read> table: array<u32>;
 {{BINDINGS}}
 
-// AdamW with decoupled weight decay on element j of one slot's tensors
+{{GROUP_SUM}}
+
+// AdamW with decoupled weight decay on elements [lo, hi) of one slot's tensors
 {{ADAMW_FUNCTIONS}}
 
-@compute @workgroup_size(256)
-fn adamw_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let e = element_index(wg, nwg, lid);
-    if (e >= param(0u)) { return; }
-{{ADAMW_SELECT}}
+// The sum of squares of elements [lo, hi) of one slot's gradient, four loads in flight per thread
+{{SQUARES_FUNCTIONS}}
+
+struct Work { slot: u32, lo: u32, hi: u32 }
+
+fn find_work(w: u32) -> Work {
+    let slot = table[w];
+    let first = table[params.workgroups + 2u * slot];
+    let lo = (w - first) * params.chunk;
+    return Work(slot, lo, min(lo + params.chunk, table[params.workgroups + 2u * slot + 1u]));
 }
 
-// Each workgroup adds the squares of a strided share of all slots' gradients into its partials slot.
 @compute @workgroup_size(256)
-fn sum_squares_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_index) lid: u32) {
-    var s = 0.0;
-    for (var e = wg.x * 256u + lid; e < param(0u); e = e + nwg.x * 256u) {
-{{SQUARES_SELECT}}
+fn adamw_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
+    let w = row_index(wg, nwg);
+    if (w >= params.workgroups) { return; }
+    let work = find_work(w);
+    switch work.slot {
+{{ADAMW_CASES}}
+        default: {}
     }
-    s = workgroup_sum(lid, s);
-    if (lid == 0u) { partials[param(5u) + wg.x] = s; }
+}
+
+// Each workgroup leaves the sum of squares of its chunk in partials[first + workgroup].
+@compute @workgroup_size(256)
+fn sum_squares_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
+    let w = row_index(wg, nwg);
+    var s = 0.0;
+    if (w < params.workgroups) {
+        let work = find_work(w);
+        switch work.slot {
+{{SQUARES_CASES}}
+            default: {}
+        }
+    }
+    s = group_sum(lanes, s);
+    if (lanes.lid == 0u && w < params.workgroups) { partials[params.first_partial + w] = s; }
 }

@@ -7,17 +7,23 @@
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 
-// a = partials; p0 = slots. out = [norm]
+struct Params { count: u32, max_norm: f32 }
+
+// a = partials (count of them). out = [norm]
 @compute @workgroup_size(256)
 fn norm_finish_main(@builtin(local_invocation_index) lid: u32) {
-    var s = 0.0;
-    for (var i = lid; i < param(0u); i = i + 256u) { s = s + a[i]; }
-    s = workgroup_sum(lid, s);
-    if (lid == 0u) { out[0] = sqrt(s); }
+    var s = vec4<f32>(0.0);  // four independent loads in flight per thread
+    var i = lid;
+    for (; i + 768u < params.count; i = i + 1024u) {
+        s = s + vec4<f32>(a[i], a[i + 256u], a[i + 512u], a[i + 768u]);
+    }
+    for (; i < params.count; i = i + 256u) { s.x = s.x + a[i]; }
+    let total = workgroup_sum(lid, (s.x + s.y) + (s.z + s.w));
+    if (lid == 0u) { out[0] = sqrt(total); }
 }
 
-// a = [norm]; p0 = max_norm bits. out = [coefficient]
+// a = [norm]. out = [coefficient]
 @compute @workgroup_size(1)
 fn clip_coefficient_main() {
-    out[0] = min(1.0, paramf(0u) / (a[0] + 1e-6));
+    out[0] = min(1.0, params.max_norm / (a[0] + 1e-6));
 }

@@ -1,0 +1,78 @@
+"""The fused linear layer (bias, GELU and residual add in the matmul, the bias gradient beside the weight
+gradient): its gradients against finite differences in float64, its ops against the reference on every
+backend, and the transformer block that uses it against the same block written op by op."""
+import numpy as np
+import pytest
+
+import tinynn
+from tinynn import backends
+from tinynn import functional as F
+from tinynn import nn
+from helpers import gradcheck, relative_error
+from test_backend_ops import check, randn
+
+FORMS = [(False, None, False), (True, None, False), (True, "gelu", False), (True, None, True), (False, "gelu", True),
+         (True, "gelu", True)]
+
+
+@pytest.mark.parametrize("has_bias,activation,has_residual", FORMS)
+def test_linear_gradients(has_bias, activation, has_residual, rng):
+    n_in, n_out = (int(v) for v in rng.integers(1, 5, size=2))
+    lead = (2, int(rng.integers(1, 4)))
+    arrays = [rng.standard_normal(lead + (n_in,)), rng.standard_normal((n_out, n_in))]
+    arrays += [rng.standard_normal(n_out)] if has_bias else []
+    arrays += [rng.standard_normal(lead + (n_out,))] if has_residual else []
+
+    def fn(x, w, *rest):
+        rest = list(rest)
+        bias = rest.pop(0) if has_bias else None
+        residual = rest.pop(0) if has_residual else None
+        return F.linear(x, w, bias, residual, activation)
+    gradcheck(fn, *arrays)
+
+
+@pytest.mark.parametrize("has_bias,activation,has_residual", FORMS)
+def test_linear_ops_match_the_reference(backend, has_bias, activation, has_residual, rng):
+    n, n_in, n_out = 37, 70, 19
+    x, w, g = randn(rng, n, n_in), randn(rng, n_out, n_in), randn(rng, n, n_out)
+    bias = randn(rng, n_out) if has_bias else None
+    residual = randn(rng, n, n_out) if has_residual else None
+    y, pre = check(backend, "linear_forward", x, w, bias, residual, activation)
+    check(backend, "linear_backward", g, x, w, pre, activation, has_bias=has_bias)
+
+
+def test_linear_rejects_misfits():
+    x, w = tinynn.tensor(np.ones((3, 4))), tinynn.tensor(np.ones((5, 4)))
+    with pytest.raises(ValueError, match="residual"):
+        F.linear(x, w, residual=tinynn.tensor(np.ones((3, 4))))
+    with pytest.raises(ValueError, match="bias"):
+        F.linear(x, w, tinynn.tensor(np.ones(4)))
+    with pytest.raises(ValueError, match="activation"):
+        backends.reference().linear_forward(np.ones((3, 4)), np.ones((5, 4)), activation="swish")
+
+
+def test_block_equals_the_unfused_block(backend, rng):
+    """Block.forward with the fused residual adds and GELU gives the textbook block's values and gradients."""
+    tinynn.manual_seed(0)
+    block = nn.Block(16, 2, 1).to(backend)
+    x_np = randn(rng, 2, 5, 16)
+
+    def unfused(x):
+        h = block.ln1(x)
+        a = block.attn
+        B, T, C = h.shape
+        qkv = a.qkv(h).reshape(B, T, 3, a.n_head, C // a.n_head).permute(2, 0, 3, 1, 4)
+        att = F.softmax(F.matmul(qkv[0], qkv[1], transpose_b=True), causal=True, scale=(C // a.n_head) ** -0.5)
+        x = x + a.proj((att @ qkv[2]).permute(0, 2, 1, 3).reshape(B, T, C))
+        m = block.mlp
+        return x + m.proj(F.gelu(m.fc(block.ln2(x))))
+
+    results = []
+    for forward in (block.forward, unfused):
+        block.zero_grad()
+        x = tinynn.tensor(x_np, requires_grad=True, backend=backend)
+        y = forward(x)
+        (y * y).sum().backward()
+        results.append([y.numpy(), x.grad.numpy()] + [p.grad.numpy() for p in block.parameters()])
+    for fused, plain in zip(*results):
+        assert relative_error(fused, plain) <= 1e-5

@@ -1,0 +1,142 @@
+"""The fused and bandwidth-bound kernels against float64 NumPy, outputs poisoned with NaN, on drawn edge
+shapes: linear layers with their epilogues, one-dispatch reductions, LayerNorm's gradients, the multi-tensor
+gradient norm and AdamW. Kernels with a workgroup sum run twice: with subgroup operations (where the
+adapter has them) and with the workgroup-memory path."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tinynn import backends
+from tinynn_gpu.multi_tensor import ADAMW_CHUNK, SQUARES_CHUNK
+
+REF = backends.reference()
+RTOL = 1e-5
+FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+dims = st.one_of(st.sampled_from([1, 2, 31, 32, 33, 255, 256, 257]), st.integers(1, 300))
+
+
+def rel_err(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
+    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
+    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
+
+
+@pytest.fixture(params=["subgroup", "workgroup"])
+def group_sum_path(request, poisoned, monkeypatch):
+    """The poisoned GPU backend, its workgroup sums forced onto one path."""
+    if request.param == "subgroup" and "subgroup" not in poisoned.ctx.features:
+        pytest.skip("the adapter has no subgroup operations")
+    monkeypatch.setenv("TINYNN_SUBGROUPS", "1" if request.param == "subgroup" else "0")
+    return poisoned
+
+
+def dispatches(gpu, fn):
+    """fn()'s result and how many kernels it dispatched (the poisoning fills not counted)."""
+    entries, plain = [], gpu.rt.dispatch
+
+    def counted(module_name, entry, *args, **kwargs):
+        entries.append(entry)
+        return plain(module_name, entry, *args, **kwargs)
+    gpu.rt.dispatch = counted
+    try:
+        result = fn()
+    finally:
+        del gpu.rt.dispatch
+    return result, sum(entry != "fill_main" for entry in entries)
+
+
+@FEW
+@given(n=dims, n_in=dims, n_out=dims, has_bias=st.booleans(), gelu=st.booleans(), has_residual=st.booleans(),
+       seed=st.integers(0, 2**31))
+def test_linear_forward_and_backward(poisoned, n, n_in, n_out, has_bias, gelu, has_residual, seed):
+    """rtol 1e-4: a drawn shape may be a single output whose terms cancel (float32 sums of ~n_in terms)."""
+    gpu, g, rtol = poisoned, np.random.default_rng(seed), 1e-4
+    x, w, dy = (g.standard_normal(s).astype(np.float32) for s in ((n, n_in), (n_out, n_in), (n, n_out)))
+    bias = g.standard_normal(n_out).astype(np.float32) if has_bias else None
+    residual = g.standard_normal((n, n_out)).astype(np.float32) if has_residual else None
+    activation = "gelu" if gelu else None
+    up = lambda a: None if a is None else gpu.from_numpy(a)  # noqa: E731
+    f64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
+    (y, pre), count = dispatches(gpu, lambda: gpu.linear_forward(up(x), up(w), up(bias), up(residual), activation))
+    want_y, want_pre = REF.linear_forward(f64(x), f64(w), f64(bias), f64(residual), activation)
+    assert rel_err(gpu.to_numpy(y), want_y) <= rtol
+    assert (pre is None) == (want_pre is None) and (pre is None or rel_err(gpu.to_numpy(pre), want_pre) <= rtol)
+    grads = gpu.linear_backward(up(dy), up(x), up(w), pre, activation, has_bias=has_bias)
+    for ours, theirs in zip(grads, REF.linear_backward(f64(dy), f64(x), f64(w), want_pre, activation, has_bias)):
+        assert (ours is None) == (theirs is None)
+        assert ours is None or rel_err(gpu.to_numpy(ours), theirs) <= rtol
+    assert count <= 2  # the matmul, and split-K's finish where the variant splits
+
+
+@FEW
+@given(shape=st.lists(st.one_of(st.integers(1, 5), st.sampled_from([33, 257, 3000])), min_size=1, max_size=3)
+       .filter(lambda shape: np.prod(shape) <= 100_000),  # small enough for lavapipe, and bound on the GPU
+       pick=st.integers(0, 7), seed=st.integers(0, 2**31))
+def test_reductions_in_one_dispatch(group_sum_path, shape, pick, seed):
+    gpu = group_sum_path
+    axes = tuple(i for i in range(len(shape)) if pick >> i & 1) or (len(shape) - 1,)
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    got, count = dispatches(gpu, lambda: gpu.sum(gpu.from_numpy(x), axes))
+    want, magnitude = x.astype(np.float64).sum(axis=axes), np.abs(x.astype(np.float64)).sum(axis=axes)
+    # accuracy relative to the sum of |x|: a sum of signed values may cancel to almost nothing
+    assert np.linalg.norm(gpu.to_numpy(got) - want) <= RTOL * np.linalg.norm(magnitude)
+    runs = sum(1 for i in axes if i - 1 not in axes)  # separate runs of adjacent axes: one dispatch each
+    assert count == runs
+    np.testing.assert_array_equal(gpu.to_numpy(gpu.max(gpu.from_numpy(x), axes)), x.max(axis=axes))
+
+
+def test_max_lets_nan_win(group_sum_path):
+    gpu = group_sum_path
+    x = np.arange(600, dtype=np.float32).reshape(2, 300)
+    x[1, 17] = np.nan
+    for axes in ((1,), (0,)):
+        np.testing.assert_array_equal(gpu.to_numpy(gpu.max(gpu.from_numpy(x), axes)), x.max(axis=axes))
+
+
+@FEW
+@given(rows=st.one_of(st.integers(1, 70), st.sampled_from([31, 32, 33, 1000])), cols=dims,
+       weight=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**31))
+def test_layernorm_backward(poisoned, rows, cols, weight, bias, seed):
+    gpu, g = poisoned, np.random.default_rng(seed)
+    x, dy = (g.standard_normal((rows, cols)) * 2).astype(np.float32), g.standard_normal((rows, cols)).astype(np.float32)
+    w = g.standard_normal(cols).astype(np.float32) if weight else None
+    b = g.standard_normal(cols).astype(np.float32) if bias else None
+    _, mean, rstd = REF.layernorm_forward(x.astype(np.float64), w, b, 1e-5)
+    ours = gpu.layernorm_backward(gpu.from_numpy(dy), gpu.from_numpy(x), None if w is None else gpu.from_numpy(w),
+                                  gpu.from_numpy(mean.astype(np.float32)), gpu.from_numpy(rstd.astype(np.float32)),
+                                  has_bias=bias)
+    theirs = REF.layernorm_backward(dy.astype(np.float64), x.astype(np.float64), w, mean, rstd, has_bias=bias)
+    for o, t in zip(ours, theirs):
+        assert (o is None) == (t is None)
+        assert o is None or rel_err(gpu.to_numpy(o), t) <= 1e-4 or o is ours[0] and \
+            np.linalg.norm(gpu.to_numpy(o) - t) <= 1e-5 * np.linalg.norm(rstd[:, None] * dy * (1 if w is None else w))
+    # g_x is a difference of terms of size rstd * dy * w that can cancel almost to nothing (2 columns: each
+    # x is the mean +- one deviation); float32 then owes accuracy to those terms, not to the small result.
+
+
+sizes = st.one_of(st.integers(1, 600), st.sampled_from([ADAMW_CHUNK - 1, ADAMW_CHUNK + 1, SQUARES_CHUNK + 3]))
+
+
+@FEW
+@given(shapes=st.lists(sizes, min_size=1, max_size=12), seed=st.integers(0, 2**31))
+def test_global_norm_and_adamw_over_many_tensors(group_sum_path, shapes, seed):
+    """More tensors than one dispatch's slots on lavapipe (7), sizes across the chunk boundaries."""
+    gpu, g = group_sum_path, np.random.default_rng(seed)
+    params, grads, ms, vs = ([g.standard_normal(n).astype(np.float32) for n in shapes] for _ in range(4))
+    vs = [np.abs(v) for v in vs]
+    norm = gpu.global_norm([gpu.from_numpy(a) for a in grads])
+    want = np.sqrt(sum((a.astype(np.float64) ** 2).sum() for a in grads))
+    assert rel_err(gpu.to_numpy(norm), want) <= RTOL
+    hyper = np.array([1e-2, 0.1, 0.01], np.float32)
+    scale = gpu.clip_coefficient(norm, 1.0)
+    on_gpu = [[gpu.from_numpy(a) for a in kind] for kind in (params, grads, ms, vs)]
+    gpu.adamw_update_(*on_gpu, gpu.from_numpy(hyper), beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+                      grad_scale=scale)
+    expected = [[a.astype(np.float64) for a in kind] for kind in (params, grads, ms, vs)]
+    REF.adamw_update_(*expected, hyper.astype(np.float64), beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+                      grad_scale=np.float64(min(1.0, 1.0 / (want + 1e-6))))
+    for kind, ours, theirs in zip("pgmv", on_gpu, expected):
+        for o, t in zip(ours, theirs):
+            assert rel_err(gpu.to_numpy(o), t) <= RTOL, kind
