@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.simplefilter("default")
+            warnings.simplefilter("always")
             warnings.showwarning = _notice
             args.func(args)
     except TinynnError as e:
