@@ -95,8 +95,10 @@ def test_memory_estimate_counts_the_models_parameters():
         cfg = config.TrainConfig(n_embd=32, n_head=2, n_layer=3, block_size=16, bias=bias)
         model = GPT(cfg.model_config(50))
         assert memory.parameter_count(cfg, 50) == sum(p.size for p in model.parameters())
-    with pytest.raises(TinynnError, match=r"needs about .* GiB .* only 0.00 GiB is available"):
+    with pytest.raises(TinynnError, match=r"needs about .* GiB .* only 0.00 GiB of host memory is available"):
         memory.check(config.TrainConfig(), vocab_size=96, n_tokens=1000, available=1000)
+    assert set(memory.training_bytes(config.TrainConfig(), 96, 1000, on_device=True)) == {
+        "parameters, gradients and AdamW state", "token ids"}  # activations and logits live on the GPU
 
 
 def test_config_file_errors_and_defaults(tmp_path):

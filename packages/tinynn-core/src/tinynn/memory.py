@@ -15,9 +15,9 @@ FLOAT = 4  # bytes: training runs in float32
 # Per token and per block, the backward pass keeps (with the temporaries at its peak) about 40 floats per
 # embedding channel and 6 per attention score; the logits cost 8 (B, T, vocab) arrays (the logits, softmax,
 # gradient and cross entropy's temporaries); parameters 5 copies (weights, gradients, two moments, the update's
-# temporary). Measured on the NumPy backend (peak RSS of two steps, vocabularies of 96 to 50,000, widths 32 to
+# temporary), and 3 more for a checkpoint's copy of the weights and moments held until it is judged. Measured on the NumPy backend (peak RSS of two steps, vocabularies of 96 to 50,000, widths 32 to
 # 512, contexts 32 to 256): these err high, by 0% to 41%.
-PER_CHANNEL, PER_SCORE, LOGIT_COPIES, PARAMETER_COPIES = 40, 6, 8, 5
+PER_CHANNEL, PER_SCORE, LOGIT_COPIES, PARAMETER_COPIES = 40, 6, 8, 5 + 3
 
 
 def parameter_count(cfg, vocab_size: int) -> int:
@@ -34,15 +34,20 @@ def checkpoint_bytes(cfg, vocab_size: int) -> int:
     return 3 * FLOAT * parameter_count(cfg, vocab_size) + 2**20  # + metadata: config, history, characters
 
 
-def training_bytes(cfg, vocab_size: int, n_tokens: int) -> dict:
+def training_bytes(cfg, vocab_size: int, n_tokens: int, on_device: bool = False) -> dict:
+    """The estimate's parts. With `on_device` (a GPU backend), what the host holds: the parameters are made
+    there and checkpoints copied back, but the activations and logits stay in the GPU's memory."""
     tokens = cfg.batch_size * cfg.block_size
-    return {
+    parts = {
         "parameters, gradients and AdamW state": PARAMETER_COPIES * FLOAT * parameter_count(cfg, vocab_size),
         "activations": FLOAT * tokens * cfg.n_layer * (PER_CHANNEL * cfg.n_embd
                                                        + PER_SCORE * cfg.n_head * cfg.block_size),
         "logits": FLOAT * LOGIT_COPIES * tokens * vocab_size,
         "token ids": 8 * n_tokens,
     }
+    if on_device:
+        del parts["activations"], parts["logits"]
+    return parts
 
 
 def available_bytes() -> int | None:
@@ -60,16 +65,17 @@ def available_bytes() -> int | None:
         return None
 
 
-def check(cfg, vocab_size: int, n_tokens: int, available: int | None = None) -> None:
-    """Raise a TinynnError with the estimate when the run will not fit in the memory available."""
+def check(cfg, vocab_size: int, n_tokens: int, on_device: bool = False, available: int | None = None) -> None:
+    """Raise a TinynnError with the estimate when the run will not fit in the memory available. (A GPU
+    backend reports running out of its own memory as an error of its own.)"""
     available = available_bytes() if available is None else available
-    parts = training_bytes(cfg, vocab_size, n_tokens)
+    parts = training_bytes(cfg, vocab_size, n_tokens, on_device)
     total = sum(parts.values())
     if available is not None and total > available:
         largest = max(parts, key=parts.get)
         raise TinynnError(f"this run needs about {_gib(total)} of memory ({largest}: {_gib(parts[largest])}; "
                           f"vocabulary {vocab_size}, n_embd {cfg.n_embd}, batch {cfg.batch_size} x "
-                          f"{cfg.block_size}), only {_gib(available)} is available: make the model, the batch "
+                          f"{cfg.block_size}), only {_gib(available)} of host memory is available: make the model, the batch "
                           "or the vocabulary smaller")
 
 

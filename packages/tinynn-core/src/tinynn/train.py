@@ -85,8 +85,7 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
     tokenizer = CharTokenizer(saved["chars"] if saved else text)
     if saved:
         _check_same_model(saved["config"], cfg, run_dir.checkpoint)
-    if not backend.is_gpu:  # a GPU backend's memory is its own: it reports running out as an error
-        memory.check(cfg, tokenizer.vocab_size, len(text))
+    memory.check(cfg, tokenizer.vocab_size, len(text), on_device=backend.is_gpu)
     tokens = tokenizer.encode(text)
     batches = Batches(tokens, cfg.block_size, cfg.val_fraction)
     try:  # checked now, not after the training it would end
