@@ -14,7 +14,7 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True  # a supported Python that is not tested is a failure
 
-PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+PYTHONS = ["3.11", "3.12", "3.13"]  # 3.10 reached its end of life in October 2026
 TEST_TOOLS = ["pytest>=7", "hypothesis>=6", "hatchling>=1.27"]  # hatchling: test_packaging builds the wheels
 CORE, GPU = "./packages/tinynn-core", "./packages/tinynn-gpu"
 

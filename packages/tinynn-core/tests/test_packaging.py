@@ -1,5 +1,6 @@
 """Both packages are ready for an index: their wheels build, carry the license, the metadata an index shows
 (classifiers, URLs, one version from __init__), core's bound in tinynn-gpu, and every kernel file."""
+import ast
 import re
 import subprocess
 import sys
@@ -43,9 +44,13 @@ def test_wheel_metadata(name, wheels):
     assert meta["Name"] == name and meta["Version"] == source_version(name)
     assert meta["License-Expression"] == "MIT" and meta["License-File"] == "LICENSE"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    assert meta["Requires-Python"] == ">=3.10"
     classifiers = meta.get_all("Classifier")
-    assert "Programming Language :: Python :: 3.10" in classifiers and "Development Status :: 3 - Alpha" in classifiers
+    assert "Development Status :: 3 - Alpha" in classifiers and "Operating System :: OS Independent" in classifiers
+    # the Pythons claimed are the Pythons that nox tests
+    tested = ast.literal_eval(re.search(r"^PYTHONS = (\[.*?\])", (ROOT / "noxfile.py").read_text(), re.M).group(1))
+    prefix = "Programming Language :: Python :: 3."
+    assert [c.rsplit(" ", 1)[1] for c in classifiers if c.startswith(prefix)] == tested
+    assert meta["Requires-Python"] == f">={tested[0]}"
     urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
     assert {"Homepage", "Source", "Issues"} <= set(urls)
     assert meta["Summary"] and meta["Description-Content-Type"] == "text/markdown"
