@@ -225,11 +225,16 @@ def one_line_error(capsys, *fragments):
     return err
 
 
-@pytest.mark.parametrize("case", ["under_a_file", "is_a_file", "checkpoint_is_a_directory"])
-def test_a_bad_out_dir_fails_before_training(case, workdir, capsys):
+@pytest.mark.parametrize("case", ["under_a_file", "is_a_file", "checkpoint_is_a_directory", "read_only"])
+def test_a_bad_out_dir_fails_before_training(case, workdir, monkeypatch, capsys):
     (workdir / "afile").write_text("")
-    out_dir = {"under_a_file": "afile/sub", "is_a_file": "afile", "checkpoint_is_a_directory": "run"}[case]
+    out_dir = {"under_a_file": "afile/sub", "is_a_file": "afile", "checkpoint_is_a_directory": "run",
+               "read_only": "ro"}[case]
     (workdir / "run" / "ckpt.safetensors").mkdir(parents=True)
+    if case == "read_only":  # tests run as root, whom permissions do not stop: the file system refuses
+        def read_only(path, *args):
+            raise OSError(30, "Read-only file system")
+        monkeypatch.setattr("tinynn.rundir.os.open", read_only)
     cfg = write_config(workdir / "c.json", out_dir=out_dir, checkpoint_interval=0)
     assert main(["train", "--config", cfg]) == 2
     one_line_error(capsys, out_dir)

@@ -41,6 +41,8 @@ class RunDir:
 
     def claim(self, *, resume: bool, overwrite: bool) -> None:
         """Create out_dir, take its lock, refuse to replace a checkpoint by accident, remove orphans."""
+        if self.dir.exists() and not self.dir.is_dir():
+            raise TinynnError(f"out_dir {str(self.dir)!r} is a file, not a folder")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -86,7 +88,8 @@ class RunDir:
         raise TinynnError(f"out_dir {str(self.dir)!r}: another run took the lock {self.lock} at the same time")
 
     def release(self) -> None:
-        if self._locked and _read_lock(self.lock) and _read_lock(self.lock)["pid"] == os.getpid():
+        holder = _read_lock(self.lock) if self._locked else None
+        if holder and holder["pid"] == os.getpid():
             self.lock.unlink(missing_ok=True)
         self._locked = False
 
