@@ -17,6 +17,8 @@ nox.options.error_on_missing_interpreters = True  # a supported Python that is n
 PYTHONS = ["3.11", "3.12", "3.13"]  # 3.10 reached its end of life in October 2026
 TEST_TOOLS = ["pytest>=7", "hypothesis>=6", "hatchling>=1.27"]  # hatchling: test_packaging builds the wheels
 CORE, GPU = "./packages/tinynn-core", "./packages/tinynn-gpu"
+TINT = "wgpudawn==0.32.0.4"  # Dawn's WGSL compiler with a no-GPU backend: test_wgsl_tint.py (Python >= 3.11)
+REQUIRE_MPI = {"TINYNN_REQUIRE_MPI": "1"}  # the [mpi] extra is installed: its mpiexec tests must run, not skip
 
 # pyenv keeps each Python in its own folder, behind shims that run only the selected one: put them in reach.
 _pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
@@ -25,19 +27,20 @@ os.environ["PATH"] = os.pathsep.join([*map(str, sorted(_pyenv.glob("versions/3.*
 
 @nox.session(name="tests-cpu", python=PYTHONS)
 def tests_cpu(session):
-    """tinynn-core alone: the NumPy reference, autograd, model, training and CLI. No GPU package."""
-    session.install(f"{CORE}[plot]", *TEST_TOOLS)
+    """tinynn-core alone: the NumPy reference, autograd, model, training and CLI (data-parallel runs under
+    the [mpi] extra's mpiexec too). No GPU package."""
+    session.install(f"{CORE}[plot,mpi]", *TEST_TOOLS)
     session.run("python", "-c", "import importlib.util as u, sys; "
                 "bad = [m for m in ('wgpu', 'tinynn_gpu') if u.find_spec(m)]; "
                 "sys.exit(f'tinynn-core pulled in {bad}') if bad else print('no GPU package installed: ok')")
-    session.run("pytest", "packages/tinynn-core/tests", *session.posargs)
+    session.run("pytest", "packages/tinynn-core/tests", *session.posargs, env=REQUIRE_MPI)
 
 
 @nox.session(name="tests-gpu", python=PYTHONS)
 def tests_gpu(session):
     """tinynn-core + tinynn-gpu on a real WebGPU adapter (lavapipe in CI): the GPU kernels against the CPU,
     then the whole core suite again with the GPU backend active. A missing adapter fails, never skips."""
-    session.install(f"{CORE}[plot]", GPU, *TEST_TOOLS)
-    env = {"TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp"}
+    session.install(f"{CORE}[plot,mpi]", GPU, *TEST_TOOLS, TINT)
+    env = {"TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp", **REQUIRE_MPI}
     session.run("tinynn", "info", "--device", "gpu", env=env)
     session.run("pytest", "packages/tinynn-gpu/tests", "packages/tinynn-core/tests", *session.posargs, env=env)

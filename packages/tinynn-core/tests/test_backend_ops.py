@@ -4,7 +4,9 @@ installed it checks every GPU kernel through the same interface core uses."""
 import numpy as np
 import pytest
 
+import tinynn
 from tinynn import backends
+from tinynn.errors import TinynnError
 from helpers import relative_error
 
 REF = backends.reference()
@@ -182,3 +184,99 @@ def test_optimizer_updates_in_place(backend, clip, rng):
         for group_ours, group_ref in zip(ours, ref):
             for o, r in zip(group_ours, group_ref):
                 assert relative_error(backend.to_numpy(o), r) <= RTOL, name
+
+
+# --- every dtype an op accepts gets NumPy's answer (a GPU stores int32 and float32: the kind must match) ---
+
+def check_values(backend, name, *args, **kwargs):
+    """Op `name` on `backend` gives the reference's values and dtype kind (float64 -> float32 on a GPU)."""
+    ours, ref = run_both(backend, name, *args, **kwargs)
+    assert ours.dtype.kind == ref.dtype.kind, f"{name}: dtype {ours.dtype} where NumPy gives {ref.dtype}"
+    assert ours.shape == ref.shape, f"{name}: shape {ours.shape} != {ref.shape}"
+    if ref.dtype.kind == "f":
+        assert relative_error(ours, ref) <= RTOL, f"{name}: relative error {relative_error(ours, ref):.3g}"
+    else:
+        np.testing.assert_array_equal(ours, ref, err_msg=name)
+
+
+def ints(rng, *shape, low=-50, high=50):
+    return rng.integers(low, high, shape).astype(np.int32)
+
+
+def test_integer_tensors_compute_the_cpus_answers(backend):
+    t = tinynn.tensor([5, 6, 7], backend=backend)
+    for got, want in ((t + 1, [6, 7, 8]), (t.sum(), 18), (t * t, [25, 36, 49]), (t - 2, [3, 4, 5]),
+                      (-t, [-5, -6, -7]), (t * 3, [15, 18, 21])):
+        assert got.dtype.kind == "i", got.dtype
+        np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_allclose((t / 2).numpy(), [2.5, 3.0, 3.5])  # true division: a float result
+    np.testing.assert_allclose((t + 0.5).numpy(), [5.5, 6.5, 7.5])
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "eq"])
+def test_binary_on_int32(backend, op, rng):
+    a = ints(rng, 3, 4, 5)
+    for b in (ints(rng, 3, 4, 5, low=1), ints(rng, 5, low=1), ints(rng, 4, 1, low=1)):  # no 0 to divide by
+        if op == "eq":
+            a = np.broadcast_to(b, a.shape).copy()
+            a[0] += 1
+        check_values(backend, "binary", op, a, b)
+    check_values(backend, "binary", op, a, randn(rng, 5))  # mixed int and float: NumPy promotes to float
+
+
+@pytest.mark.parametrize("op,s", [("add", 3), ("mul", -2), ("add", 1.5), ("mul", 0.25), ("pow", 2), ("pow", 0.5)])
+def test_scalar_on_int32(backend, op, s, rng):
+    check_values(backend, "scalar", op, ints(rng, 4, 9, low=0), s)
+
+
+@pytest.mark.parametrize("op", ["neg", "relu", "exp", "tanh"])
+def test_unary_on_int32(backend, op, rng):
+    check_values(backend, "unary", op, ints(rng, 6, 7, low=-5, high=5))
+
+
+def test_reductions_and_layout_on_int32(backend, rng):
+    x = ints(rng, 2, 3, 4, 5)
+    for axes in ((0,), (1, 3), (0, 1, 2, 3)):
+        check_values(backend, "sum", x, axes)
+        check_values(backend, "max", x, axes, True)
+    x[0, 0, 0] = -1  # all ones: a NaN pattern if the copies read it as a float
+    check_values(backend, "permute", x, (3, 1, 0, 2))
+    check_values(backend, "broadcast_to", ints(rng, 3, 1, 5), (2, 3, 4, 5))
+    check_values(backend, "getitem", x, (Ellipsis, slice(0, 5, 2)))
+    check_values(backend, "concatenate", [ints(rng, 2, 3), ints(rng, 2, 4)], 1)
+    check_values(backend, "concatenate", [ints(rng, 2, 3), randn(rng, 2, 4)], 1)
+
+
+@pytest.mark.parametrize("family,op", [("unary", "sqrt"), ("binary", "pow"), ("scalar", "div")])
+def test_unknown_op_codes_are_refused(backend, family, op, rng):
+    x = randn(rng, 4)
+    args = {"unary": (x,), "binary": (x, x), "scalar": (x, 2.0)}[family]
+    with pytest.raises(ValueError, match=f"unknown {family} op '{op}'"):
+        getattr(backend, family)(op, *[backend.from_numpy(a) if isinstance(a, np.ndarray) else a for a in args])
+
+
+# --- ids out of range: one error on every backend (a GPU raises it at its next read-back) ---
+
+@pytest.mark.parametrize("bad", [13, -1, 2**20])
+def test_embedding_ids_out_of_range_are_an_error(backend, bad, rng):
+    w, idx = backend.from_numpy(randn(rng, 13, 8)), np.array([[0, 12], [3, bad]])
+    with pytest.raises(TinynnError, match=r"embedding: an id is outside \[0, num_embeddings\)"):
+        backend.to_numpy(backend.embedding_forward(w, backend.from_numpy(idx)))
+    with pytest.raises(TinynnError, match="embedding: an id is outside"):
+        backend.to_numpy(backend.embedding_backward(backend.from_numpy(randn(rng, 2, 2, 8)),
+                                                    backend.from_numpy(idx), 13))
+    check(backend, "embedding_forward", randn(rng, 13, 8), np.array([0, 12]))  # the error does not linger
+
+
+@pytest.mark.parametrize("bad", [11, -1, -101])
+def test_cross_entropy_targets_out_of_range_are_an_error(backend, bad, rng):
+    logits, targets = randn(rng, 5, 11), np.array([0, 10, -100, 3, bad])
+    with pytest.raises(TinynnError, match="cross_entropy: a target is outside"):
+        backend.to_numpy(backend.cross_entropy_forward(backend.from_numpy(logits), backend.from_numpy(targets),
+                                                       -100)[0])
+    with pytest.raises(TinynnError, match="cross_entropy: a target is outside"):
+        probs = backend.from_numpy(np.full((5, 11), 1 / 11, np.float32))
+        backend.to_numpy(backend.cross_entropy_backward(probs, backend.from_numpy(targets),
+                                                        backend.from_numpy(np.float32(1.0) * np.ones(())), -100))
+    targets[-1] = -100
+    check(backend, "cross_entropy_forward", logits, targets, -100)  # ignore_index itself is fine

@@ -406,8 +406,8 @@ def test_every_option_has_help_and_its_default(workdir):
 
 def test_the_readme_commands_run_as_written(workdir):
     """Read in order, as a newcomer runs them: each `tinynn` command parses and names files that exist, a
-    config that draws a loss plot comes after an install of the plot extra, and `generate` reads a
-    checkpoint that a `train` before it writes."""
+    config that draws a loss plot comes after an install of the plot extra, a fresh `train` does not meet a
+    checkpoint that an earlier one wrote, and `generate` reads a checkpoint that a `train` before it writes."""
     import re
     import shlex
     from pathlib import Path
@@ -432,8 +432,11 @@ def test_the_readme_commands_run_as_written(workdir):
         commands += 1
         if args.command == "train":
             cfg = config.load(root / args.config)
+            ckpt = f"{args.out_dir or cfg.out_dir}/ckpt.safetensors"
             assert plot_installed or not cfg.loss_plot, f"{args.config} draws a plot before matplotlib is installed"
-            written.add(f"{cfg.out_dir}/ckpt.safetensors")
+            synopsis = "[" in line  # a usage line lists options rather than running one command
+            assert synopsis or ckpt not in written or args.resume or args.overwrite, f"refused: {line.strip()}"
+            written.add(ckpt)
         if args.command == "generate":
             assert args.checkpoint in written, f"{args.checkpoint} is not written by a train command before it"
     assert commands >= 8

@@ -187,3 +187,84 @@ def test_a_constant_uploaded_inside_the_step_is_replayed(gpu):
         gpu.write_(w.data, np.full(4, float(value), np.float32))
         assert step().item() == 8.0 * value
     assert step.tape is not None and any(event[0] == "write" for event in step.tape.events)
+
+
+@pytest.mark.parametrize("name", ["sgd_update_", "adamw_update_"])
+def test_an_update_with_one_array_too_large_to_bind_steps_every_parameter_once(gpu, monkeypatch, name, rng):
+    """The whole update falls back to the CPU, decided before any parameter is updated on the GPU."""
+    monkeypatch.setattr(gpu.rt, "max_binding", 4096)
+    shapes = [(10,), (40, 50), (3,)]  # the middle one (8000 bytes) lives on the host
+    p, g, m, v = ([rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(4))
+    v = [np.abs(x) for x in v]
+    if name == "sgd_update_":
+        arrays, hyper, kwargs = (p, g, m), [0.1], dict(momentum=0.9, weight_decay=0.01)
+    else:
+        arrays, hyper = (p, g, m, v), [0.01, 0.1, 0.01]
+        kwargs = dict(beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1)
+    hyper = np.asarray(hyper, np.float32)
+    ours = [[gpu.from_numpy(x) for x in group] for group in arrays]
+    assert ours[0][1].buffer is None and ours[0][0].buffer is not None
+    getattr(gpu, name)(*ours, gpu.from_numpy(hyper), **kwargs)
+    ref = [[x.copy() for x in group] for group in arrays]
+    getattr(backends.reference(), name)(*ref, hyper, **kwargs)
+    for got, want in zip(ours[0], ref[0]):
+        np.testing.assert_allclose(gpu.to_numpy(got), want, rtol=1e-5, atol=1e-6)
+    assert gpu.fallbacks[name] >= 1
+
+
+def test_int32_ops_without_a_kernel_are_counted_fallbacks(gpu):
+    t = tinynn.tensor([5, 6, 7], backend=gpu)
+    before = dict(gpu.fallbacks)
+    assert t.sum().numpy() == 18 and (t * t).numpy().tolist() == [25, 36, 49]
+    assert gpu.fallbacks["sum"] == before.get("sum", 0) + 1  # sum and max of int32 run on NumPy
+    assert gpu.fallbacks["binary"] == before.get("binary", 0)  # int32 multiply has its kernel
+
+
+FLOAT_ENTRIES = {"unary_main": (0,), "unary_backward_main": (0, 1, 4), "binary_main": (0, 1), "scalar_main": (0,)}
+INT_ENTRIES = {"unary_int_main": (5,), "binary_int_main": (5, 6), "scalar_int_main": (5,)}
+
+
+@pytest.mark.parametrize("entry", [*FLOAT_ENTRIES, *INT_ENTRIES])
+def test_an_unknown_op_code_computes_no_other_op(gpu, entry):
+    """backend.py refuses unknown ops first; a kernel given one anyway writes NaN (int32: its lowest value)."""
+    rt, is_int = gpu.rt, entry in INT_ENTRIES
+    dtype = np.int32 if is_int else np.float32
+    x, out = rt.upload(np.ones(8, dtype)), rt.empty((8,), dtype)
+    bindings = {slot: x for slot in (INT_ENTRIES if is_int else FLOAT_ENTRIES)[entry]}
+    bindings[7 if is_int else 2] = out
+    rt.dispatch("elementwise", entry, 1, bindings, {"n": 8, "op": 99, "ndim": 1, "shape": [8], "a_strides": [1],
+                                                    "b_strides": [1]})
+    got = rt.read(out)
+    assert (got == -2**31).all() if is_int else np.isnan(got).all(), got
+
+
+HIDE_WGPU = """
+import sys
+class HideWgpu:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "wgpu":
+            raise ImportError("hidden by the test")
+sys.meta_path.insert(0, HideWgpu())
+from tinynn import backends
+print(backends.load("gpu").reason)
+"""
+
+
+def test_missing_wgpu_is_the_reason_given():
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", HIDE_WGPU], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "wgpu is not importable (hidden by the test)"
+
+
+def test_an_id_out_of_range_in_a_replayed_step_raises_at_its_read(gpu):
+    from tinynn.errors import TinynnError
+    _, step = captured_losses(gpu, 6)
+    assert step._run.tape is not None
+    x = np.zeros((4, CFG.block_size), np.int64)
+    bad = x.copy()
+    bad[1, 3] = CFG.vocab_size  # one past the vocabulary
+    with pytest.raises(TinynnError, match="embedding: an id is outside"):
+        step(bad, x, 1e-3).item()
+    assert np.isfinite(step(x, x, 1e-3).item())  # raised once; the next step reads cleanly

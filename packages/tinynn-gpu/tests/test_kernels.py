@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tinynn_gpu import add_data, matmul_data, relu_data, scale_data
 from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, LessonMatmul, MatmulSelector
-from tinynn_gpu.matmul_blocked import BlockedMatmul
+from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul
 
 RTOL = 1e-5
 
@@ -173,3 +173,16 @@ def test_multi_tensor_kernels_compile_for_every_slot_count(gpu):
     from tinynn_gpu.multi_tensor import MAX_SLOTS, generate
     for slots in (1, gpu.multi.slots, MAX_SLOTS):
         gpu.rt.device.create_shader_module(code=generate(slots))
+
+
+def test_variants_differing_only_in_group_run_their_own_kernels(gpu, rng):
+    """The variant name leaves out `group`: the shader and pipeline caches key by the generated code."""
+    a, b = rng.standard_normal((70, 40)).astype(np.float32), rng.standard_normal((40, 50)).astype(np.float32)
+    da, db = gpu.from_numpy(a), gpu.from_numpy(b)
+    pipelines = []
+    for group in (1, 8):
+        mm, out = BlockedMatmul(gpu.rt, BlockConfig(32, 32, 8, 4, 4, group=group)), gpu.rt.empty((70, 50))
+        mm.record(da, db, out, 1, 70, 50, 40, False, False, False)
+        np.testing.assert_allclose(gpu.to_numpy(out), a @ b, rtol=1e-4, atol=1e-4)
+        pipelines.append(gpu.rt.pipeline(mm.modules[(False, False)], "matmul_main"))
+    assert pipelines[0] is not pipelines[1]

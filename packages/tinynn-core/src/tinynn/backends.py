@@ -11,6 +11,7 @@ Device choice (`--device` on the CLI, `TINYNN_DEVICE` in the environment):
 """
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections import Counter
@@ -29,12 +30,36 @@ class BackendUnavailable(Exception):
     """Raised by a backend factory that cannot run here (no adapter, no driver); the message is the reason."""
 
 
+def reference_fallback(method):
+    """Mark a `Backend` method as an op of the interface and give it its default: move the inputs to NumPy,
+    run the reference op of the same name (numpy_backend.py), move the result back, and count the call in
+    `fallbacks`. An in-place op (name ending in `_`) writes the reference's results back into this backend's
+    arrays. So a backend without its own kernel for an op is slow there, never wrong. The decorated body is
+    only the signature and the docstring: what a reader's go-to-definition should land on."""
+    name = method.__name__
+    inplace = name.endswith("_")
+
+    @functools.wraps(method)
+    def fallback(self, *args, **kwargs):
+        self.fallbacks[name] += 1
+        np_args = _to_numpy(self, args)
+        out = getattr(reference(), name)(*np_args, **kwargs)
+        if not inplace:
+            return _from_numpy(self, out)
+        for dst, src in zip(_flatten(args), _flatten(np_args)):
+            if self.is_array(dst):
+                self.write_(dst, src)
+        return None
+    fallback.is_op = True
+    return fallback
+
+
 class Backend:
     """The operations core needs, at the level a GPU kernel implements them.
 
-    Arrays are opaque to core except for `.shape` and `.dtype`. Every operation below has a default that
-    moves the inputs to NumPy, runs the reference and moves the result back: a backend that lacks an op is
-    slow there (counted in `fallbacks`), never wrong.
+    Arrays are opaque to core except for `.shape`, `.dtype`, `.ndim` and `.size`. Transfer and creation
+    (`from_numpy`, `to_numpy`, `is_array`, `write_`) every backend implements; every op marked
+    `@reference_fallback` has the NumPy reference as its default. Floating-point ops keep their input's dtype.
     """
 
     name = "abstract"
@@ -48,11 +73,18 @@ class Backend:
     def describe(self) -> dict:
         return {"backend": self.name, "device": self.device_name, "software": self.is_software}
 
-    # --- transfer and creation (every backend implements these) ---
+    @classmethod
+    def ops(cls) -> tuple[str, ...]:
+        """The names of the interface's ops (the methods marked `@reference_fallback`)."""
+        return tuple(name for name, fn in vars(Backend).items() if getattr(fn, "is_op", False))
+
+    # --- transfer (every backend implements these) ---
     def from_numpy(self, x: np.ndarray):
+        """A new array of this backend holding a copy of x."""
         raise NotImplementedError
 
     def to_numpy(self, a) -> np.ndarray:
+        """A NumPy copy of a (on a GPU: the host waits for the work that writes a)."""
         raise NotImplementedError
 
     def is_array(self, a) -> bool:
@@ -74,22 +106,145 @@ class Backend:
         """
         return fn
 
-    # --- everything else falls back to the reference (see _install_fallbacks) ---
-    OPS = (
-        # creation and layout
-        "full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate",
-        # elementwise
-        "unary", "unary_backward", "binary", "scalar", "causal_fill", "dropout_mask",
-        # reductions and matmul
-        "sum", "max", "matmul",
-        # fused neural-network ops
-        "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
-        "layernorm_forward", "layernorm_backward", "cross_entropy_forward", "cross_entropy_backward",
-        "embedding_forward", "embedding_backward",
-        # optimizer
-        "global_norm", "clip_coefficient",
-    )
-    INPLACE_OPS = ("adamw_update_", "sgd_update_")
+    # --- creation and layout ---
+    @reference_fallback
+    def full(self, shape: tuple, value: float, dtype=np.float32):
+        """A new array of `shape` with every element `value`."""
+
+    @reference_fallback
+    def reshape(self, a, shape: tuple):
+        """a with a new shape of the same size (a contiguous array: no data moves)."""
+
+    @reference_fallback
+    def permute(self, a, axes: tuple):
+        """A contiguous copy of a with its axes reordered: result axis i is a's axis axes[i]."""
+
+    @reference_fallback
+    def broadcast_to(self, a, shape: tuple):
+        """A contiguous copy of a broadcast to `shape` (NumPy's rules)."""
+
+    @reference_fallback
+    def getitem(self, a, index):
+        """A copy of a[index]: NumPy indexing, basic (ints, slices, None, Ellipsis) or with index arrays."""
+
+    @reference_fallback
+    def getitem_backward(self, g, index, shape: tuple):
+        """Gradient of getitem: zeros of `shape` with g added at `index` (repeated indices add up)."""
+
+    @reference_fallback
+    def concatenate(self, arrays: list, axis: int):
+        """The arrays joined along `axis`."""
+
+    # --- elementwise ---
+    @reference_fallback
+    def unary(self, op: str, a):
+        """op(a) elementwise; op is neg, exp, log, tanh, relu or gelu (the tanh approximation)."""
+
+    @reference_fallback
+    def unary_backward(self, op: str, x, y, g):
+        """Gradient of y = unary(op, x) given the output gradient g."""
+
+    @reference_fallback
+    def binary(self, op: str, a, b):
+        """a op b elementwise with broadcasting; op is add, sub, mul, div or eq (1 where equal, else 0)."""
+
+    @reference_fallback
+    def scalar(self, op: str, a, s: float):
+        """a op s for a Python number s; op is add, mul or pow."""
+
+    @reference_fallback
+    def causal_fill(self, x, value: float):
+        """x with `value` wherever key j > query i over the last two axes (the future a token must not see)."""
+
+    @reference_fallback
+    def dropout_mask(self, shape: tuple, p: float, seed: int, dtype=np.float32):
+        """A mask of 0 (probability p) and 1 / (1 - p), drawn from `seed`."""
+
+    # --- reductions and matmul ---
+    @reference_fallback
+    def sum(self, a, axes: tuple, keepdims=False):
+        """The sum over `axes`."""
+
+    @reference_fallback
+    def max(self, a, axes: tuple, keepdims=False):
+        """The maximum over `axes` (NaN wins, as in NumPy)."""
+
+    @reference_fallback
+    def matmul(self, a, b, transpose_a=False, transpose_b=False, bias=None):
+        """op(a) @ op(b), op a transpose of the last two axes where asked; batched over the leading axes
+        (equal, or b 2-D and shared by every batch). `bias` (N,) is added to every row: a linear layer."""
+
+    # --- fused neural-network ops (over the last axis) ---
+    @reference_fallback
+    def softmax_forward(self, x, causal=False, scale=1.0):
+        """softmax(scale * x) over the last axis; `causal` hides the future first (attention's scores)."""
+
+    @reference_fallback
+    def softmax_backward(self, y, g, scale=1.0):
+        """Gradient of y = softmax_forward(x, causal, scale) given the output gradient g."""
+
+    @reference_fallback
+    def log_softmax_forward(self, x):
+        """log(softmax(x)) over the last axis."""
+
+    @reference_fallback
+    def log_softmax_backward(self, y, g):
+        """Gradient of y = log_softmax_forward(x) given the output gradient g."""
+
+    @reference_fallback
+    def layernorm_forward(self, x, weight, bias, eps: float):
+        """LayerNorm over the last axis -> (y, mean, rstd); weight and bias (C,) may each be None."""
+
+    @reference_fallback
+    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True):
+        """Gradients (g_x, g_weight or None, g_bias or None) from the forward's saved mean and rstd."""
+
+    @reference_fallback
+    def cross_entropy_forward(self, logits, targets, ignore_index: int):
+        """Mean negative log-likelihood of integer `targets` (N,) under `logits` (N, C), rows whose target is
+        `ignore_index` left out -> (loss scalar, probs (N, C) kept for the backward)."""
+
+    @reference_fallback
+    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index: int):
+        """Gradient of the loss with respect to the logits, scaled by the scalar array g_loss."""
+
+    @reference_fallback
+    def embedding_forward(self, weight, idx):
+        """Rows of weight (num_embeddings, C) picked by the integer array idx -> idx.shape + (C,)."""
+
+    @reference_fallback
+    def embedding_backward(self, g, idx, num_embeddings: int):
+        """Gradient of embedding_forward for the weight: g's rows added up per id -> (num_embeddings, C)."""
+
+    # --- optimizer ---
+    @reference_fallback
+    def global_norm(self, arrays: list):
+        """The Euclidean norm of all the arrays together, as a scalar array (no host sync)."""
+
+    @reference_fallback
+    def clip_coefficient(self, norm, max_norm: float):
+        """min(1, max_norm / (norm + 1e-6)) as a scalar array: the factor that clips gradients to max_norm."""
+
+    @reference_fallback
+    def adamw_update_(self, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, hyper, *,
+                      beta1: float, beta2: float, eps: float, weight_decay: float, grad_scale=None):
+        """AdamW in place on every parameter. hyper = [lr, 1 - beta1^t, 1 - beta2^t], the values that change
+        every step, kept in an array so a captured step reads them; grad_scale (a scalar array, or None)
+        multiplies every gradient first (the clip coefficient)."""
+
+    @reference_fallback
+    def sgd_update_(self, params: list, grads: list, momentum_buffers: list, hyper, *, momentum: float,
+                    weight_decay: float, grad_scale=None):
+        """SGD with momentum in place on every parameter; hyper = [lr]."""
+
+    # --- data parallel: every gradient in one buffer, so one Allreduce (and one read-back) moves them all ---
+    @reference_fallback
+    def pack(self, arrays: list):
+        """Every array's elements laid end to end in one flat array (all arrays of one dtype)."""
+
+    @reference_fallback
+    def unpack(self, flat, shapes: list):
+        """pack's inverse: a list of fresh arrays, one per shape, holding consecutive pieces of `flat`."""
 
 
 def reference() -> Backend:
@@ -97,36 +252,16 @@ def reference() -> Backend:
     return NUMPY
 
 
-def _install_fallbacks():
-    def to_numpy(backend, x):
-        if isinstance(x, (list, tuple)):
-            return type(x)(to_numpy(backend, v) for v in x)
-        return backend.to_numpy(x) if backend.is_array(x) else x
+def _to_numpy(backend, x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_numpy(backend, v) for v in x)
+    return backend.to_numpy(x) if backend.is_array(x) else x
 
-    def from_numpy(backend, x):
-        if isinstance(x, (list, tuple)):
-            return type(x)(from_numpy(backend, v) for v in x)
-        return backend.from_numpy(x) if isinstance(x, np.ndarray) else x
 
-    def make(name, inplace):
-        def op(self, *args, **kwargs):
-            self.fallbacks[name] += 1
-            np_args = to_numpy(self, args)
-            out = getattr(reference(), name)(*np_args, **kwargs)
-            if inplace:  # write the reference's in-place results back into this backend's arrays
-                for dst, src in zip(_flatten(args), _flatten(np_args)):
-                    if self.is_array(dst):
-                        self.write_(dst, src)
-                return None
-            return from_numpy(self, out)
-        op.__name__ = name
-        op.__doc__ = f"NumPy fallback for `{name}`."
-        return op
-
-    for name in Backend.OPS:
-        setattr(Backend, name, make(name, inplace=False))
-    for name in Backend.INPLACE_OPS:
-        setattr(Backend, name, make(name, inplace=True))
+def _from_numpy(backend, x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_from_numpy(backend, v) for v in x)
+    return backend.from_numpy(x) if isinstance(x, np.ndarray) else x
 
 
 def _flatten(xs):
@@ -135,9 +270,6 @@ def _flatten(xs):
             yield from _flatten(x)
         else:
             yield x
-
-
-_install_fallbacks()
 
 
 # --- discovery and selection ---

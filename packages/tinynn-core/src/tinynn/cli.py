@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from tinynn import __version__, backends
+from tinynn import __version__, backends, distributed
 from tinynn.errors import TinynnError
 
 
@@ -25,6 +25,8 @@ def cmd_train(args):
     cfg = config.load(args.config, overrides={"--out-dir": ("out_dir", args.out_dir),
                                               "--max-steps": ("max_steps", args.max_steps)})
     result = train(cfg, device=args.device, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
+    if not distributed.world().is_root:  # data-parallel: rank 0 alone reports
+        return
     print(f"checkpoint: {result.checkpoint or 'none saved (every checkpoint step was diverging)'}")
     if cfg.loss_plot:
         print(f"loss curve: {cfg.loss_plot}")
@@ -171,11 +173,9 @@ def main(argv=None) -> int:
             warnings.showwarning = _notice
             args.func(args)
     except TinynnError as e:
-        print(f"tinynn: error: {e}", file=sys.stderr)
-        return 2
+        return distributed.fail(str(e), 2)  # prints `tinynn: error: ...`; under MPI it ends every rank
     except MemoryError:  # a backstop: train checks its estimate first (memory.py)
-        print("tinynn: error: out of memory: make the model, the batch or the vocabulary smaller", file=sys.stderr)
-        return 2
+        return distributed.fail("out of memory: make the model, the batch or the vocabulary smaller", 2)
     except KeyboardInterrupt:
         print("tinynn: interrupted", file=sys.stderr)
         return 130

@@ -28,7 +28,8 @@ class TrainConfig:
     dropout: float = 0.0
     bias: bool = True
     # optimisation
-    batch_size: int = 16
+    batch_size: int = 16  # sequences per optimizer step, over all micro-batches and MPI ranks
+    grad_accum_steps: int = 1  # micro-batches whose gradients add up before each optimizer step
     max_steps: int = 500
     learning_rate: float = 1e-3
     min_lr: float = 1e-4
@@ -65,13 +66,15 @@ class TrainConfig:
                 bad(field.name, f"must be {_type_name(hints[field.name])}, got {value!r}")
             if isinstance(value, float) and not math.isfinite(value):
                 bad(field.name, f"must be a finite number, got {value}")
-        for key in ("block_size", "n_layer", "n_head", "n_embd", "batch_size", "max_steps", "eval_interval",
-                    "eval_steps"):
+        for key in ("block_size", "n_layer", "n_head", "n_embd", "batch_size", "grad_accum_steps", "max_steps",
+                    "eval_interval", "eval_steps"):
             if getattr(self, key) < 1:
                 bad(key, f"must be at least 1, got {getattr(self, key)}")
         for key in ("warmup_steps", "checkpoint_interval", "sample_tokens", "seed"):
             if getattr(self, key) < 0:
                 bad(key, f"must not be negative, got {getattr(self, key)}")
+        if self.batch_size % self.grad_accum_steps:
+            bad("batch_size", f"({self.batch_size}) must be divisible by grad_accum_steps ({self.grad_accum_steps})")
         if self.n_embd % self.n_head:
             bad("n_embd", f"({self.n_embd}) must be divisible by n_head ({self.n_head})")
         for key in ("dropout", "val_fraction", "beta1", "beta2"):

@@ -28,6 +28,11 @@ def _tensor_like(x, like: Tensor) -> Tensor:
     return Tensor(like.backend.from_numpy(np.asarray(x, dtype=like.dtype)), like.backend)
 
 
+def _number(x):
+    """A Python number for a scalar op; an integer stays one, so an int tensor plus 1 stays int (NumPy's rule)."""
+    return int(x) if isinstance(x, numbers.Integral) else float(x)
+
+
 def _unbroadcast(backend, g, shape):
     """Sum a gradient of a broadcast result back to the input's `shape`."""
     shape = tuple(shape)
@@ -50,7 +55,7 @@ def _axes(axis, ndim) -> tuple:
 def add(a: Tensor, b) -> Tensor:
     be = a.backend
     if isinstance(b, numbers.Number):
-        return _result(be.scalar("add", a.data, float(b)), be, (a,), lambda g: (g,))
+        return _result(be.scalar("add", a.data, _number(b)), be, (a,), lambda g: (g,))
     b = _tensor_like(b, a)
     return _result(be.binary("add", a.data, b.data), be, (a, b),
                    lambda g: (_unbroadcast(be, g, a.shape), _unbroadcast(be, g, b.shape)))
@@ -67,7 +72,7 @@ def sub(a: Tensor, b) -> Tensor:
 def mul(a: Tensor, b) -> Tensor:
     be = a.backend
     if isinstance(b, numbers.Number):
-        s = float(b)
+        s = _number(b)
         return _result(be.scalar("mul", a.data, s), be, (a,), lambda g: (be.scalar("mul", g, s),))
     b = _tensor_like(b, a)
     return _result(be.binary("mul", a.data, b.data), be, (a, b),
@@ -91,7 +96,7 @@ def div(a: Tensor, b) -> Tensor:
 def pow(a: Tensor, exponent: float) -> Tensor:
     if not isinstance(exponent, numbers.Number):
         raise TypeError(f"pow takes a number as exponent, got {type(exponent).__name__}")
-    be, p = a.backend, float(exponent)
+    be, p = a.backend, _number(exponent)
     return _result(be.scalar("pow", a.data, p), be, (a,),
                    lambda g: (be.binary("mul", g, be.scalar("mul", be.scalar("pow", a.data, p - 1.0), p)),))
 

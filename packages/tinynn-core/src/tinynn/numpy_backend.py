@@ -11,13 +11,26 @@ import math
 import numpy as np
 
 from tinynn.backends import Backend
+from tinynn.errors import TinynnError
 
 GELU_C = math.sqrt(2.0 / math.pi)
+# the errors for ids out of range, worded alike on every backend (a GPU raises them at its next read-back)
+EMBEDDING_RANGE = "embedding: an id is outside [0, num_embeddings)"
+TARGET_RANGE = "cross_entropy: a target is outside [0, number of classes) and is not ignore_index"
 
 
 def _gelu_parts(x):
     inner = GELU_C * (x + 0.044715 * x * x * x)  # x*x*x: NumPy's float power is ~20x slower
     return inner, np.tanh(inner)
+
+
+def _check_range(ids, stop, message, ignore=None):
+    """Refuse ids outside [0, stop) (except `ignore`): NumPy would wrap a negative one silently."""
+    bad = (ids < 0) | (ids >= stop)
+    if ignore is not None:
+        bad &= ids != ignore
+    if bad.any():
+        raise TinynnError(message)
 
 
 def _causal(shape):
@@ -191,6 +204,7 @@ class NumpyBackend(Backend):
 
     def cross_entropy_forward(self, logits, targets, ignore_index):
         """Mean negative log-likelihood of `targets` (N,) under `logits` (N, C); returns (loss, probs)."""
+        _check_range(targets, logits.shape[-1], TARGET_RANGE, ignore_index)
         probs = self.softmax_forward(logits)
         valid = targets != ignore_index
         picked = probs[np.arange(len(targets)), np.where(valid, targets, 0)]
@@ -199,6 +213,7 @@ class NumpyBackend(Backend):
         return np.asarray(loss, dtype=logits.dtype), probs
 
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index):
+        _check_range(targets, probs.shape[-1], TARGET_RANGE, ignore_index)
         valid = targets != ignore_index
         g = probs.copy()
         g[np.arange(len(targets)), np.where(valid, targets, 0)] -= valid
@@ -206,9 +221,11 @@ class NumpyBackend(Backend):
         return (g * (g_loss / max(valid.sum(), 1))).astype(probs.dtype)
 
     def embedding_forward(self, weight, idx):
+        _check_range(idx, len(weight), EMBEDDING_RANGE)
         return weight[idx]
 
     def embedding_backward(self, g, idx, num_embeddings):
+        _check_range(idx, num_embeddings, EMBEDDING_RANGE)
         out = np.zeros((num_embeddings, g.shape[-1]), dtype=g.dtype)
         np.add.at(out, idx.reshape(-1), g.reshape(-1, g.shape[-1]))
         return out
@@ -244,6 +261,15 @@ class NumpyBackend(Backend):
             buf *= momentum
             buf += g
             p -= lr * buf
+
+    # --- data parallel ---
+    def pack(self, arrays):
+        return np.concatenate([a.reshape(-1) for a in arrays])
+
+    def unpack(self, flat, shapes):
+        ends = np.cumsum([math.prod(shape) for shape in shapes])
+        assert ends[-1] == flat.size, f"shapes of {ends[-1]} elements do not cover {flat.size}"
+        return [piece.reshape(shape) for piece, shape in zip(np.split(flat.copy(), ends[:-1]), shapes)]
 
 
 NUMPY = NumpyBackend()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from tinynn import backends, checkpoint, memory, rng
+from tinynn import backends, checkpoint, distributed, memory, rng
 from tinynn.config import TrainConfig, to_dict
 from tinynn.data import Batches, CharTokenizer, load_text
 from tinynn.errors import TinynnError
@@ -38,28 +38,87 @@ class TrainResult:
 class TrainStep:
     """One optimisation step over persistent input arrays, so that a backend can capture it once and replay
     it (the GPU backend does: see `Backend.capture`). Call it with a batch and the learning rate; it returns
-    the loss, still on the backend: reading it (`.item()`) is the step's one host sync."""
+    the loss, still on the backend: reading it (`.item()`) is the step's one host sync.
 
-    def __init__(self, model: GPT, optimizer, batch_size: int, block_size: int):
+    With `accum_steps` k the batch is split into k micro-batches whose gradients add up before the one
+    optimizer step; each backward starts from 1/k, so the sum is the gradient of the whole batch's mean loss.
+
+    With a `world` of several MPI ranks (distributed.py) each rank passes its rows of the global batch and
+    its backward starts from 1/(k * ranks). The step then runs in two captured halves around one host round
+    trip: the loss and every gradient packed into one flat array, read back once, summed over the ranks by
+    one Allreduce, written back once, unpacked into the gradients the optimizer (and its clipping) reads.
+    The returned loss is then the global batch's mean, already on the host.
+    """
+
+    def __init__(self, model: GPT, optimizer, batch_size: int, block_size: int, accum_steps: int = 1,
+                 world: distributed.World | None = None):
         self.model, self.optimizer = model, optimizer
         self.backend = be = model.parameters()[0].backend
-        self.x = Tensor(be.from_numpy(np.zeros((batch_size, block_size), np.int64)), be)  # (B, T) token ids
-        self.y = Tensor(be.from_numpy(np.zeros((batch_size, block_size), np.int64)), be)  # (B, T) next ids
-        self._run = be.capture(self._body)
+        self.world = world if world is not None and world.size > 1 else None
+        self.scale = 1.0 / (accum_steps * (self.world.size if self.world else 1))
+        micro = np.zeros((batch_size // accum_steps, block_size), np.int64)  # (b, T) token ids of one micro-batch
+        self.inputs = [(Tensor(be.from_numpy(micro), be), Tensor(be.from_numpy(micro), be))
+                       for _ in range(accum_steps)]
+        if self.world is None:
+            self._run = be.capture(self._step)
+        else:
+            self.params = optimizer.params
+            shapes = [()] + [p.shape for p in self.params]  # the loss, then every gradient
+            self.flat = Tensor(be.full((sum(math.prod(s) for s in shapes),), 0.0), be)
+            self._pack = be.capture(self._packed_gradients)
+            self._update = be.capture(lambda: self._unpacked_update(shapes))
 
-    def _body(self):
-        _, loss = self.model(self.x, self.y)
+    def _backward(self):
+        """Forward and backward over every micro-batch: the gradients add up in `.grad`. Returns the loss
+        scaled as the gradients are (the batch's mean loss in a single process)."""
         self.optimizer.zero_grad()
-        loss.backward()
+        seed, losses = None, []
+        for x, y in self.inputs:
+            _, loss = self.model(x, y)
+            if seed is None:  # made on the device: no upload in the step
+                seed = Tensor(self.backend.full(loss.shape, self.scale, loss.dtype), self.backend)
+            loss.backward(seed)
+            losses.append(loss.detach())
+        if self.scale == 1.0:
+            return losses[0]
+        return sum(losses[1:], losses[0]) * self.scale
+
+    def _step(self):
+        loss = self._backward()
         self.optimizer.apply_step()
         return loss
 
+    def _packed_gradients(self):
+        loss = self._backward()
+        missing = [i for i, p in enumerate(self.params) if p.grad is None]
+        if missing:
+            raise TinynnError(f"data-parallel training needs a gradient for every parameter; "
+                              f"parameter {missing[0]} got none")
+        return Tensor(self.backend.pack([loss.data] + [p.grad.data for p in self.params]), self.backend)
+
+    def _unpacked_update(self, shapes):
+        loss, *grads = self.backend.unpack(self.flat.data, shapes)
+        for p, g in zip(self.params, grads):
+            p.grad = Tensor(g, self.backend)
+        self.optimizer.apply_step()
+        return Tensor(loss, self.backend)
+
     def __call__(self, x: np.ndarray, y: np.ndarray, lr: float):
-        self.backend.write_(self.x.data, x)
-        self.backend.write_(self.y.data, y)
+        be, k = self.backend, len(self.inputs)
+        for (x_in, y_in), x_part, y_part in zip(self.inputs, np.split(x, k), np.split(y, k)):
+            be.write_(x_in.data, x_part)
+            be.write_(y_in.data, y_part)
         self.optimizer.set_lr(lr)
+        if self.world is None:
+            self.optimizer.prepare_step()
+            return self._run()
+        flat = be.to_numpy(self._pack().data)  # the step's one read-back (and its host sync)
+        self.world.allreduce_(flat)  # each rank's share carries its 1/ranks: the sum is the global mean
+        be.write_(self.flat.data, flat)  # the step's one gradient write
         self.optimizer.prepare_step()
-        return self._run()
+        self._update()
+        cpu = backends.reference()
+        return Tensor(cpu.from_numpy(flat[0]), cpu)
 
 
 def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: int, seed: int) -> float:
@@ -74,8 +133,11 @@ def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: i
 
 def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progress=True) -> TrainResult:
     """Train as `cfg` says. Everything checkable is checked before step 1 (see rundir.py and memory.py);
-    `resume` continues out_dir's checkpoint, `overwrite` lets a fresh run replace it."""
+    `resume` continues out_dir's checkpoint, `overwrite` lets a fresh run replace it. Under mpiexec, rank 0
+    alone holds out_dir, evaluates, writes checkpoints and samples."""
     cfg.validate()
+    world = distributed.world()  # under mpiexec: this rank (before the backend, which picks its GPU by it)
+    world.check_batch(cfg.batch_size, cfg.grad_accum_steps)
     backend = backends.set_default(device)
     if cfg.loss_plot:
         _require_matplotlib()
@@ -92,12 +154,16 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
         prompt = tokenizer.encode(cfg.sample_prompt) if cfg.sample_prompt else tokens[:1]
     except TinynnError as e:
         raise TinynnError(f"sample_prompt: {e}") from None
-    run_dir.claim(resume=resume, overwrite=overwrite)
+    if world.is_root:
+        run_dir.claim(resume=resume, overwrite=overwrite)
     try:
-        run_dir.check_disk(memory.checkpoint_bytes(cfg, tokenizer.vocab_size))
-        model, history, ckpt_path = _train_loop(cfg, backend, tokenizer, batches, saved, run_dir, progress)
+        if world.is_root:
+            run_dir.check_disk(memory.checkpoint_bytes(cfg, tokenizer.vocab_size))
+        model, history, ckpt_path = _train_loop(cfg, backend, world, tokenizer, batches, saved, run_dir, progress)
     finally:
         run_dir.release()
+    if not world.is_root:  # rank 0 alone samples and plots
+        return TrainResult(model, tokenizer, history, "", ckpt_path)
     out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, top_k=None,
                          rng=np.random.default_rng(cfg.seed))
     sample = tokenizer.decode(out[0])
@@ -106,7 +172,7 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
     return TrainResult(model, tokenizer, history, sample, ckpt_path)
 
 
-def _train_loop(cfg, backend, tokenizer, batches, saved, run_dir, progress):
+def _train_loop(cfg, backend, world, tokenizer, batches, saved, run_dir, progress):
     rng.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(tokenizer.vocab_size))
     optimizer = AdamW(decay_groups(list(model.named_parameters()), cfg.weight_decay), lr=cfg.learning_rate,
@@ -126,14 +192,16 @@ def _train_loop(cfg, backend, tokenizer, batches, saved, run_dir, progress):
 
     split_for_eval = "val" if batches.has_val else "train"
     tokens_per_step = cfg.batch_size * cfg.block_size
-    bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps, disable=not progress,
-               desc=f"train ({backend.name})", unit="step", dynamic_ncols=True)
-    train_step = TrainStep(model, optimizer, cfg.batch_size, cfg.block_size)
+    bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps,
+               disable=not (progress and world.is_root), desc=f"train ({backend.name})", unit="step",
+               dynamic_ncols=True)
+    train_step = TrainStep(model, optimizer, cfg.batch_size // world.size, cfg.block_size, cfg.grad_accum_steps,
+                           world)
     t_last = time.perf_counter()
     for step in bar:
         lr = cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
         x, y = batches.sample("train", cfg.batch_size, rng.generator())
-        loss_value = train_step(x, y, lr).item()
+        loss_value = train_step(world.rows(x), world.rows(y), lr).item()  # the global batch's mean loss
         keeper.judge(loss_value, "train")  # this loss was computed on the weights offered last step
         if not math.isfinite(loss_value):
             bar.close()
@@ -146,12 +214,12 @@ def _train_loop(cfg, backend, tokenizer, batches, saved, run_dir, progress):
         t_last = now
         last = step + 1 == cfg.max_steps
         val = None
-        if (step + 1) % cfg.eval_interval == 0 or last:
+        if world.is_root and ((step + 1) % cfg.eval_interval == 0 or last):
             val = evaluate(model, batches, split_for_eval, cfg.eval_steps, cfg.batch_size, cfg.seed + 1)
             history["val_step"].append(step + 1)
             history["val_loss"].append(val)
             bar.write(f"step {step + 1}: train loss {loss_value:.4f}, {split_for_eval} loss {val:.4f}")
-        if (cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0) or last:
+        if world.is_root and ((cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0) or last):
             keeper.offer(state(step + 1))
         if val is not None:
             keeper.judge(val, "val")  # evaluated on the weights just offered

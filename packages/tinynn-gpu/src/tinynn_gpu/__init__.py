@@ -2,7 +2,8 @@
 
 Installing this package is all it takes: core's `auto` device then uses a hardware GPU when one is present,
 and the CPU otherwise. `create_backend` is the entry point: it opens the GPU once per process and raises
-`BackendUnavailable` with the reason when it cannot (no adapter, no driver, a kernel that fails to compile).
+`BackendUnavailable` with the reason when it cannot (no wgpu, no adapter, no driver, a kernel that fails to
+compile). Importing this package does not import wgpu.
 """
 from tinynn_gpu.numpy_ops import add_data, matmul_data, relu_data, scale_data
 
@@ -11,6 +12,7 @@ __all__ = ["create_backend", "matmul_data", "scale_data", "add_data", "relu_data
 
 
 def create_backend():
-    from tinynn_gpu.backend import WgpuBackend
     from tinynn_gpu.context import create
-    return WgpuBackend(create())
+    ctx = create()  # first: it names the reason when wgpu is missing, which importing the backend would hide
+    from tinynn_gpu.backend import WgpuBackend
+    return WgpuBackend(ctx)

@@ -3,25 +3,42 @@
 Ops only record dispatches (runtime.py); nothing waits for the GPU until a value is read back. Names match
 the NumPy reference (tinynn/numpy_backend.py), which every kernel is tested against. An array too large for
 one storage binding lives on the host instead, and the ops that touch it run through the NumPy fallback.
+
+Dtypes: arrays are float32 or int32. Int32 arrays have kernels for the layout ops, add, sub, mul, eq, neg,
+relu, and add or mul by an integer, with int32's wrap-around; every other op given an int32 operand (exp,
+div, a float scalar, sum and max, mixed dtypes) runs on the NumPy reference, counted in `fallbacks`, and
+gives NumPy's answer stored as float32 or int32. Either way, nothing is computed on misread bits.
 """
 from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import numpy as np
 
 from tinynn.backends import Backend
 from tinynn_gpu.capture import CapturedStep
-from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims, padded
+from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims
 from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.multi_tensor import MultiTensor
+from tinynn_gpu.packing import Packing
 from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
 
 UNARY = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "gelu": 5}
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "eq": 4}
 SCALAR = {"add": 0, "mul": 1, "pow": 2}
+INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}, {"add", "mul"}  # int32 kernels
+# ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
+INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
+             "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
+             "cross_entropy_backward"}
 WG = 256
+
+
+class OnCpu(Exception):
+    """These operands need the NumPy reference (an int32 array where a kernel reads float32, mixed dtypes):
+    raised before the op records a dispatch, so the fallback never repeats part of the work."""
 
 
 class WgpuBackend(Backend):
@@ -36,6 +53,7 @@ class WgpuBackend(Backend):
         self.is_software = ctx.is_software
         self.mm = MatmulSelector(self.rt)
         self.multi = MultiTensor(self.rt)
+        self.packing = Packing(self.rt)
         self._constants = {}
 
     @property
@@ -80,7 +98,8 @@ class WgpuBackend(Backend):
         return self.rt.empty(tuple(shape), dtype)
 
     def _fill(self, out, value: float):
-        self.rt.dispatch("elementwise", "fill_main", _groups(out.size), {2: _buf(out)}, (out.size, float(value)))
+        self.rt.dispatch("elementwise", "fill_main", _groups(out.size), {2: _buf(out)},
+                         {"n": out.size, "value": float(value)})
         return out
 
     def _constant(self, value: float, n: int = 1):
@@ -111,14 +130,16 @@ class WgpuBackend(Backend):
     def _gather(self, a, offset, shape, strides):
         out = self._empty(shape, a.dtype)
         merged, (view_strides,) = merge_dims(shape, strides)
-        params = [out.size, len(merged), offset] + padded(merged) + padded(view_strides)
-        self.rt.dispatch("strided", "gather_main", _groups(out.size), {0: _buf(a), 2: out}, params)
+        self.rt.dispatch("strided", "gather_main", _groups(out.size), {0: _buf(a), 2: out},
+                         {"n": out.size, "ndim": len(merged), "offset": offset, "shape": merged,
+                          "strides": view_strides})
         return out
 
     def _scatter(self, src, dst, offset, shape, strides):
         merged, (view_strides,) = merge_dims(shape, strides)
-        params = [src.size, len(merged), offset] + padded(merged) + padded(view_strides)
-        self.rt.dispatch("strided", "scatter_main", _groups(src.size), {0: _buf(src), 2: _buf(dst)}, params)
+        self.rt.dispatch("strided", "scatter_main", _groups(src.size), {0: _buf(src), 2: _buf(dst)},
+                         {"n": src.size, "ndim": len(merged), "offset": offset, "shape": merged,
+                          "strides": view_strides})
 
     def permute(self, a, axes):
         strides = contiguous_strides(a.shape)
@@ -146,6 +167,8 @@ class WgpuBackend(Backend):
         return out
 
     def concatenate(self, arrays, axis):
+        if len({a.dtype for a in arrays}) > 1:
+            raise OnCpu("concatenate of mixed dtypes")  # NumPy promotes; the copies move bits
         axis = axis % arrays[0].ndim
         shape = list(arrays[0].shape)
         shape[axis] = sum(a.shape[axis] for a in arrays)
@@ -158,38 +181,62 @@ class WgpuBackend(Backend):
 
     # --- elementwise ---
     def unary(self, op, a):
+        code = _code(UNARY, "unary", op)
+        if a.dtype.kind == "i":
+            if op not in INT_UNARY:
+                raise OnCpu(f"{op} of int32")
+            out = self._empty(a.shape, a.dtype)
+            self.rt.dispatch("elementwise", "unary_int_main", _groups(a.size), {5: _buf(a), 7: out},
+                             {"n": a.size, "op": code})
+            return out
         out = self._empty(a.shape)
-        self.rt.dispatch("elementwise", "unary_main", _groups(a.size), {0: _buf(a), 2: out}, (a.size, UNARY[op]))
+        self.rt.dispatch("elementwise", "unary_main", _groups(a.size), {0: _buf(a), 2: out}, {"n": a.size, "op": code})
         return out
 
     def unary_backward(self, op, x, y, g):
         out = self._empty(g.shape)
         self.rt.dispatch("elementwise", "unary_backward_main", _groups(g.size),
-                         {0: _buf(x), 1: _buf(y), 4: _buf(g), 2: out}, (g.size, UNARY[op]))
+                         {0: _buf(x), 1: _buf(y), 4: _buf(g), 2: out}, {"n": g.size, "op": _code(UNARY, "unary", op)})
         return out
 
     def binary(self, op, a, b):
+        code = _code(BINARY, "binary", op)
+        is_int = a.dtype.kind == "i"
+        if a.dtype != b.dtype or (is_int and op not in INT_BINARY):
+            raise OnCpu(f"{op} of {a.dtype} and {b.dtype}")
         shape = tuple(np.broadcast_shapes(a.shape, b.shape))
-        out = self._empty(shape)
+        out = self._empty(shape, a.dtype)
 
         def strides_in(x):
             lead, own = len(shape) - x.ndim, contiguous_strides(x.shape)
             return [0 if i < lead or x.shape[i - lead] == 1 else own[i - lead] for i in range(len(shape))]
         merged, (sa, sb) = merge_dims(shape, strides_in(a), strides_in(b))
-        params = [out.size, BINARY[op], len(merged)] + padded(merged) + padded(sa) + padded(sb)
-        self.rt.dispatch("elementwise", "binary_main", _groups(out.size), {0: _buf(a), 1: _buf(b), 2: out}, params)
+        params = {"n": out.size, "op": code, "ndim": len(merged), "shape": merged, "a_strides": sa, "b_strides": sb}
+        if is_int:
+            self.rt.dispatch("elementwise", "binary_int_main", _groups(out.size), {5: _buf(a), 6: _buf(b), 7: out},
+                             params)
+        else:
+            self.rt.dispatch("elementwise", "binary_main", _groups(out.size), {0: _buf(a), 1: _buf(b), 2: out}, params)
         return out
 
     def scalar(self, op, a, s):
+        code = _code(SCALAR, "scalar", op)
+        if a.dtype.kind == "i":
+            if op not in INT_SCALAR or not isinstance(s, numbers.Integral) or not -2**31 <= s < 2**31:
+                raise OnCpu(f"int32 {op} {s!r}")  # NumPy's answer is float, or an int64
+            out = self._empty(a.shape, a.dtype)
+            self.rt.dispatch("elementwise", "scalar_int_main", _groups(a.size), {5: _buf(a), 7: out},
+                             {"n": a.size, "op": code, "int_value": int(s)})
+            return out
         out = self._empty(a.shape)
         self.rt.dispatch("elementwise", "scalar_main", _groups(a.size), {0: _buf(a), 2: out},
-                         (a.size, SCALAR[op], float(s)))
+                         {"n": a.size, "op": code, "value": float(s)})
         return out
 
     def causal_fill(self, x, value):
         out = self._empty(x.shape)
         self.rt.dispatch("elementwise", "causal_fill_main", _groups(x.size), {0: _buf(x), 2: out},
-                         (x.size, x.shape[-2], x.shape[-1], float(value)))
+                         {"n": x.size, "t_q": x.shape[-2], "t_k": x.shape[-1], "value": float(value)})
         return out
 
     def dropout_mask(self, shape, p, seed, dtype=np.float32):
@@ -198,7 +245,7 @@ class WgpuBackend(Backend):
         out = self._empty(shape)
         threshold = min(int(p * 2**32), 2**32 - 1)
         self.rt.dispatch("elementwise", "dropout_mask_main", _groups(out.size), {2: out},
-                         (out.size, seed & 0xFFFFFFFF, threshold, 1.0 / (1.0 - p)))
+                         {"n": out.size, "seed": seed & 0xFFFFFFFF, "threshold": threshold, "value": 1.0 / (1.0 - p)})
         return out
 
     # --- reductions and matmul ---
@@ -267,24 +314,26 @@ class WgpuBackend(Backend):
         out = self._empty(x.shape)
         t_q = x.shape[-2] if causal else 1
         self._rows("softmax_forward_main", x.shape, {0: _buf(x), 2: out},
-                   (math.prod(x.shape[:-1]), x.shape[-1], int(causal), t_q, float(scale)))
+                   {"rows": math.prod(x.shape[:-1]), "len": x.shape[-1], "causal": int(causal), "t_q": t_q,
+                    "scale": float(scale)})
         return out
 
     def softmax_backward(self, y, g, scale=1.0):
         out = self._empty(y.shape)
         self._rows("softmax_backward_main", y.shape, {0: _buf(y), 1: _buf(g), 2: out},
-                   (math.prod(y.shape[:-1]), y.shape[-1], 0, 1, float(scale)))
+                   {"rows": math.prod(y.shape[:-1]), "len": y.shape[-1], "scale": float(scale)})
         return out
 
     def log_softmax_forward(self, x):
         out = self._empty(x.shape)
-        self._rows("log_softmax_forward_main", x.shape, {0: _buf(x), 2: out}, (math.prod(x.shape[:-1]), x.shape[-1]))
+        self._rows("log_softmax_forward_main", x.shape, {0: _buf(x), 2: out},
+                   {"rows": math.prod(x.shape[:-1]), "len": x.shape[-1]})
         return out
 
     def log_softmax_backward(self, y, g):
         out = self._empty(y.shape)
         self._rows("log_softmax_backward_main", y.shape, {0: _buf(y), 1: _buf(g), 2: out},
-                   (math.prod(y.shape[:-1]), y.shape[-1]))
+                   {"rows": math.prod(y.shape[:-1]), "len": y.shape[-1]})
         return out
 
     def layernorm_forward(self, x, weight, bias, eps):
@@ -318,38 +367,46 @@ class WgpuBackend(Backend):
         return gx, g_weight, g_bias
 
     def cross_entropy_forward(self, logits, targets, ignore_index):
+        _check_dtypes("cross_entropy_forward", logits, targets)
         n, c = logits.shape
         probs, rows, loss = self._empty((n, c)), self._empty((n, 2)), self._empty(())
-        params = (n, c, int(ignore_index))
-        bindings = {0: _buf(logits), 1: _buf(targets), 2: probs, 4: rows}
+        params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
+        bindings = {0: _buf(logits), 1: _buf(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
         self.rt.dispatch("cross_entropy", "cross_entropy_forward_rows_main", n, bindings, params)
         self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss}, params)
         return loss, probs
 
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index):
+        _check_dtypes("cross_entropy_backward", probs, g_loss, targets)
         n, c = probs.shape
         grad, count = self._empty((n, c)), self._empty(())
-        params = (n, c, int(ignore_index))
-        self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1, {1: _buf(targets), 5: count}, params)
+        params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
+        self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1,
+                         {1: _buf(targets), 5: count, 8: self.rt.error_flags}, params)
         self.rt.dispatch("cross_entropy", "cross_entropy_backward_main", _groups(n * c),
                          {1: _buf(targets), 2: _buf(probs), 5: count, 6: _buf(g_loss), 7: grad}, params)
         return grad
 
     def embedding_forward(self, weight, idx):
-        c = weight.shape[-1]
+        _check_dtypes("embedding_forward", weight, idx)
+        v, c = weight.shape
         out = self._empty(idx.shape + (c,))
-        self.rt.dispatch("embedding", "embedding_forward_main", _groups(out.size), {0: _buf(weight), 1: _buf(idx),
-                                                                                    2: out}, (out.size, c))
+        self.rt.dispatch("embedding", "embedding_forward_main", _groups(out.size),
+                         {0: _buf(weight), 1: _buf(idx), 2: out, 8: self.rt.error_flags},
+                         {"total": out.size, "cols": c, "rows": v})
         return out
 
     def embedding_backward(self, g, idx, num_embeddings):
+        _check_dtypes("embedding_backward", g, idx)
         c, n = g.shape[-1], idx.size
         table = num_embeddings * c
         chunk = max(64, -(-n // max(1, 65536 // table)))  # ~64K threads, at least 64 positions each
         chunks = -(-n // chunk)
         partial = self._empty((chunks * table,))
         self.rt.dispatch("embedding", "embedding_backward_main", _groups(partial.size),
-                         {1: _buf(idx), 4: _buf(g), 2: partial}, (table, c, n, chunk, chunks))
+                         {1: _buf(idx), 4: _buf(g), 2: partial, 8: self.rt.error_flags},
+                         {"total": table, "cols": c, "rows": num_embeddings, "positions": n, "chunk": chunk,
+                          "chunks": chunks})
         out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
         return out.view((num_embeddings, c))
 
@@ -378,6 +435,17 @@ class WgpuBackend(Backend):
                              {0: _buf(p), 1: _buf(g), 2: _buf(buf), 5: _buf(hyper), 6: _buf(scale)},
                              (p.size, float(momentum), float(weight_decay)))
 
+    # --- data parallel ---
+    def pack(self, arrays):
+        flat = self._empty((sum(a.size for a in arrays),), arrays[0].dtype)
+        self.packing.copy("pack", flat, [_buf(a) for a in arrays])
+        return flat
+
+    def unpack(self, flat, shapes):
+        arrays = [self._empty(shape, flat.dtype) for shape in shapes]
+        self.packing.copy("unpack", _buf(flat), arrays)
+        return arrays
+
 
 def _groups(n: int) -> int:
     return -(-n // WG)
@@ -390,19 +458,56 @@ def _buf(a: GpuArray) -> GpuArray:
     return a
 
 
-def _cpu_when_too_large(name):
+def _code(table: dict, family: str, op: str) -> int:
+    """An op's kernel code; an unknown op is refused here, before anything is dispatched."""
+    code = table.get(op)
+    if code is None:
+        raise ValueError(f"unknown {family} op {op!r}")
+    return code
+
+
+def _check_dtypes(name, *arrays):
+    """The (float, index) kernels' operands: float32 values, then one int32 index array."""
+    *values, index = arrays
+    if any(a.dtype != np.float32 for a in values) or index.dtype.kind != "i":
+        raise OnCpu(f"{name} of {', '.join(str(a.dtype) for a in arrays)}")
+
+
+def _arrays(args, kwargs):
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, GpuArray):
+            yield x
+        elif isinstance(x, (list, tuple)):
+            yield from (v for v in x if isinstance(v, GpuArray))
+
+
+def _cpu_reason(name, args, kwargs) -> str | None:
+    """Why op `name` must run on the CPU with these operands, found before it records any dispatch (an
+    in-place update that stopped half-way would then run twice on the first parameters); None: the GPU."""
+    for a in _arrays(args, kwargs):
+        if a.buffer is None:
+            return "an array exceeds the binding limit"
+        if a.dtype != np.float32 and name not in INT_AWARE:
+            return f"no {a.dtype} kernel"
+    return None
+
+
+def _on_cpu_when_needed(name):
     gpu_op, cpu_op = getattr(WgpuBackend, name), getattr(Backend, name)
 
     @functools.wraps(gpu_op)
     def op(self, *args, **kwargs):
-        try:
-            return gpu_op(self, *args, **kwargs)
-        except TooLarge:
-            if self.rt.tape is not None:
-                self.rt.tape.broken = f"{name} ran on the CPU (an array exceeds the binding limit)"
-            return cpu_op(self, *args, **kwargs)
+        reason = _cpu_reason(name, args, kwargs)
+        if reason is None:
+            try:
+                return gpu_op(self, *args, **kwargs)
+            except (TooLarge, OnCpu) as e:  # an in-place op raises these before it dispatches anything
+                reason = str(e)
+        if self.rt.tape is not None:
+            self.rt.tape.broken = f"{name} ran on the CPU ({reason})"
+        return cpu_op(self, *args, **kwargs)
     return op
 
 
-for _name in Backend.OPS + Backend.INPLACE_OPS:
-    setattr(WgpuBackend, _name, _cpu_when_too_large(_name))
+for _name in Backend.ops():
+    setattr(WgpuBackend, _name, _on_cpu_when_needed(_name))

@@ -3,7 +3,9 @@
 Adapter choice: `TINYNN_ADAPTER` (a substring of the adapter's name) when set; otherwise hardware first
 (discrete, then integrated, then other), Vulkan/Metal/DX12 before OpenGL. Software adapters (lavapipe,
 llvmpipe, SwiftShader: wgpu reports their type as CPU) come last; the backend marks them, and core's `auto`
-device does not use them. Any failure raises `BackendUnavailable` with the reason.
+device does not use them. Among equally good adapters, `TINYNN_ADAPTER_INDEX` picks one (modulo their count):
+MPI rank r on a machine sets it to r (tinynn/distributed.py), so each rank has a GPU of its own where there
+are enough. Any failure raises `BackendUnavailable` with the reason.
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3
 BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
 KERNEL_FILES = ("elementwise", "strided", "reduce", "softmax", "layernorm", "cross_entropy", "embedding",
                 "optimizer", "norm")
+# kernel files still on the positional parameter block (params_positional.wgsl: `param(i)`, a tuple from
+# Python) rather than their own named `struct Params`; the block goes once this is empty
+POSITIONAL = {"reduce", "layernorm", "optimizer", "norm", "multi_tensor"}
 
 
 @dataclass
@@ -32,6 +37,7 @@ class GpuContext:
     limits: dict
     features: set
     modules: dict = field(default_factory=dict)  # kernel file name -> GPUShaderModule
+    sources: dict = field(default_factory=dict)  # kernel file name -> its WGSL (as compiled)
 
     @property
     def name(self) -> str:
@@ -57,10 +63,13 @@ def is_software(info: dict) -> bool:
 def kernel_source(name: str) -> str:
     """A kernel file's WGSL, with common.wgsl prepended (lesson.wgsl is self-contained)."""
     folder = resources.files("tinynn_gpu") / "kernels"
-    text = (folder / f"{name}.wgsl").read_text(encoding="utf-8")
+
+    def read(file):
+        return (folder / f"{file}.wgsl").read_text(encoding="utf-8")
     if name == "lesson":
-        return text
-    return (folder / "common.wgsl").read_text(encoding="utf-8") + "\n" + text
+        return read(name)
+    positional = read("params_positional") + "\n" if name in POSITIONAL else ""
+    return read("common") + "\n" + positional + read(name)
 
 
 def choose_adapter(adapters):
@@ -76,7 +85,12 @@ def choose_adapter(adapters):
         info = a.info
         return (is_software(info), TYPE_RANK.get(info.get("adapter_type"), 3),
                 BACKEND_RANK.get(info.get("backend_type"), 2))
-    return min(adapters, key=rank)
+    best = min(rank(a) for a in adapters)
+    equals = [a for a in adapters if rank(a) == best]  # e.g. every H200 of the machine, through Vulkan
+    index = os.environ.get("TINYNN_ADAPTER_INDEX", "0").strip()
+    if not index.isdigit():
+        raise BackendUnavailable(f"TINYNN_ADAPTER_INDEX must be a whole number, got {index!r}")
+    return equals[int(index) % len(equals)]
 
 
 def create() -> GpuContext:
@@ -102,7 +116,8 @@ def create() -> GpuContext:
     ctx = GpuContext(adapter, device, dict(adapter.info), dict(device.limits), set(device.features))
     for name in KERNEL_FILES:
         try:
-            ctx.modules[name] = device.create_shader_module(label=name, code=kernel_source(name))
+            ctx.sources[name] = kernel_source(name)
+            ctx.modules[name] = device.create_shader_module(label=name, code=ctx.sources[name])
         except Exception as e:
             raise BackendUnavailable(f"kernel {name}.wgsl failed to compile on {ctx.name}: {e}") from None
     return ctx

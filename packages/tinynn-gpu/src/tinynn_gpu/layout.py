@@ -34,10 +34,6 @@ def merge_dims(shape, *stride_sets):
     return shape_out, [[s[k] for _, s in merged] for k in range(len(stride_sets))]
 
 
-def padded(values, length=MAX_DIMS):
-    return list(values) + [1] * (length - len(values))
-
-
 def is_basic(index) -> bool:
     items = index if isinstance(index, tuple) else (index,)
     return all(isinstance(i, (int, np.integer, slice)) or i is Ellipsis or i is None for i in items)

@@ -22,7 +22,6 @@ import wgpu
 
 from tinynn_gpu.context import kernel_source
 from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul
-from tinynn_gpu.runtime import LESSON_PARAMS_BYTES
 
 LESSON_TILES = (8, 16, 32)
 BLOCK_CONFIGS = (
@@ -52,7 +51,7 @@ class LessonMatmul:
         self.rt = runtime
         self.tile = tile
         self.name = f"lesson{tile}"
-        self.module = runtime.device.create_shader_module(label=self.name, code=lesson_source(tile))
+        self.module = runtime.shader(lesson_source(tile), self.name)
 
     def describe(self) -> str:
         return f"lesson tiled {self.tile}x{self.tile}"
@@ -61,8 +60,8 @@ class LessonMatmul:
         """Record out = op(a) @ op(b); the lesson's kernel has no bias epilogue, so it returns False."""
         flags = int(transpose_a) | int(transpose_b) << 1 | int(shared_b) << 2
         groups = (-(-m // self.tile), -(-n // self.tile), batch)
-        self.rt.dispatch(self.name, "matmul_main", groups, {0: a, 1: b, 2: out}, (m, n, k, flags),
-                         module=self.module, params_bytes=LESSON_PARAMS_BYTES)
+        self.rt.dispatch(self.module, "matmul_main", groups, {0: a, 1: b, 2: out},
+                         {"p0": m, "p1": n, "p2": k, "p3": flags})
         return False
 
 

@@ -110,14 +110,15 @@ class BlockedMatmul:
         cfg = self.config
         name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}"
         if layout not in self.modules:
-            self.modules[layout] = self.rt.device.create_shader_module(label=name, code=generate(cfg, *layout))
+            self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
         splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
         k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
         target = out if splits == 1 else self.rt.empty((batch * splits * m * n,))  # one slice per split
         groups = (-(-n // cfg.bn), -(-m // cfg.bm), batch * splits)
-        self.rt.dispatch(name, "matmul_main", groups, {0: a, 1: b, 2: target, 4: self.no_bias if bias is None else bias},
-                         (m, n, k, int(shared_b), splits, k_chunk, int(bias is not None)), module=self.modules[layout],
-                         params_bytes=32)
+        self.rt.dispatch(self.modules[layout], "matmul_main", groups,
+                         {0: a, 1: b, 2: target, 4: self.no_bias if bias is None else bias},
+                         {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
+                          "has_bias": int(bias is not None)})
         if splits > 1:  # out[b] = sum of the splits' slices
             self.rt.dispatch("reduce", "reduce_main", -(-batch * m * n // 256), {0: target, 2: out},
                              (batch, splits, m * n, 0, splits, 1))

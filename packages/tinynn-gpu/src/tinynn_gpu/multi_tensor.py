@@ -51,7 +51,7 @@ class MultiTensor:
                        limits.get("max-bindings-per-bind-group", 1000) - 5)  # those and the uniform
         self.slots = max(1, min(MAX_SLOTS, bindings // 4))
         self.name = f"multi_tensor x{self.slots}"
-        self.module = runtime.device.create_shader_module(label=self.name, code=generate(self.slots))
+        self.module = runtime.shader(generate(self.slots), self.name)
         # the kernels name every slot's bindings, so a group smaller than `slots` binds these in the gaps
         # (distinct buffers: two writable bindings may not share one); their index ranges are empty
         self.unused = [runtime.empty((1,)) for _ in range(4 * self.slots)]
@@ -76,9 +76,8 @@ class MultiTensor:
             bindings = {0: hyper, 1: scale, 4: ends}
             bindings.update({5 + 4 * i + k: self._or_unused(kinds[k], i, k)
                              for i in range(self.slots) for k in range(4)})
-            self.rt.dispatch(self.name, "adamw_main", -(-total // WG), bindings,
-                             [total, float(beta1), float(beta2), float(eps), float(weight_decay), 0],
-                             module=self.module)
+            self.rt.dispatch(self.module, "adamw_main", -(-total // WG), bindings,
+                             [total, float(beta1), float(beta2), float(eps), float(weight_decay), 0])
 
     def sum_squares(self, arrays, partials_of):
         """Record per-workgroup sums of squares of all arrays; returns (partials, how many it filled).
@@ -91,7 +90,7 @@ class MultiTensor:
             ends, total = self.ends(group)
             bindings = {2: partials, 4: ends}
             bindings.update({6 + 4 * i: self._or_unused(group, i, 1) for i in range(self.slots)})
-            self.rt.dispatch(self.name, "sum_squares_main", (n_groups, 1, 1), bindings,
-                             [total, 0.0, 0.0, 0.0, 0.0, first], module=self.module)
+            self.rt.dispatch(self.module, "sum_squares_main", (n_groups, 1, 1), bindings,
+                             [total, 0.0, 0.0, 0.0, 0.0, first])
             first += n_groups
         return partials, first

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 
 from tinynn import backends
-from tinynn_gpu.runtime import LESSON_PARAMS_BYTES, TooLarge
 
 
 def _gpu():
@@ -23,6 +22,7 @@ def _gpu():
 def _on_gpu(gpu_fn, cpu_fn, *arrays):
     gpu = _gpu()
     if gpu is not None:
+        from tinynn_gpu.runtime import TooLarge  # imports wgpu: only once a GPU backend exists
         try:
             return gpu_fn(gpu, *[gpu.rt.upload(np.ascontiguousarray(a, dtype=np.float32)) for a in arrays])
         except TooLarge:
@@ -34,8 +34,7 @@ def _elementwise(gpu, entry, a, b=None, scalar_bits=0):
     lesson = gpu.mm.variant("lesson16")
     out = gpu.rt.empty(a.shape)
     bindings = {0: a.buffer, 2: out} if b is None else {0: a.buffer, 1: b.buffer, 2: out}
-    gpu.rt.dispatch(lesson.name, entry, -(-a.size // 256), bindings, (a.size, scalar_bits, 0, 0),
-                    module=lesson.module, params_bytes=LESSON_PARAMS_BYTES)
+    gpu.rt.dispatch(lesson.module, entry, -(-a.size // 256), bindings, {"p0": a.size, "p1": scalar_bits})
     return gpu.rt.read(out)
 
 

@@ -4,13 +4,15 @@ recorder that batches dispatches into one compute pass and submits only when it 
 - `GpuArray`: shape + dtype over a pooled buffer (contiguous, so reshape is free). When the last array on
   a buffer is dropped, the buffer goes back to the pool. Reusing it at once is safe: work on one queue runs
   in order, and uploads (`queue.write_buffer`, which jumps ahead of unsubmitted commands) flush first.
-- Caches: pipelines by (kernel file, entry point); uniform buffers by their bytes; bind groups by
-  (pipeline, buffers), because creating a bind group costs ~50 us and a training step repeats them all.
+- Caches: shader modules by the hash of their WGSL, pipelines by (module, entry point); uniform buffers
+  by their bytes; bind groups by (pipeline, buffers), because creating a bind group costs ~50 us and a
+  training step repeats them all.
 - The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
   is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it.
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import struct
@@ -19,14 +21,33 @@ from collections import Counter, OrderedDict, defaultdict
 
 import numpy as np
 import wgpu
+from tinynn.errors import TinynnError
+from tinynn.numpy_backend import EMBEDDING_RANGE, TARGET_RANGE
+
+from tinynn_gpu.params import ParamsLayout
 
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 MAX_GROUPS = 65535  # per dispatch dimension
 CACHE_SIZE = 8192
 QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
+# Bits a kernel sets in the error-flags word (atomicOr; embedding.wgsl, cross_entropy.wgsl), and the error
+# each becomes: `read` copies the word back with every read-back and raises, so a bad input surfaces at the
+# step's one read-back with the NumPy backend's message, and never as a silently wrong number.
+KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
 REPLAY_CHUNK = 32  # dispatches per submission in a replay: on the H200 32 gave a 5.6 ms step, 96 6.0, one 7.6
-PARAMS_BYTES = 128  # common.wgsl's Params: 8 x vec4<u32>
-LESSON_PARAMS_BYTES = 16  # lesson.wgsl's Params {p0, p1, p2, p3}
+
+
+class Shader:
+    """A compiled shader module, the layout of its `struct Params`, and the hash of its WGSL, which keys
+    it: variants that differ only in a constant are different shaders however they are labelled."""
+    __slots__ = ("module", "params", "key", "label", "pipelines")
+
+    def __init__(self, module, params: ParamsLayout | None, key: str, label: str):
+        self.module = module
+        self.params = params
+        self.key = key
+        self.label = label
+        self.pipelines = {}  # entry point -> compute pipeline
 
 
 class TooLarge(Exception):
@@ -85,7 +106,8 @@ class Runtime:
         self.queue = ctx.device.queue
         self.max_binding = ctx.limits["max-storage-buffer-binding-size"]
         self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
-        self.pipelines = {}
+        self.shaders = {}  # hash of the WGSL -> Shader
+        self.kernels = {}  # kernel file name -> Shader
         self.uniforms = OrderedDict()
         self.bind_groups = OrderedDict()
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
@@ -96,6 +118,7 @@ class Runtime:
         self._sync_source = None
         self._profile = None  # while profiling: {"queries", "labels", "times"}
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
+        self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
 
     # --- memory ---
     def empty(self, shape, dtype=np.float32) -> GpuArray:
@@ -138,18 +161,24 @@ class Runtime:
             self.tape.broken = "the step reads a value back"
         if nbytes == 0:
             return np.zeros(arr.shape, arr.dtype)
-        size = _bucket(nbytes)
+        flags_at = _round4(nbytes)  # the kernels' error flags come back behind the data
+        size = _bucket(flags_at + 4)
         staging = self.staging.get(size)
         if staging is None:
             staging = self.staging[size] = self.device.create_buffer(
                 size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self._end_pass()
-        self._encoder().copy_buffer_to_buffer(arr.buffer, 0, staging, 0, _round4(nbytes))
+        self._encoder().copy_buffer_to_buffer(arr.buffer, 0, staging, 0, flags_at)
+        self._encoder().copy_buffer_to_buffer(self.error_flags, 0, staging, flags_at, 4)
         self.flush()
-        staging.map_sync(wgpu.MapMode.READ, 0, _round4(nbytes))
-        data = staging.read_mapped(0, _round4(nbytes), copy=True)
+        staging.map_sync(wgpu.MapMode.READ, 0, flags_at + 4)
+        data = staging.read_mapped(0, flags_at + 4, copy=True)
         staging.unmap()
         self.counters["host_syncs"] += 1
+        flags = int.from_bytes(data[flags_at:], "little")
+        if flags:
+            self.queue.write_buffer(self.error_flags, 0, bytes(4))  # raised once
+            raise TinynnError("; ".join(msg for bit, msg in KERNEL_ERRORS.items() if flags & bit))
         return np.frombuffer(data, dtype=arr.dtype, count=arr.size).reshape(arr.shape).copy()
 
     def sync(self) -> None:
@@ -158,22 +187,33 @@ class Runtime:
         self.read(self._sync_source)
 
     # --- caches ---
-    def pipeline(self, module_name: str, entry: str, module=None):
-        key = (module_name, entry)
-        pipe = self.pipelines.get(key)
+    def shader(self, code: str, label: str, module=None) -> Shader:
+        """The compiled module of this WGSL (compiled on first sight; `module`: already compiled)."""
+        key = hashlib.sha256(code.encode()).hexdigest()
+        shader = self.shaders.get(key)
+        if shader is None:
+            module = module or self.device.create_shader_module(label=label, code=code)
+            shader = self.shaders[key] = Shader(module, ParamsLayout.parse(code, label), key, label)
+        return shader
+
+    def kernel(self, name: str) -> Shader:
+        """A kernel file's module (context.py compiled them all at start-up)."""
+        shader = self.kernels.get(name)
+        if shader is None:
+            shader = self.kernels[name] = self.shader(self.ctx.sources[name], name, self.ctx.modules[name])
+        return shader
+
+    def pipeline(self, shader: Shader, entry: str):
+        """The compute pipeline of one entry point, cached by the code it runs (a label can repeat)."""
+        pipe = shader.pipelines.get(entry)
         if pipe is None:
-            module = module or self.ctx.modules[module_name]
-            pipe = self.pipelines[key] = self.device.create_compute_pipeline(
-                layout="auto", compute={"module": module, "entry_point": entry}, label=f"{module_name}.{entry}")
+            pipe = shader.pipelines[entry] = self.device.create_compute_pipeline(
+                layout="auto", compute={"module": shader.module, "entry_point": entry},
+                label=f"{shader.label}.{entry}")
         return pipe
 
-    def uniform(self, values, nbytes: int = PARAMS_BYTES) -> object:
-        """A uniform buffer of `nbytes` holding `values` (u32; f32 as their bits), cached by its bytes."""
-        data = b"".join(struct.pack("<f", v) if isinstance(v, float) else struct.pack("<I", v & 0xFFFFFFFF)
-                        for v in values)
-        if len(data) > nbytes:
-            raise ValueError(f"{len(values)} parameters do not fit a {nbytes}-byte uniform")
-        data = data.ljust(nbytes, b"\0")
+    def uniform(self, data: bytes) -> object:
+        """A uniform buffer holding these bytes, cached by them: a training step repeats its parameters."""
         buf = self.uniforms.get(data)
         if buf is None:
             buf = self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
@@ -200,24 +240,31 @@ class Runtime:
         return group
 
     # --- recording ---
-    def dispatch(self, module_name: str, entry: str, groups, bindings: dict, params=(), module=None,
-                 params_bytes: int = PARAMS_BYTES):
-        """Record one dispatch. `bindings` maps binding slots to GpuArrays (or raw buffers); `params`
-        become the uniform at slot 3; `groups` is a workgroup count or an (x, y, z) tuple."""
+    def dispatch(self, module, entry: str, groups, bindings: dict, params=None):
+        """Record one dispatch of `entry` in `module` (a kernel file's name, or a Shader from `shader`).
+        `bindings` maps binding slots to GpuArrays (or raw buffers); `params` (a dict of the module's
+        `struct Params` fields) becomes the uniform at slot 3; `groups` is a workgroup count or an
+        (x, y, z) tuple."""
         if isinstance(groups, int):
             groups = grid(groups)
         if min(groups) == 0:
             return
-        pipe = self.pipeline(module_name, entry, module)
+        shader = module if isinstance(module, Shader) else self.kernel(module)
+        pipe = self.pipeline(shader, entry)
         buffers = {slot: getattr(v, "buffer", v) for slot, v in bindings.items()}
-        buffers[3] = self.uniform(params, params_bytes)
+        if shader.params is not None:
+            if isinstance(params, (tuple, list)):
+                params = _positional(params)
+            buffers[3] = self.uniform(shader.params.pack(params or {}))
+        elif params:
+            raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
         group = self.bind_group(pipe, buffers)
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, tuple(groups)))
             for value in bindings.values():
                 self.tape.hold(value)
         if self._profile is not None:
-            self._begin_timed_pass(f"{module_name}.{entry}")
+            self._begin_timed_pass(f"{shader.label}.{entry}")
         self._encode(pipe, group, groups)
         self.counters["dispatches"] += 1
         if self._profile is not None:
@@ -322,6 +369,12 @@ def grid(workgroups: int) -> tuple[int, int, int]:
     if workgroups <= MAX_GROUPS:
         return (workgroups, 1, 1)
     return (MAX_GROUPS, -(-workgroups // MAX_GROUPS), 1)
+
+
+def _positional(values) -> dict:
+    """A tuple for params_positional.wgsl's 32 u32 slots (f32 values as their bits)."""
+    return {"v": [struct.unpack("<I", struct.pack("<f", v))[0] if isinstance(v, float) else v & 0xFFFFFFFF
+                  for v in values]}
 
 
 def _round4(n: int) -> int:

@@ -1,10 +1,5 @@
-// Prepended by the loader to every kernel file except lesson.wgsl (which keeps the lesson's own 16-byte
-// Params). Parameters travel in one uniform block of 32 u32 slots; f32 values are passed as bitcast bits.
-
-struct Params { v: array<vec4<u32>, 8> }
-
-fn param(i: u32) -> u32 { return params.v[i / 4u][i % 4u]; }
-fn paramf(i: u32) -> f32 { return bitcast<f32>(param(i)); }
+// Prepended by the loader to every kernel file except lesson.wgsl (which is self-contained). Each kernel
+// file declares its own `struct Params` of named fields, bound at @binding(3) (params.py packs it).
 
 // 1-D work over a 2-D grid of 256-wide workgroups, so counts above 65535 * 256 still fit one dispatch.
 fn element_index(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
@@ -44,4 +39,7 @@ fn workgroup_max(lid: u32, x: f32) -> f32 {
     return best;
 }
 
-fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
+// -inf and NaN built at run time: WGSL forbids a constant expression whose value is not finite (Tint
+// rejects `bitcast<f32>(0xff800000u)`; naga lets it through), and reading a var is not a constant.
+fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
+fn nan() -> f32 { var bits = 0x7fc00000u; return bitcast<f32>(bits); }

@@ -2,8 +2,11 @@
 // forward_rows: one workgroup per row writes the row's probabilities and (loss, valid) pair;
 // forward_mean: one workgroup averages the valid rows' losses into result[0];
 // count + backward: one workgroup counts the valid targets into result[0], then one thread per logit.
-// Bindings: 0:logits 1:targets 2:probs 3:params 4:rows 5:result 6:g_loss 7:grad
-// p0 = N, p1 = C, p2 = ignore_index (i32 bits)
+// A target outside [0, C) that is not ignore_index sets bit TARGET_ERROR in `errors`, which the runtime
+// raises at the next read-back (the NumPy backend raises the same error at once).
+// Bindings: 0:logits 1:targets 2:probs 3:params 4:rows 5:result 6:g_loss 7:grad 8:errors
+
+struct Params { n: u32, cols: u32, ignore_index: i32 }  // logits are (n, cols)
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read> targets: array<i32>;
@@ -13,15 +16,25 @@
 @group(0) @binding(5) var<storage, read_write> result: array<f32>;
 @group(0) @binding(6) var<storage, read> g_loss: array<f32>;
 @group(0) @binding(7) var<storage, read_write> grad: array<f32>;
+@group(0) @binding(8) var<storage, read_write> errors: array<atomic<u32>>;
 
-fn is_valid(t: i32) -> bool { return t != bitcast<i32>(param(2u)); }
+const TARGET_ERROR: u32 = 2u;  // runtime.py's KERNEL_ERRORS
+
+fn is_valid(t: i32) -> bool { return t != params.ignore_index; }
+
+// Whether a valid target is a column of the row; flags one that is not.
+fn in_range(t: i32) -> bool {
+    let ok = t >= 0 && t < i32(params.cols);
+    if (!ok) { atomicOr(&errors[0], TARGET_ERROR); }
+    return ok;
+}
 
 @compute @workgroup_size(256)
 fn cross_entropy_forward_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                    @builtin(local_invocation_index) lid: u32) {
     let row = row_index(wg, nwg);
-    if (row >= param(0u)) { return; }
-    let cols = param(1u);
+    if (row >= params.n) { return; }
+    let cols = params.cols;
     let base = row * cols;
     var m = neg_inf();
     for (var j = lid; j < cols; j = j + 256u) { m = max(m, logits[base + j]); }
@@ -33,7 +46,9 @@ fn cross_entropy_forward_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builti
     if (lid == 0u) {
         let t = targets[row];
         let valid = is_valid(t);
-        rows[2u * row] = select(0.0, log(s) + m - logits[base + u32(max(t, 0))], valid);
+        var loss = 0.0;
+        if (valid && in_range(t)) { loss = log(s) + m - logits[base + u32(t)]; }
+        rows[2u * row] = loss;
         rows[2u * row + 1u] = select(0.0, 1.0, valid);
     }
 }
@@ -42,7 +57,7 @@ fn cross_entropy_forward_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builti
 fn cross_entropy_forward_mean_main(@builtin(local_invocation_index) lid: u32) {
     var total = 0.0;
     var count = 0.0;
-    for (var r = lid; r < param(0u); r = r + 256u) {
+    for (var r = lid; r < params.n; r = r + 256u) {
         total = total + rows[2u * r];
         count = count + rows[2u * r + 1u];
     }
@@ -54,7 +69,13 @@ fn cross_entropy_forward_mean_main(@builtin(local_invocation_index) lid: u32) {
 @compute @workgroup_size(256)
 fn cross_entropy_count_main(@builtin(local_invocation_index) lid: u32) {
     var count = 0.0;
-    for (var r = lid; r < param(0u); r = r + 256u) { count = count + select(0.0, 1.0, is_valid(targets[r])); }
+    for (var r = lid; r < params.n; r = r + 256u) {
+        let t = targets[r];
+        if (is_valid(t)) {
+            count = count + 1.0;
+            _ = in_range(t);
+        }
+    }
     count = workgroup_sum(lid, count);
     if (lid == 0u) { result[0] = count; }
 }
@@ -64,8 +85,8 @@ fn cross_entropy_count_main(@builtin(local_invocation_index) lid: u32) {
 fn cross_entropy_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
-    let n = param(0u);
-    let cols = param(1u);
+    let n = params.n;
+    let cols = params.cols;
     if (i >= n * cols) { return; }
     let t = targets[i / cols];
     let hit = select(0.0, 1.0, i32(i % cols) == t);

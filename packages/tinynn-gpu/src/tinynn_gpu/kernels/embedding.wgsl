@@ -1,39 +1,65 @@
 // Embedding lookup and its gradient. The backward gives each (chunk of positions, row v, column c) one
 // thread that sums the gradients of the chunk's positions whose index is v: no atomics, a fixed order, and
 // enough threads to fill the GPU; the launcher adds the chunks' partial tables.
-// Bindings: 0:weight 1:idx 2:out 3:params 4:g
+// An id outside [0, V) sets bit ID_ERROR in `errors`, which the runtime raises at the next read-back (the
+// NumPy backend raises the same error at once); its row reads as zeros meanwhile.
+// Bindings: 0:weight 1:idx 2:out 3:params 4:g 8:errors
+
+struct Params {
+    total: u32,      // forward: N * C; backward: V * C (the table)
+    cols: u32,       // C
+    rows: u32,       // V, the table's rows
+    positions: u32,  // backward: N
+    chunk: u32,      // backward: positions per chunk
+    chunks: u32,
+}
 
 @group(0) @binding(0) var<storage, read> weight: array<f32>;
 @group(0) @binding(1) var<storage, read> idx: array<i32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> g: array<f32>;
+@group(0) @binding(8) var<storage, read_write> errors: array<atomic<u32>>;
 
-// p0 = N * C, p1 = C
+const ID_ERROR: u32 = 1u;  // runtime.py's KERNEL_ERRORS
+
+fn in_range(id: i32) -> bool {
+    let ok = id >= 0 && id < i32(params.rows);
+    if (!ok) { atomicOr(&errors[0], ID_ERROR); }
+    return ok;
+}
+
 @compute @workgroup_size(256)
 fn embedding_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
-    let cols = param(1u);
-    if (i < param(0u)) { out[i] = weight[u32(idx[i / cols]) * cols + i % cols]; }
+    let cols = params.cols;
+    if (i >= params.total) { return; }
+    let id = idx[i / cols];
+    var value = 0.0;
+    if (in_range(id)) { value = weight[u32(id) * cols + i % cols]; }
+    out[i] = value;
 }
 
-// p0 = V * C, p1 = C, p2 = N, p3 = positions per chunk, p4 = chunks. out is (chunks, V, C).
+// out is (chunks, V, C). The threads of column 0 of row 0 also check their chunk's ids.
 @compute @workgroup_size(256)
 fn embedding_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                            @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
-    let table = param(0u);
-    if (i >= table * param(4u)) { return; }
-    let cols = param(1u);
+    let table = params.total;
+    if (i >= table * params.chunks) { return; }
+    let cols = params.cols;
     let chunk = i / table;
     let v = i32((i % table) / cols);
     let c = i % cols;
-    let start = chunk * param(3u);
-    let stop = min(start + param(3u), param(2u));
+    let start = chunk * params.chunk;
+    let stop = min(start + params.chunk, params.positions);
     var acc = 0.0;
     for (var n = start; n < stop; n = n + 1u) {
         if (idx[n] == v) { acc = acc + g[n * cols + c]; }
+    }
+    if (i % table == 0u) {
+        for (var n = start; n < stop; n = n + 1u) { _ = in_range(idx[n]); }
     }
     out[i] = acc;
 }

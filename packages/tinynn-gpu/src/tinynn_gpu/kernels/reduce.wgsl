@@ -22,7 +22,7 @@ fn reduce_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let start = ch * param(4u);
     let stop = min(start + param(4u), r_len);
     let is_max = param(3u) == 1u;
-    var acc = select(0.0, bitcast<f32>(0xff800000u), is_max);  // 0 or -inf
+    var acc = select(0.0, neg_inf(), is_max);  // 0 or -inf
     for (var r = start; r < stop; r = r + 1u) {
         let x = a[(o * r_len + r) * inner + j];
         if (!is_max) {

@@ -1,8 +1,15 @@
 // Softmax and log-softmax over the last axis, forward and backward: one 256-thread workgroup per row.
 // The causal variant masks keys after each query (rows are (..., T_q) queries over L = T_k keys) inside
 // the same pass, so the masked scores are never written.
-// Bindings: 0:a 1:b 2:out 3:params. p0 = rows, p1 = L, p2 = causal (0/1), p3 = T_q, p4 = scale bits
-// (softmax of scale * x: attention's 1/sqrt(head size), fused).
+// Bindings: 0:a 1:b 2:out 3:params.
+
+struct Params {
+    rows: u32,
+    len: u32,        // L, the row length
+    causal: u32,     // 0 or 1
+    t_q: u32,        // causal: queries per (batch, head)
+    scale: f32,      // softmax of scale * x: attention's 1/sqrt(head size), fused
+}
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
@@ -14,12 +21,12 @@
 fn softmax_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                         @builtin(local_invocation_index) lid: u32) {
     let row = row_index(wg, nwg);
-    if (row >= param(0u)) { return; }  // the same for the whole workgroup, so no barrier is split
-    let len = param(1u);
+    if (row >= params.rows) { return; }  // the same for the whole workgroup, so no barrier is split
+    let len = params.len;
     var visible = len;
-    if (param(2u) == 1u) { visible = row % param(3u) + len - param(3u) + 1u; }
+    if (params.causal == 1u) { visible = row % params.t_q + len - params.t_q + 1u; }
     let base = row * len;
-    let scale = paramf(4u);
+    let scale = params.scale;
     var m = neg_inf();
     for (var j = lid; j < visible; j = j + 256u) { m = max(m, scale * a[base + j]); }
     m = workgroup_max(lid, m);
@@ -36,13 +43,13 @@ fn softmax_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
 fn softmax_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
     let row = row_index(wg, nwg);
-    if (row >= param(0u)) { return; }
-    let len = param(1u);
+    if (row >= params.rows) { return; }
+    let len = params.len;
     let base = row * len;
     var dot = 0.0;
     for (var j = lid; j < len; j = j + 256u) { dot = dot + a[base + j] * b[base + j]; }
     dot = workgroup_sum(lid, dot);
-    let scale = paramf(4u);
+    let scale = params.scale;
     for (var j = lid; j < len; j = j + 256u) { out[base + j] = scale * a[base + j] * (b[base + j] - dot); }
 }
 
@@ -51,8 +58,8 @@ fn softmax_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_work
 fn log_softmax_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                             @builtin(local_invocation_index) lid: u32) {
     let row = row_index(wg, nwg);
-    if (row >= param(0u)) { return; }
-    let len = param(1u);
+    if (row >= params.rows) { return; }
+    let len = params.len;
     let base = row * len;
     var m = neg_inf();
     for (var j = lid; j < len; j = j + 256u) { m = max(m, a[base + j]); }
@@ -68,8 +75,8 @@ fn log_softmax_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_w
 fn log_softmax_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                              @builtin(local_invocation_index) lid: u32) {
     let row = row_index(wg, nwg);
-    if (row >= param(0u)) { return; }
-    let len = param(1u);
+    if (row >= params.rows) { return; }
+    let len = params.len;
     let base = row * len;
     var total = 0.0;
     for (var j = lid; j < len; j = j + 256u) { total = total + b[base + j]; }

@@ -1,0 +1,106 @@
+"""Data-parallel scaling: tokens/s of one process against N MPI ranks, and where a data-parallel step's
+time goes (the read-back of the flat gradients, the Allreduce, the writes).
+
+The config's batch_size is per rank here (16 per GPU for mid.json); each rank runs `--accum` micro-batches
+of it per optimizer step, so the global batch is batch_size * accum * ranks. Rank 0 prints one JSON object.
+
+    python apps/bench/data_parallel.py --config apps/bench/mid.json --device gpu                 # 1 GPU
+    mpiexec -n 2 python apps/bench/data_parallel.py --config apps/bench/mid.json --device gpu    # 2 ranks
+    mpiexec -n 2 python apps/bench/data_parallel.py --config apps/bench/mid.json --device gpu --accum 4
+
+"in_step_ms" is measured inside the timed steps: the read-back includes waiting for the GPU to finish the
+forward and backward, the Allreduce waiting for the slowest rank; "writes" are all of a step's uploads
+(inputs, learning rate, gradients). "isolated_ms" times each piece alone on an idle GPU after the run, 20
+times: the transfer and the Allreduce themselves.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+
+from tinynn import backends, config, distributed, rng
+from tinynn.model import GPT
+from tinynn.optim import AdamW, decay_groups
+from tinynn.train import TrainStep
+
+VOCAB = 65  # as tinynn bench and the PyTorch reference
+
+
+def timed(seconds: Counter, name: str, fn):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        seconds[name] += time.perf_counter() - t0
+        return out
+    return wrapper
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--device", default="gpu")
+    parser.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps (after 8 warm-up steps)")
+    args = parser.parse_args()
+
+    world = distributed.world()
+    backend = backends.set_default(args.device)
+    cfg = config.load(args.config)
+    rng.manual_seed(0)
+    model = GPT(cfg.model_config(VOCAB))
+    opt = AdamW(decay_groups(list(model.named_parameters()), 0.1), lr=3e-4, max_grad_norm=1.0)
+    rows = cfg.batch_size * args.accum  # this rank's rows per optimizer step
+    step = TrainStep(model, opt, rows, cfg.block_size, args.accum, world)
+    x = np.random.default_rng(world.rank).integers(0, VOCAB, (rows, cfg.block_size))
+
+    seconds = Counter()
+    backend.to_numpy = timed(seconds, "read_back", backend.to_numpy)
+    backend.write_ = timed(seconds, "writes", backend.write_)
+    if step.world is not None:
+        step.world = SimpleNamespace(size=world.size, allreduce_=timed(seconds, "allreduce", world.allreduce_))
+
+    for _ in range(8):  # warm-up: autotuning, caches, both halves captured
+        step(x, x, 3e-4).item()
+    backend.sync()
+    if world.comm is not None:
+        world.comm.Barrier()
+    seconds.clear()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step(x, x, 3e-4).item()
+    backend.sync()  # a data-parallel step's update may still be running
+    per_step = (time.perf_counter() - t0) / args.steps
+
+    isolated = {}
+    if step.world is not None:
+        flat = step._pack()  # the packed gradients, already on the GPU
+        host = backend.to_numpy(flat.data)
+        pieces = {"read_back": lambda: backend.to_numpy(flat.data),
+                  "allreduce": lambda: world.allreduce_(host),
+                  "write": lambda: (backend.write_(step.flat.data, host), backend.sync())}
+        for name, fn in pieces.items():
+            world.comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                fn()
+            isolated[name] = (time.perf_counter() - t0) / 20 * 1e3
+    adapter = f"{backend.device_name} (TINYNN_ADAPTER_INDEX={os.environ.get(distributed.ADAPTER_VAR)})"
+    adapters = world.comm.gather(adapter, root=0) if world.comm is not None else [adapter]
+    if world.is_root:
+        tokens = rows * world.size * cfg.block_size
+        print(json.dumps({
+            "ranks": world.size, "adapters": adapters, "accum": args.accum,
+            "config": {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")},
+            "global_batch": rows * world.size, "ms_per_step": per_step * 1e3, "tokens_per_s": tokens / per_step,
+            "flat_mb": 4 * sum(p.size for p in opt.params) / 1e6,
+            "in_step_ms": {k: v / args.steps * 1e3 for k, v in seconds.items()}, "isolated_ms": isolated}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Data-parallel training through MPI (mpi4py): which rank this process is, the gradient sum, and ending
+the whole job when one rank fails.
+
+    pip install 'tinynn-core[mpi]'                       # mpi4py and the mpich wheel (its mpiexec too)
+    mpiexec -n 2 tinynn train --config apps/chargpt/lesson.json
+
+Every rank builds the same model from the same seed and draws the same global batch; rank r trains on rows
+r::N of it. Once per optimizer step the ranks sum their gradients with one Allreduce (train.py's TrainStep
+packs them into one flat array for it). Rank 0 alone writes checkpoints, the progress bar, evaluations and
+the sample.
+
+MPI is detected from the launcher's environment (PMI_RANK, OMPI_COMM_WORLD_RANK, ...). Outside a launch,
+`world()` is a world of one and mpi4py is never imported.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinynn.errors import TinynnError
+
+LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
+INSTALL = "pip install 'tinynn-core[mpi]'"
+ADAPTER_VAR = "TINYNN_ADAPTER_INDEX"  # read by a GPU backend: rank r on a machine takes hardware adapter r
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    comm: object = None  # mpi4py's COMM_WORLD, or None outside MPI
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def rows(self, batch: np.ndarray) -> np.ndarray:
+        """This rank's share of a global batch: rows rank, rank + size, ..."""
+        return batch[self.rank::self.size]
+
+    def check_batch(self, batch_size: int, accum_steps: int) -> None:
+        if batch_size % (self.size * accum_steps):
+            raise TinynnError(f"batch_size ({batch_size}) must be divisible by the number of ranks ({self.size}) "
+                              f"times grad_accum_steps ({accum_steps})")
+
+    def allreduce_(self, array: np.ndarray) -> None:
+        """Sum an array over all ranks, in place (every rank gets the sum)."""
+        if self.comm is not None:
+            from mpi4py import MPI
+            self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+
+
+_world: World | None = None
+
+
+def launched() -> str | None:
+    """The launcher variable that says this process runs under mpiexec, or None."""
+    return next((var for var in LAUNCH_VARS if var in os.environ), None)
+
+
+def world() -> World:
+    """This process's place in the job, connecting to MPI on the first call under mpiexec."""
+    global _world
+    if _world is None:
+        _world = _connect(launched()) if launched() else World()
+    return _world
+
+
+def _connect(var: str) -> World:
+    try:
+        from mpi4py import MPI
+    except (ImportError, RuntimeError) as e:  # RuntimeError: mpi4py found no MPI library to load
+        raise TinynnError(f"running under mpiexec ({var} is set) needs mpi4py and an MPI library: {INSTALL} "
+                          f"({type(e).__name__}: {e})") from None
+    comm = MPI.COMM_WORLD
+    launched_size = os.environ.get("PMI_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE")
+    if launched_size and int(launched_size) != comm.Get_size():  # else each rank would train alone, unaware
+        raise TinynnError(f"mpiexec started {launched_size} processes but MPI sees {comm.Get_size()}: mpi4py "
+                          f"uses a different MPI ({MPI.Get_library_version().splitlines()[0].strip()}) than the "
+                          f"mpiexec that started it; {INSTALL} brings both")
+    local_rank = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()  # this rank's number on its machine
+    os.environ.setdefault(ADAPTER_VAR, str(local_rank))
+    sys.excepthook = _abort_after(sys.excepthook)
+    return World(comm.Get_rank(), comm.Get_size(), comm)
+
+
+def fail(message: str, code: int) -> int:
+    """Print a rank's one-line error and end the whole job (the other ranks would wait for it forever);
+    outside MPI, print it and return the exit code."""
+    job = _world
+    if job is None and launched():  # failed before connecting: connect, so that the end reaches every rank
+        try:
+            job = world()
+        except TinynnError:  # no MPI to end the job through: each rank fails on its own
+            pass
+    tag = f"rank {job.rank} of {job.size}: " if job is not None and job.size > 1 else ""
+    print(f"tinynn: error: {tag}{message}", file=sys.stderr, flush=True)
+    if job is not None and job.comm is not None:
+        job.comm.Abort(code)
+    return code
+
+
+def _abort_after(hook):
+    """An excepthook that prints the traceback as usual, then ends the job instead of leaving it hanging."""
+    def excepthook(kind, value, tb):
+        hook(kind, value, tb)
+        sys.stderr.flush()
+        _world.comm.Abort(1)
+    return excepthook

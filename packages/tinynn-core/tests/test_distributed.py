@@ -1,0 +1,127 @@
+"""Data-parallel training under mpiexec (the [mpi] extra's mpich), against one process on the same global
+batch; resume; a failing rank; and what happens without mpi4py. The mpiexec runs use the backend under test
+(with tinynn-gpu, two ranks share lavapipe). Without the extra these tests skip, unless TINYNN_REQUIRE_MPI=1
+(set by nox) makes that a failure."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinynn import checkpoint, distributed
+from tinynn.cli import main
+from tinynn.config import from_dict
+from tinynn.train import train
+
+# bias=False: see test_accumulation.py (the key bias's zero gradient makes Adam amplify rounding noise)
+CONFIG = {"data": "data.txt", "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "bias": False,
+          "batch_size": 8, "grad_accum_steps": 2, "max_steps": 20, "warmup_steps": 2, "eval_interval": 10,
+          "eval_steps": 2, "checkpoint_interval": 10, "sample_tokens": 10}
+
+
+@pytest.fixture
+def mpiexec():
+    found = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        if os.environ.get("TINYNN_REQUIRE_MPI") == "1":
+            pytest.fail("TINYNN_REQUIRE_MPI=1 but there is no mpiexec (pip install 'tinynn-core[mpi]')")
+        pytest.skip("no mpiexec: pip install 'tinynn-core[mpi]'")
+    return found
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    return tmp_path
+
+
+def launch(mpiexec, ranks, *args, timeout=120):
+    """`mpiexec -n ranks tinynn ...` with this interpreter's tinynn; returns the finished process."""
+    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "tinynn.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def write_config(path, **overrides):
+    path.write_text(json.dumps({**CONFIG, **overrides}))
+    return str(path)
+
+
+def max_relative_difference(a: dict, b: dict) -> float:
+    return max(float(np.abs(a[k] - b[k]).max() / np.abs(b[k]).max()) for k in b)
+
+
+def test_two_ranks_equal_one_process_on_the_global_batch(mpiexec, workdir, backend):
+    done = launch(mpiexec, 2, "train", "--config", write_config(workdir / "c.json", out_dir="dp"), "--quiet",
+                  "--device", "gpu" if backend.is_gpu else "cpu")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("checkpoint: dp") == 1 and done.stdout.count("sample:") == 1  # rank 0 alone
+    parallel = checkpoint.load(workdir / "dp" / "ckpt.safetensors")
+    single = train(from_dict({**CONFIG, "grad_accum_steps": 1, "out_dir": "single"}), device=backend,
+                   progress=False)
+    assert parallel["step"] == 20
+    assert max_relative_difference(parallel["model"], single.model.state_dict()) <= 1e-4
+    np.testing.assert_allclose(parallel["history"]["train_loss"], single.history["train_loss"], rtol=1e-5)
+    assert parallel["history"]["val_step"] == [10, 20]
+
+
+def test_a_data_parallel_run_resumes_exactly(mpiexec, workdir):
+    # warmup over all 20 steps: the learning rate then does not depend on --max-steps
+    config = write_config(workdir / "c.json", out_dir="dp", warmup_steps=20)
+    straight = write_config(workdir / "s.json", out_dir="straight", warmup_steps=20)
+    assert launch(mpiexec, 2, "train", "--config", config, "--quiet", "--device", "cpu", "--max-steps", "10"
+                  ).returncode == 0
+    assert launch(mpiexec, 2, "train", "--config", config, "--quiet", "--device", "cpu", "--resume").returncode == 0
+    assert launch(mpiexec, 2, "train", "--config", straight, "--quiet", "--device", "cpu").returncode == 0
+    resumed = checkpoint.load(workdir / "dp" / "ckpt.safetensors")
+    whole = checkpoint.load(workdir / "straight" / "ckpt.safetensors")
+    assert resumed["step"] == 20
+    np.testing.assert_allclose(resumed["history"]["train_loss"], whole["history"]["train_loss"], rtol=1e-6)
+    assert max_relative_difference(resumed["model"], whole["model"]) <= 1e-6
+
+
+def test_a_failing_rank_ends_the_job_with_its_error(mpiexec, workdir):
+    """Rank 1 has a bad config while rank 0 trains on: the job ends (no rank waits forever for rank 1's
+    gradients) with rank 1's one-line error."""
+    write_config(workdir / "c.json", out_dir="dp", max_steps=100000)
+    script = ("import sys; from tinynn import distributed; from tinynn.cli import main; "
+              "config = 'c.json' if distributed.world().rank == 0 else 'missing.json'; "
+              "sys.exit(main(['train', '--config', config, '--quiet', '--device', 'cpu']))")
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "tinynn: error: rank 1 of 2: config file not found: missing.json" in done.stderr.splitlines()
+
+
+def test_under_mpiexec_without_mpi4py_says_what_to_install(workdir, monkeypatch, capsys):
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now raises ImportError
+    monkeypatch.setattr(distributed, "_world", None)
+    assert main(["train", "--config", write_config(workdir / "c.json"), "--quiet", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tinynn: error: running under mpiexec (PMI_RANK is set) needs mpi4py")
+    assert "pip install 'tinynn-core[mpi]'" in err and len(err.splitlines()) == 1
+
+
+def test_a_plain_run_never_imports_mpi4py(workdir):
+    script = ("import sys; from tinynn.cli import main; "
+              "code = main(['train', '--config', 'c.json', '--quiet', '--device', 'cpu', '--max-steps', '2']); "
+              "sys.exit(code or ('mpi4py' in sys.modules and 'mpi4py was imported'))")
+    env = {k: v for k, v in os.environ.items() if k not in distributed.LAUNCH_VARS}
+    write_config(workdir / "c.json", out_dir="plain")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_mpi4py_of_another_mpi_is_refused(mpiexec, workdir):
+    """A launcher that started 3 processes while mpi4py's MPI sees 1 (mpi4py linked to another MPI than the
+    mpiexec): each process would train alone on the whole batch, so it is an error."""
+    env = {**os.environ, "PMI_RANK": "0", "PMI_SIZE": "3"}
+    done = subprocess.run([sys.executable, "-m", "tinynn.cli", "train", "--config", write_config(workdir / "c.json"),
+                           "--quiet", "--device", "cpu"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("tinynn: error: mpiexec started 3 processes but MPI sees 1")

@@ -1,0 +1,57 @@
+"""pack and unpack: many arrays into one flat array and back, up to SLOTS arrays per dispatch, generated
+from kernels/pack.wgsl for as many slots as the device's storage bindings allow (at most 128: a GPT's
+gradients and its loss in one dispatch on an H200). Data-parallel training (tinynn/train.py) packs the
+gradients so that they are read back, summed over the MPI ranks and written back as one buffer."""
+from __future__ import annotations
+
+import numpy as np
+
+from tinynn_gpu.context import kernel_source
+
+MAX_SLOTS = 128
+WG = 256
+OPS = ("pack", "unpack")
+
+
+def generate(op: str, slots: int) -> str:
+    """The WGSL of `op` ("pack" or "unpack") over `slots` arrays."""
+    slot_access, flat_access = ("read", "read_write") if op == "pack" else ("read_write", "read")
+    bindings, cases = [], []
+    for i in range(slots):
+        bindings.append(f"@group(0) @binding({5 + i}) var<storage, {slot_access}> slot_{i}: array<u32>;")
+        copy = f"flat[o] = slot_{i}[e - start];" if op == "pack" else f"slot_{i}[e - start] = flat[o];"
+        cases.append(f"        case {i}u: {{ {copy} }}")
+    fills = {"OP": op, "FLAT_ACCESS": flat_access, "BINDINGS": "\n".join(bindings), "SLOTS": str(slots),
+             "CASES": "\n".join(cases)}
+    text = kernel_source("pack")
+    for key, value in fills.items():
+        text = text.replace("{{" + key + "}}", value)
+    return text
+
+
+class Packing:
+    def __init__(self, runtime):
+        self.rt = runtime
+        limits = runtime.ctx.limits
+        bindings = min(limits.get("max-storage-buffers-per-shader-stage", 8) - 2,  # flat and ends
+                       limits.get("max-bindings-per-bind-group", 1000) - 3)  # those and the uniform
+        self.slots = max(1, min(MAX_SLOTS, bindings))
+        self.shaders = {op: runtime.shader(generate(op, self.slots), f"{op} x{self.slots}") for op in OPS}
+        # a group smaller than `slots` binds these in the gaps (distinct: unpack writes them); empty ranges
+        self.unused = [runtime.empty((1,)) for _ in range(self.slots)]
+        self._ends = {}  # a group's cumulative sizes, uploaded once: a training step packs the same arrays
+
+    def copy(self, op: str, flat, arrays) -> None:
+        """Record `op`: the arrays' elements into `flat` end to end (pack), or back out of it (unpack)."""
+        first = 0
+        for start in range(0, len(arrays), self.slots):
+            group = arrays[start:start + self.slots]
+            ends = tuple(np.cumsum([a.size for a in group]).tolist())
+            ends += (ends[-1],) * (self.slots - len(group))
+            if ends not in self._ends:
+                self._ends[ends] = self.rt.upload(np.array(ends, np.uint32))
+            bindings = {2: flat, 4: self._ends[ends]}
+            bindings.update({5 + i: group[i] if i < len(group) else self.unused[i] for i in range(self.slots)})
+            self.rt.dispatch(self.shaders[op], f"{op}_main", -(-ends[-1] // WG), bindings,
+                             {"count": ends[-1], "first": first})
+            first += ends[-1]

@@ -1,0 +1,67 @@
+"""Every kernel we ship, generated variants included, is valid WGSL for Tint (Dawn's compiler, Chrome's) as
+well as naga (wgpu's, which the rest of the suite runs on). Tint is stricter where the spec is: e.g. a
+constant expression whose value is -inf or NaN is an error there, and naga lets it through.
+
+Tint comes from the `wgpudawn` package: its Dawn build has a Null backend that compiles shaders and
+pipelines with no GPU at all (selected by WGPU_BACKEND_TYPE=Null), so this runs on any CI machine.
+"""
+import os
+import re
+
+import pytest
+
+from tinynn_gpu import matmul_blocked, multi_tensor, packing
+from tinynn_gpu.context import KERNEL_FILES, kernel_source
+from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, lesson_source
+
+if os.environ.get("TINYNN_REQUIRE_GPU") == "1":  # nox's tests-gpu installs it: there it must run
+    import wgpudawn
+else:
+    wgpudawn = pytest.importorskip("wgpudawn")
+
+
+@pytest.fixture(scope="module")
+def tint():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WGPU_BACKEND_TYPE", "Null")
+        adapter = wgpudawn.gpu.request_adapter_sync()
+    assert adapter.info["backend_type"] == "Null"
+    return adapter.request_device_sync()
+
+
+def every_kernel():
+    yield from ((name, kernel_source(name)) for name in KERNEL_FILES)
+    yield from ((f"lesson{tile}", lesson_source(tile)) for tile in LESSON_TILES)
+    for config in BLOCK_CONFIGS:
+        for ta in (False, True):
+            for tb in (False, True):
+                yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb)
+    yield from ((f"multi_tensor x{n}", multi_tensor.generate(n)) for n in range(1, multi_tensor.MAX_SLOTS + 1))
+    yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))
+
+
+def test_every_kernel_compiles_on_tint(tint):
+    """Each module, then each entry point's pipeline. The Null device has WebGPU's default limits only
+    (8 storage buffers, 256 invocations), below what the big variants ask of a real GPU: a pipeline refused
+    for a limit is not a WGSL error, so only those refusals pass."""
+    failures = []
+    for name, code in every_kernel():
+        try:
+            module = tint.create_shader_module(label=name, code=code)
+        except Exception as e:
+            failures.append(f"{name}: {str(e).strip().splitlines()[0]}")
+            continue
+        for entry in re.findall(r"@compute[^{]*?\bfn\s+(\w+)", code):
+            try:
+                tint.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": entry})
+            except Exception as e:
+                if "exceeds the maximum" not in str(e):
+                    failures.append(f"{name}.{entry}: {str(e).strip().splitlines()[0]}")
+    assert not failures, "\n".join(failures)
+
+
+def test_tint_rejects_what_the_spec_forbids(tint):
+    """The check above can fail: a constant -inf is refused."""
+    code = "@compute @workgroup_size(1) fn main() { let x = bitcast<f32>(0xff800000u); }"
+    with pytest.raises(Exception, match="cannot be represented"):
+        tint.create_shader_module(code=code)
