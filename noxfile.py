@@ -1,20 +1,31 @@
-"""Test sessions. Each installs the packages the way a user does (built wheels, not editable), so a file
-missing from a wheel fails here too.
+"""Test sessions, one per supported Python (the classifiers in both pyproject.toml files list the same ones).
+Each installs the packages the way a user does (built wheels, not editable), so a file missing from a wheel
+fails here too.
 
-    nox -s tests-cpu tests-gpu
+    nox -s tests-cpu tests-gpu           # every supported Python
+    nox -s tests-cpu-3.12                # one of them
 """
+import os
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True  # a supported Python that is not tested is a failure
 
-TEST_TOOLS = ["pytest>=7", "hypothesis>=6"]
+PYTHONS = ["3.11", "3.12", "3.13"]  # 3.10 reached its end of life in October 2026
+TEST_TOOLS = ["pytest>=7", "hypothesis>=6", "hatchling>=1.27"]  # hatchling: test_packaging builds the wheels
 CORE, GPU = "./packages/tinynn-core", "./packages/tinynn-gpu"
 TINT = "wgpudawn==0.32.0.4"  # Dawn's WGSL compiler with a no-GPU backend: test_wgsl_tint.py (Python >= 3.11)
 REQUIRE_MPI = {"TINYNN_REQUIRE_MPI": "1"}  # the [mpi] extra is installed: its mpiexec tests must run, not skip
 
+# pyenv keeps each Python in its own folder, behind shims that run only the selected one: put them in reach.
+_pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+os.environ["PATH"] = os.pathsep.join([*map(str, sorted(_pyenv.glob("versions/3.*/bin"))), os.environ["PATH"]])
 
-@nox.session(name="tests-cpu")
+
+@nox.session(name="tests-cpu", python=PYTHONS)
 def tests_cpu(session):
     """tinynn-core alone: the NumPy reference, autograd, model, training and CLI (data-parallel runs under
     the [mpi] extra's mpiexec too). No GPU package."""
@@ -25,7 +36,7 @@ def tests_cpu(session):
     session.run("pytest", "packages/tinynn-core/tests", *session.posargs, env=REQUIRE_MPI)
 
 
-@nox.session(name="tests-gpu")
+@nox.session(name="tests-gpu", python=PYTHONS)
 def tests_gpu(session):
     """tinynn-core + tinynn-gpu on a real WebGPU adapter (lavapipe in CI): the GPU kernels against the CPU,
     then the whole core suite again with the GPU backend active. A missing adapter fails, never skips."""

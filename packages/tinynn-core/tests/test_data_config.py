@@ -60,6 +60,12 @@ def test_data_file_errors(tmp_path):
     ({"min_lr": 1.0, "learning_rate": 0.1}, "'min_lr' must be between"),
     ({"grad_clip": -1}, "'grad_clip' must be positive or null"),
     ([1, 2], "must hold a JSON object"),
+    ({"grad_clip": float("nan")}, "'grad_clip' must be a finite number, got nan"),
+    ({"weight_decay": float("nan")}, "'weight_decay' must be a finite number"),
+    ({"learning_rate": float("inf")}, "'learning_rate' must be a finite number, got inf"),
+    ({"learning_rate": float("nan")}, "'learning_rate' must be a finite number"),
+    ({"seed": -1}, "'seed' must not be negative"),
+    ({"out_dir": " "}, "'out_dir' must not be empty"),
 ])
 def test_config_errors_name_the_key(raw, message, tmp_path):
     path = tmp_path / "c.json"
@@ -68,6 +74,31 @@ def test_config_errors_name_the_key(raw, message, tmp_path):
         config.load(path)
     assert message in str(e.value) and str(path) in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_flags_go_through_the_same_checks_and_are_named(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"max_steps": 10}))
+    assert config.load(path, {"--max-steps": ("max_steps", None)}).max_steps == 10  # not given: the file's
+    assert config.load(path, {"--max-steps": ("max_steps", 3)}).max_steps == 3
+    with pytest.raises(TinynnError) as e:
+        config.load(path, {"--max-steps": ("max_steps", 0)})
+    assert str(e.value) == "--max-steps must be at least 1, got 0"
+    with pytest.raises(TinynnError, match="'learning_rate' must be positive"):
+        config.TrainConfig(learning_rate=-1.0).validate()  # what train() runs on a config built in Python
+
+
+def test_memory_estimate_counts_the_models_parameters():
+    from tinynn import memory
+    from tinynn.model import GPT
+    for bias in (True, False):
+        cfg = config.TrainConfig(n_embd=32, n_head=2, n_layer=3, block_size=16, bias=bias)
+        model = GPT(cfg.model_config(50))
+        assert memory.parameter_count(cfg, 50) == sum(p.size for p in model.parameters())
+    with pytest.raises(TinynnError, match=r"needs about .* GiB .* only 0.00 GiB of host memory is available"):
+        memory.check(config.TrainConfig(), vocab_size=96, n_tokens=1000, available=1000)
+    assert set(memory.training_bytes(config.TrainConfig(), 96, 1000, on_device=True)) == {
+        "parameters, gradients and AdamW state", "token ids"}  # activations and logits live on the GPU
 
 
 def test_config_file_errors_and_defaults(tmp_path):
@@ -83,8 +114,8 @@ def test_config_file_errors_and_defaults(tmp_path):
 
 def test_shipped_app_configs_are_valid():
     from pathlib import Path
-    apps = Path(__file__).resolve().parents[3] / "apps" / "chargpt"
+    apps = Path(__file__).resolve().parents[3] / "apps"
     if not apps.is_dir():
         pytest.skip("apps/ is not beside this test tree")
-    for path in apps.glob("*.json"):
+    for path in apps.glob("*/*.json"):
         config.load(path)

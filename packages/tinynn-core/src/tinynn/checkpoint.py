@@ -1,8 +1,10 @@
 """Checkpoints: one safetensors file holding the weights, the optimizer state, and (as JSON metadata) the
 config, the tokenizer's characters, the step and the RNG state.
 
-Saving writes a temporary file beside the target and renames it over the target, so a run killed mid-save
-leaves the previous checkpoint intact.
+Saving writes a temporary file beside the target (`<name>.tmp-<pid>`) and renames it over the target, so a
+run killed mid-save leaves the previous checkpoint intact; `remove_orphans` deletes what such a kill left.
+The file is written by Python, not by safetensors, so it gets the umask's permissions (0644 by default), not
+0600. A failed write (a full disk, a read-only directory) is a `SaveError`, which the training loop survives.
 """
 from __future__ import annotations
 
@@ -12,24 +14,45 @@ from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save as serialize
 
 from tinynn.errors import TinynnError
 
 FORMAT = "tinynn-checkpoint-1"
 
 
+class SaveError(TinynnError):
+    """A checkpoint could not be written; the message names the path and the reason."""
+
+
 def save(path, *, model_state: dict, optimizer_state: dict, config: dict, chars: list[str], step: int,
          rng_state: dict, history: dict) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {f"model.{k}": np.ascontiguousarray(v) for k, v in model_state.items()}
     tensors.update({f"optim.{k}": np.ascontiguousarray(np.asarray(v)) for k, v in optimizer_state.items()})
     metadata = {"format": FORMAT, "config": json.dumps(config), "chars": json.dumps(chars), "step": str(step),
                 "rng_state": json.dumps(rng_state), "history": json.dumps(history)}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, path)  # atomic on POSIX and Windows
+    data = serialize(tensors, metadata=metadata)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX and Windows
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SaveError(f"cannot write checkpoint {path} ({e.strerror or e})") from None
+
+
+def remove_orphans(path) -> list[Path]:
+    """Delete the temporary files that a run killed mid-save left beside `path`; returns them."""
+    path = Path(path)
+    orphans = sorted(path.parent.glob(f"{path.name}.tmp*")) if path.parent.is_dir() else []
+    for orphan in orphans:
+        orphan.unlink(missing_ok=True)
+    return orphans
 
 
 def load(path) -> dict:
@@ -37,6 +60,8 @@ def load(path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise TinynnError(f"checkpoint not found: {path}")
+    if not os.access(path, os.R_OK):
+        raise TinynnError(f"checkpoint {path} is not readable (permission denied)")
     try:
         with safe_open(str(path), framework="numpy") as f:
             metadata = f.metadata() or {}
@@ -46,7 +71,7 @@ def load(path) -> dict:
     if metadata.get("format") != FORMAT:
         raise TinynnError(f"checkpoint {path} is not a tinynn checkpoint (format {metadata.get('format')!r})")
     try:
-        return {
+        saved = {
             "model": {k[6:]: v for k, v in tensors.items() if k.startswith("model.")},
             "optimizer": {k[6:]: v for k, v in tensors.items() if k.startswith("optim.")},
             "config": json.loads(metadata["config"]),
@@ -57,3 +82,7 @@ def load(path) -> dict:
         }
     except (KeyError, ValueError) as e:
         raise TinynnError(f"checkpoint {path} has damaged metadata ({e})") from None
+    for name, weights in saved["model"].items():
+        if weights.dtype.kind == "f" and not np.isfinite(weights).all():
+            raise TinynnError(f"checkpoint {path} has non-finite weights in {name!r}: its run diverged")
+    return saved

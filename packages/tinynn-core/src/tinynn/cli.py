@@ -1,7 +1,9 @@
 """The `tinynn` command: train, generate, demo, info and bench.
 
-Bad input (a config key, a missing file, a corrupt checkpoint, an unknown character in a prompt) prints one
-line, `tinynn: error: ...`, and exits with code 2; nothing already saved is touched.
+Bad input (a config key or flag, a missing file, a corrupt checkpoint, an unknown character in a prompt) prints
+one line, `tinynn: error: ...`, and exits with code 2; nothing already saved is touched. Warnings become
+one-line notices, `tinynn: notice: ...`; NumPy's floating-point warnings are silenced, since a non-finite
+loss stops training with its own error.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import platform
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -20,15 +23,12 @@ from tinynn.errors import TinynnError
 def cmd_train(args):
     from tinynn import config
     from tinynn.train import train
-    cfg = config.load(args.config)
-    if args.out_dir:
-        cfg.out_dir = args.out_dir
-    if args.max_steps:
-        cfg.max_steps = args.max_steps
-    result = train(cfg, device=args.device, resume=args.resume, progress=not args.quiet)
+    cfg = config.load(args.config, overrides={"--out-dir": ("out_dir", args.out_dir),
+                                              "--max-steps": ("max_steps", args.max_steps)})
+    result = train(cfg, device=args.device, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
     if not distributed.world().is_root:  # data-parallel: rank 0 alone reports
         return
-    print(f"checkpoint: {result.checkpoint}")
+    print(f"checkpoint: {result.checkpoint or 'none saved (every checkpoint step was diverging)'}")
     if cfg.loss_plot:
         print(f"loss curve: {cfg.loss_plot}")
     print("sample:")
@@ -80,9 +80,9 @@ def cmd_demo(args):
     demo.run(args.which)
 
 
-def info() -> dict:
+def info(device: str | None = None) -> dict:
     try:
-        active = backends.select(None)
+        active = backends.select(device)
     except TinynnError:  # TINYNN_DEVICE=gpu without a usable GPU: the report says why
         active = None
     return {
@@ -97,9 +97,7 @@ def info() -> dict:
 
 
 def cmd_info(args):
-    if args.device:
-        backends.set_default(args.device)
-    report = info()
+    report = info(args.device)
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -123,44 +121,58 @@ def cmd_bench(args):
     bench.main(args)
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """An option's help ends with its default, unless the help already says it or it has none (a switch)."""
+
+    def _get_help_string(self, action):
+        unsaid = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if "(default:" in action.help or unsaid or not action.option_strings:
+            return action.help
+        return f"{action.help} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tinynn", description="A small, readable neural-network framework.")
     parser.add_argument("--version", action="version", version=f"tinynn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def with_device(p):
+    def command(name, help):
+        p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                           formatter_class=_HelpWithDefaults)
         p.add_argument("--device", choices=backends.DEVICES, default=None,
-                       help="auto (default; TINYNN_DEVICE overrides): a hardware GPU when present, else the CPU")
+                       help="auto: a hardware GPU when present, else the CPU; gpu also takes a software adapter "
+                            "(default: TINYNN_DEVICE, else auto)")
         return p
 
-    p = with_device(sub.add_parser("train", help="train a character-level GPT from a JSON config"))
-    p.add_argument("--config", required=True, help="path to the JSON config (see README)")
+    p = command("train", "train a character-level GPT from a JSON config")
+    p.add_argument("--config", required=True, help="path to the JSON config (README: Config reference)")
     p.add_argument("--resume", action="store_true", help="continue from out_dir's checkpoint")
-    p.add_argument("--out-dir", help="override the config's out_dir")
-    p.add_argument("--max-steps", type=int, help="override the config's max_steps")
+    p.add_argument("--overwrite", action="store_true", help="start afresh, replacing out_dir's checkpoint")
+    p.add_argument("--out-dir", help="override the config's out_dir (default: the config's)")
+    p.add_argument("--max-steps", type=int, help="override the config's max_steps (default: the config's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
-    p = with_device(sub.add_parser("generate", help="sample text from a checkpoint"))
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--prompt", default="")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0: always the likeliest token")
-    p.add_argument("--top-k", type=int, default=None, help="draw from the k likeliest tokens only")
-    p.add_argument("--seed", type=int, default=0, help="the same seed gives the same text")
+    p = command("generate", "sample text from a checkpoint")
+    p.add_argument("--checkpoint", required=True, help="a checkpoint written by tinynn train")
+    p.add_argument("--prompt", default="", help="text to continue (default: the vocabulary's first character)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="characters to generate")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 picks the likeliest")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling")
     p.add_argument("--num-samples", type=int, default=1, help="samples decoded together as one batch")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context for every token")
     p.set_defaults(func=cmd_generate)
 
-    p = with_device(sub.add_parser("demo", help="run the demos (all, or the numbered ones)"))
+    p = command("demo", "run the demos (all, or the numbered ones)")
     p.add_argument("which", nargs="*", type=int, help="demo numbers, 1 to 4 (default: all)")
     p.set_defaults(func=cmd_demo)
 
-    p = with_device(sub.add_parser("info", help="versions, backends, and the active device"))
-    p.add_argument("--json", action="store_true")
+    p = command("info", "versions, backends, and the active device")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_info)
 
-    p = with_device(sub.add_parser("bench", help="matmul and training-step benchmarks"))
+    p = command("bench", "matmul and training-step benchmarks")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--sizes", default="256,512,1024,2048,4096", help="matmul sizes, comma-separated")
     p.add_argument("--config", default=None, help="training config to time (default: the lesson's scale)")
@@ -170,12 +182,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _notice(message, category, filename, lineno, file=None, line=None):
+    print(f"tinynn: notice: {message}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("always")
+            warnings.showwarning = _notice
+            args.func(args)
     except TinynnError as e:
         return distributed.fail(str(e), 2)  # prints `tinynn: error: ...`; under MPI it ends every rank
+    except MemoryError:  # a backstop: train checks its estimate first (memory.py)
+        return distributed.fail("out of memory: make the model, the batch or the vocabulary smaller", 2)
     except KeyboardInterrupt:
         print("tinynn: interrupted", file=sys.stderr)
         return 130

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,14 +52,25 @@ class TrainConfig:
         return GPTConfig(vocab_size=vocab_size, block_size=self.block_size, n_layer=self.n_layer,
                          n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout, bias=self.bias)
 
-    def validate(self, source="config") -> TrainConfig:
+    def validate(self, source="config", names=None) -> TrainConfig:
+        """Check every value; `names` maps a key to how the user spelled it (a CLI flag) for the message."""
+        names = names or {}
+
         def bad(key, why):
-            raise TinynnError(f"{source}: {key!r} {why}")
+            where = f"{source}: " if key not in names else ""
+            raise TinynnError(f"{where}{names.get(key, repr(key))} {why}")
+        hints = typing.get_type_hints(TrainConfig)
+        for field in dataclasses.fields(self):  # first, so that a NaN is blamed on its own key
+            value = getattr(self, field.name)
+            if not _type_ok(value, hints[field.name]):
+                bad(field.name, f"must be {_type_name(hints[field.name])}, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                bad(field.name, f"must be a finite number, got {value}")
         for key in ("block_size", "n_layer", "n_head", "n_embd", "batch_size", "grad_accum_steps", "max_steps",
                     "eval_interval", "eval_steps"):
             if getattr(self, key) < 1:
                 bad(key, f"must be at least 1, got {getattr(self, key)}")
-        for key in ("warmup_steps", "checkpoint_interval", "sample_tokens"):
+        for key in ("warmup_steps", "checkpoint_interval", "sample_tokens", "seed"):
             if getattr(self, key) < 0:
                 bad(key, f"must not be negative, got {getattr(self, key)}")
         if self.batch_size % self.grad_accum_steps:
@@ -76,6 +88,8 @@ class TrainConfig:
             bad("weight_decay", f"must not be negative, got {self.weight_decay}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             bad("grad_clip", f"must be positive or null, got {self.grad_clip}")
+        if not self.out_dir.strip():
+            bad("out_dir", "must not be empty")
         return self
 
 
@@ -99,7 +113,9 @@ def _type_name(annotation) -> str:
     return " or ".join("null" if t is type(None) else t.__name__ for t in (typing.get_args(annotation) or (annotation,)))
 
 
-def from_dict(raw: dict, source="config") -> TrainConfig:
+def from_dict(raw: dict, source="config", overrides: dict | None = None) -> TrainConfig:
+    """A validated config from JSON values. `overrides` maps a command-line flag to (key, value); a value of
+    None means the flag was not given. Flags and file go through the same checks."""
     if not isinstance(raw, dict):
         raise TinynnError(f"{source}: must hold a JSON object, got {type(raw).__name__}")
     hints = typing.get_type_hints(TrainConfig)
@@ -109,11 +125,14 @@ def from_dict(raw: dict, source="config") -> TrainConfig:
             raise TinynnError(f"{source}: unknown key {key!r} (known keys: {', '.join(sorted(fields))})")
         if not _type_ok(value, hints[key]):
             raise TinynnError(f"{source}: {key!r} must be {_type_name(hints[key])}, got {json.dumps(value)}")
+    given = {flag: kv for flag, kv in (overrides or {}).items() if kv[1] is not None}
+    raw = {**raw, **dict(given.values())}
     values = {k: float(v) if hints[k] in (float, float | None) and v is not None else v for k, v in raw.items()}
-    return TrainConfig(**values).validate(source)
+    return TrainConfig(**values).validate(source, names={key: flag for flag, (key, _) in given.items()})
 
 
-def load(path: str | Path) -> TrainConfig:
+def load(path: str | Path, overrides: dict | None = None) -> TrainConfig:
+    """The config in a JSON file, with command-line overrides applied (see `from_dict`)."""
     path = Path(path)
     if not path.is_file():
         raise TinynnError(f"config file not found: {path}")
@@ -123,7 +142,7 @@ def load(path: str | Path) -> TrainConfig:
         raise TinynnError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
     except UnicodeDecodeError:
         raise TinynnError(f"{path}: not UTF-8 text") from None
-    return from_dict(raw, str(path))
+    return from_dict(raw, str(path), overrides)
 
 
 def to_dict(config: TrainConfig) -> dict:

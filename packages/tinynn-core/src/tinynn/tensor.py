@@ -175,12 +175,17 @@ def tensor(data, requires_grad=False, dtype=None, backend: backends.Backend | st
     return Tensor(backend.from_numpy(array), backend, requires_grad=requires_grad)
 
 
-def zeros(shape, requires_grad=False, dtype=np.float32, backend=None) -> Tensor:
-    return tensor(np.zeros(shape, dtype=dtype), requires_grad=requires_grad, backend=backend)
+def _shape(sizes) -> tuple:
+    """`zeros(2, 3)` and `zeros((2, 3))` both mean shape (2, 3), as in PyTorch."""
+    return tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
 
 
-def ones(shape, requires_grad=False, dtype=np.float32, backend=None) -> Tensor:
-    return tensor(np.ones(shape, dtype=dtype), requires_grad=requires_grad, backend=backend)
+def zeros(*shape, requires_grad=False, dtype=np.float32, backend=None) -> Tensor:
+    return tensor(np.zeros(_shape(shape), dtype=dtype), requires_grad=requires_grad, backend=backend)
+
+
+def ones(*shape, requires_grad=False, dtype=np.float32, backend=None) -> Tensor:
+    return tensor(np.ones(_shape(shape), dtype=dtype), requires_grad=requires_grad, backend=backend)
 
 
 from tinynn import functional as F  # noqa: E402  (functional builds on Tensor, defined above)

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from tinynn import backends, checkpoint, distributed, rng
+from tinynn import backends, checkpoint, distributed, memory, rng
 from tinynn.config import TrainConfig, to_dict
 from tinynn.data import Batches, CharTokenizer, load_text
 from tinynn.errors import TinynnError
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, cosine_lr, decay_groups
+from tinynn.rundir import Keeper, RunDir
 from tinynn.tensor import Tensor, no_grad
 
 CHECKPOINT_NAME = "ckpt.safetensors"
@@ -151,27 +152,47 @@ def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: i
     return total / steps
 
 
-def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> TrainResult:
+def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progress=True) -> TrainResult:
+    """Train as `cfg` says. Everything checkable is checked before step 1 (see rundir.py and memory.py);
+    `resume` continues out_dir's checkpoint, `overwrite` lets a fresh run replace it. Under mpiexec, rank 0
+    alone holds out_dir, evaluates, writes checkpoints and samples."""
+    cfg.validate()
     world = distributed.world()  # under mpiexec: this rank (before the backend, which picks its GPU by it)
     world.check_batch(cfg.batch_size, cfg.grad_accum_steps)
     backend = backends.set_default(device)
     if cfg.loss_plot:
         _require_matplotlib()
-    ckpt_path = Path(cfg.out_dir) / CHECKPOINT_NAME
+    run_dir = RunDir(cfg.out_dir, CHECKPOINT_NAME)
     text = load_text(cfg.data)
-    saved = checkpoint.load(ckpt_path) if resume else None
+    saved = checkpoint.load(run_dir.checkpoint) if resume else None
+    tokenizer = CharTokenizer(saved["chars"] if saved else text)
     if saved:
-        _check_same_model(saved["config"], cfg, ckpt_path)
-        tokenizer = CharTokenizer(saved["chars"])
-    else:
-        tokenizer = CharTokenizer(text)
+        _check_same_model(saved["config"], cfg, run_dir.checkpoint)
+    memory.check(cfg, tokenizer.vocab_size, len(text), on_device=backend.is_gpu)
     tokens = tokenizer.encode(text)
     batches = Batches(tokens, cfg.block_size, cfg.val_fraction)
     try:  # checked now, not after the training it would end
         prompt = tokenizer.encode(cfg.sample_prompt) if cfg.sample_prompt else tokens[:1]
     except TinynnError as e:
         raise TinynnError(f"sample_prompt: {e}") from None
+    if world.is_root:
+        run_dir.claim(resume=resume, overwrite=overwrite)
+    try:
+        if world.is_root:
+            run_dir.check_disk(memory.checkpoint_bytes(cfg, tokenizer.vocab_size))
+        model, history, ckpt_path = _train_loop(cfg, backend, world, tokenizer, batches, saved, run_dir, progress)
+    finally:
+        run_dir.release()
+    if not world.is_root:  # rank 0 alone samples and plots
+        return TrainResult(model, tokenizer, history, "", ckpt_path)
+    out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
+    sample = tokenizer.decode(out[0])
+    if cfg.loss_plot:
+        plot_history(history, cfg.loss_plot)
+    return TrainResult(model, tokenizer, history, sample, ckpt_path)
 
+
+def _train_loop(cfg, backend, world, tokenizer, batches, saved, run_dir, progress):
     rng.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(tokenizer.vocab_size))
     optimizer = AdamW(decay_groups(list(model.named_parameters()), cfg.weight_decay), lr=cfg.learning_rate,
@@ -183,11 +204,11 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
         optimizer.load_state_dict(saved["optimizer"])
         rng.set_state(saved["rng_state"])
         start, history = saved["step"], saved["history"]
+    keeper = Keeper(run_dir.checkpoint, history, start if saved else None)
 
-    def save(step):
-        checkpoint.save(ckpt_path, model_state=model.state_dict(), optimizer_state=optimizer.state_dict(),
-                        config=to_dict(cfg), chars=tokenizer.chars, step=step, rng_state=rng.get_state(),
-                        history=history)
+    def state(step):
+        return {"model_state": model.state_dict(), "optimizer_state": optimizer.state_dict(), "config": to_dict(cfg),
+                "chars": tokenizer.chars, "step": step, "rng_state": rng.get_state(), "history": history}
 
     split_for_eval = "val" if batches.has_val else "train"
     tokens_per_step = cfg.batch_size * cfg.block_size
@@ -201,9 +222,10 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
         lr = cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
         x, y = batches.sample("train", cfg.batch_size, rng.generator())
         loss_value = train_step(world.rows(x), world.rows(y), lr).item()  # the global batch's mean loss
+        keeper.judge(loss_value, "train")  # this loss was computed on the weights offered last step
         if not math.isfinite(loss_value):
-            kept = f"the last good checkpoint {ckpt_path} is kept" if ckpt_path.exists() else "no checkpoint was saved"
-            raise TinynnError(f"loss became {loss_value} at step {step + 1}; stopping ({kept}); "
+            bar.close()
+            raise TinynnError(f"loss became {loss_value} at step {step + 1}; stopping ({_kept(keeper)}); "
                               "try a lower learning_rate or a grad_clip")
         history["step"].append(step + 1)
         history["train_loss"].append(loss_value)
@@ -211,22 +233,26 @@ def train(cfg: TrainConfig, *, device=None, resume=False, progress=True) -> Trai
         bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_step / max(now - t_last, 1e-9):,.0f}")
         t_last = now
         last = step + 1 == cfg.max_steps
+        val = None
         if world.is_root and ((step + 1) % cfg.eval_interval == 0 or last):
             val = evaluate(model, batches, split_for_eval, cfg.eval_steps, cfg.batch_size, cfg.seed + 1)
             history["val_step"].append(step + 1)
             history["val_loss"].append(val)
             bar.write(f"step {step + 1}: train loss {loss_value:.4f}, {split_for_eval} loss {val:.4f}")
         if world.is_root and ((cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0) or last):
-            save(step + 1)
+            keeper.offer(state(step + 1))
+        if val is not None:
+            keeper.judge(val, "val")  # evaluated on the weights just offered
     bar.close()
-    if not world.is_root:  # rank 0 alone samples and plots
-        return TrainResult(model, tokenizer, history, "", ckpt_path)
+    return model, history, keeper.finish()
 
-    out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
-    sample = tokenizer.decode(out[0])
-    if cfg.loss_plot:
-        plot_history(history, cfg.loss_plot)
-    return TrainResult(model, tokenizer, history, sample, ckpt_path)
+
+def _kept(keeper: Keeper) -> str:
+    try:
+        path = keeper.finish()
+    except TinynnError as e:
+        return str(e)
+    return f"the last good checkpoint {path} (step {keeper.saved_step}) is kept" if path else "no checkpoint was saved"
 
 
 def _check_same_model(saved_config: dict, cfg: TrainConfig, path: Path) -> None:
