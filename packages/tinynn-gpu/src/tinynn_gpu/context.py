@@ -24,9 +24,6 @@ TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3
 BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
 KERNEL_FILES = ("elementwise", "strided", "softmax", "layernorm", "cross_entropy", "embedding",
                 "optimizer", "norm", "decode", "matmul_rows")
-# kernel files still on the positional parameter block (params_positional.wgsl: `param(i)`, a tuple from
-# Python) rather than their own named `struct Params`; the block goes once this is empty
-POSITIONAL: set[str] = set()  # none left: every kernel file declares its own struct Params
 
 
 @dataclass
@@ -68,8 +65,7 @@ def kernel_source(name: str) -> str:
         return (folder / f"{file}.wgsl").read_text(encoding="utf-8")
     if name == "lesson":
         return read(name)
-    positional = read("params_positional") + "\n" if name in POSITIONAL else ""
-    return read("common") + "\n" + positional + read(name)
+    return read("common") + "\n" + read(name)
 
 
 def choose_adapter(adapters):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
-import struct
 from collections import Counter, OrderedDict, defaultdict
 
 import numpy as np
@@ -364,8 +363,6 @@ class Runtime:
         pipe = self.pipeline(shader, entry)
         buffers = {slot: getattr(v, "buffer", v) for slot, v in bindings.items()}
         if shader.params is not None:
-            if isinstance(params, (tuple, list)):
-                params = _positional(params)
             buffers[3] = self.uniform(shader.params.pack(params or {}))
         elif params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
@@ -536,12 +533,6 @@ def grid(workgroups: int) -> tuple[int, int, int]:
     if workgroups <= MAX_GROUPS:
         return (workgroups, 1, 1)
     return (MAX_GROUPS, -(-workgroups // MAX_GROUPS), 1)
-
-
-def _positional(values) -> dict:
-    """A tuple for params_positional.wgsl's 32 u32 slots (f32 values as their bits)."""
-    return {"v": [struct.unpack("<I", struct.pack("<f", v))[0] if isinstance(v, float) else v & 0xFFFFFFFF
-                  for v in values]}
 
 
 def _round4(n: int) -> int:
