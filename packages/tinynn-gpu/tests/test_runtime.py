@@ -67,4 +67,6 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
     assert gpu_step["steps"] == 3 and report["backends"]["cpu"]["train_step"]["steps"] == 3
     assert gpu_step["host_us_per_replayed_dispatch"] > 0 and gpu_step["host_us_per_eager_dispatch"] > 0
     assert gpu_step["peak_memory_bytes"] > 0
+    assert main(args + ["--no-cpu"]) in (0, None)
+    assert list(json.loads(capsys.readouterr().out)["backends"]) == ["gpu"]
     backends.reset_discovery()

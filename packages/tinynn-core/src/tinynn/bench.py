@@ -8,6 +8,7 @@ of a step, NumPy fallbacks, and (`--profile`, where the adapter has timestamp qu
 
     tinynn bench                     # matmul 256..4096 and the lesson config's step, CPU and GPU
     tinynn bench --json --sizes 512,1024 --steps 30
+    tinynn bench --device gpu --no-cpu --sizes "" --config apps/bench/big.json   # the GPU step alone
 """
 from __future__ import annotations
 
@@ -140,7 +141,7 @@ def main(args) -> None:
     else:
         cfg = TrainConfig(**LESSON)
     active = backends.select(args.device)
-    targets = [backends.reference()] + ([active] if active.is_gpu else [])
+    targets = ([] if args.no_cpu and active.is_gpu else [backends.reference()]) + ([active] if active.is_gpu else [])
     report = {"backends": {}}
     for be in targets:
         entry = {"device": be.device_name, "matmul": bench_matmul(be, sizes) if sizes else [],

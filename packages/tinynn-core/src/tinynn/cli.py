@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="training config to time (default: the lesson's scale)")
     p.add_argument("--steps", type=int, default=20, help="timed training steps")
     p.add_argument("--profile", action="store_true", help="GPU time per kernel (needs timestamp queries)")
+    p.add_argument("--no-cpu", action="store_true",
+                   help="time the GPU backend alone (NumPy takes seconds a step at the big config)")
     p.set_defaults(func=cmd_bench)
     return parser
 
