@@ -113,6 +113,21 @@ def test_matmul_rows(poisoned, m, n, k, with_bias, seed):
     assert_close(poisoned.to_numpy(out), a @ w.T + (bias if with_bias else 0), rtol=2e-5)
 
 
+@SETTINGS
+@given(m=st.integers(1, 16), n=st.integers(1, 300), k=st.integers(1, 300), seed=st.integers(0, 2**31))
+def test_matmul_rows_takes_the_whole_linear_epilogue(poisoned, m, n, k, seed):
+    """A decode step's MLP: GELU (its input kept for the backward) and the residual add in the rows kernel."""
+    g = np.random.default_rng(seed)
+    x, w, bias, residual = g.standard_normal((m, k)), g.standard_normal((n, k)), g.standard_normal(n), \
+        g.standard_normal((m, n))
+    y, pre = poisoned.linear_forward(*(poisoned.from_numpy(v.astype(np.float32)) for v in (x, w, bias, residual)),
+                                     activation="gelu")
+    assert poisoned.mm.last == poisoned.mm.rows.describe()
+    want_pre = x @ w.T + bias
+    assert_close(poisoned.to_numpy(pre), want_pre, rtol=2e-5)
+    assert_close(poisoned.to_numpy(y), backends.reference().unary("gelu", want_pre) + residual, rtol=2e-5)
+
+
 def test_advance(gpu):
     length = gpu.from_numpy(np.array([41], np.int32))
     gpu.advance_(length)

@@ -8,8 +8,8 @@ with fully unrolled code, one variable per vec4 accumulator (see the template's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 
+from tinynn_gpu.context import kernel_source
 from tinynn_gpu.runtime import MAX_GROUPS, grid
 
 XYZW = "xyzw"
@@ -142,7 +142,7 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
         "DECLARE": "\n".join(declare), "LOAD": "\n".join(load), "INNER": "\n".join(inner),
         "ROW_SUM": "\n".join(row_sum), "STORE": "\n".join(store),
     }
-    text = (resources.files("tinynn_gpu") / "kernels" / "matmul_blocked.wgsl").read_text(encoding="utf-8")
+    text = kernel_source("matmul_blocked")  # common.wgsl's gelu with it
     for key, value in fills.items():
         text = text.replace("{{" + key + "}}", str(value))
     return text

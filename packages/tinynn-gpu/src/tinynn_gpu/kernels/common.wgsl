@@ -43,3 +43,12 @@ fn workgroup_max(lid: u32, x: f32) -> f32 {
 // rejects `bitcast<f32>(0xff800000u)`; naga lets it through), and reading a var is not a constant.
 fn neg_inf() -> f32 { var bits = 0xff800000u; return bitcast<f32>(bits); }
 fn nan() -> f32 { var bits = 0x7fc00000u; return bitcast<f32>(bits); }
+
+const GELU_C: f32 = 0.7978845608028654;  // sqrt(2 / pi)
+
+// tanh through exp overflows to inf/inf = NaN for |x| > ~44; it is +-1 to f32 precision beyond 15.
+fn safe_tanh(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
+
+// GELU, tanh form (GPT-2's): one definition for the elementwise op and every matmul epilogue, so the fused
+// and the separate forms round alike.
+fn gelu(x: f32) -> f32 { return 0.5 * x * (1.0 + safe_tanh(GELU_C * (x + 0.044715 * x * x * x))); }

@@ -30,11 +30,6 @@ struct Params {
 
 const INT_SENTINEL: i32 = -2147483647 - 1;
 
-const GELU_C: f32 = 0.7978845608028654;  // sqrt(2 / pi)
-
-// tanh through exp overflows to inf/inf = NaN for |x| > ~44; it is +-1 to f32 precision beyond 15.
-fn safe_tanh(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
-
 // Unary op codes: 0 neg, 1 exp, 2 log, 3 tanh, 4 relu, 5 gelu (tanh form).
 fn unary_op(op: u32, x: f32) -> f32 {
     switch op {
@@ -43,7 +38,7 @@ fn unary_op(op: u32, x: f32) -> f32 {
         case 2u: { return log(x); }
         case 3u: { return safe_tanh(x); }
         case 4u: { return max(x, 0.0); }
-        case 5u: { return 0.5 * x * (1.0 + safe_tanh(GELU_C * (x + 0.044715 * x * x * x))); }
+        case 5u: { return gelu(x); }
         default: { return nan(); }
     }
 }

@@ -55,7 +55,6 @@ const THREADS_M: u32 = {{THREADS_M}}u;  // BM / TM
 const THREADS_N: u32 = {{THREADS_N}}u;  // BN / TN
 const THREADS: u32 = {{THREADS}}u;
 const GROUP: u32 = {{GROUP}}u;
-const GELU_C: f32 = 0.7978845608028654;  // sqrt(2 / pi), as in elementwise.wgsl
 
 var<workgroup> a_tile: array<vec4<f32>, {{A_TILE_VEC4}}>;  // [k][m / 4]
 var<workgroup> b_tile: array<vec4<f32>, {{B_TILE_VEC4}}>;  // [k][n / 4]
@@ -68,11 +67,6 @@ fn load_a{{SUFFIX}}(base: u32, m: u32, k: u32, k_end: u32) -> {{ELEMENT}} {
 fn load_b{{SUFFIX}}(base: u32, k: u32, n: u32, k_end: u32) -> {{ELEMENT}} {
     if (k >= k_end || n >= params.n) { return {{ZERO}}; }
     return b[({{B_INDEX}}){{QUAD}}];
-}
-
-// elementwise.wgsl's GELU, term for term, so the fused and the separate forms round alike
-fn gelu(x: f32) -> f32 {
-    return 0.5 * x * (1.0 + tanh(clamp(GELU_C * (x + 0.044715 * x * x * x), -15.0, 15.0)));
 }
 
 // The epilogue for out[i], column n, whose matmul sum is v.
