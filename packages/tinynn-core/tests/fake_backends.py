@@ -24,6 +24,12 @@ def software_only():
     return SoftwareGpu()
 
 
+def older_interface():
+    backend = FakeGpu()
+    backend.interface_version = 0
+    return backend
+
+
 def no_adapter():
     raise BackendUnavailable("no adapter found (fake)")
 

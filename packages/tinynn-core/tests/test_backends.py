@@ -63,6 +63,14 @@ def test_environment_and_bad_device(plugins, monkeypatch):
         backends.select("tpu")
 
 
+def test_a_backend_for_another_interface_version_is_not_used(plugins):
+    plugins(gpu="older_interface")
+    assert backends.select("auto").name == "cpu"
+    assert "implements backend interface 0" in backends.load("gpu").reason
+    with pytest.raises(TinynnError, match="install matching versions"):
+        backends.select("gpu")
+
+
 def test_entry_points_load_once_and_lazily(plugins, monkeypatch):
     plugins(gpu="working")
     assert backends._loaded == {}  # discovery imports nothing

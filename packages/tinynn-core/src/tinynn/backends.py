@@ -23,6 +23,10 @@ import numpy as np
 from tinynn.errors import TinynnError
 
 ENTRY_POINT_GROUP = "tinynn.backends"
+# The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
+# backend states the version it implements (`Backend.interface_version`), and one written for another
+# version is not used: its reason names both.
+INTERFACE_VERSION = 1
 DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -63,6 +67,7 @@ class Backend:
     """
 
     name = "abstract"
+    interface_version: int | None = None  # the INTERFACE_VERSION a backend implements: each states its own
     is_gpu = False
     is_software = False  # a CPU-emulated adapter (lavapipe): usable, but `auto` does not pick it
     device_name = ""
@@ -377,13 +382,22 @@ def load(name: str, entry_point: EntryPoint | None = None) -> BackendStatus:
             status = BackendStatus(name, None, f"no backend named {name!r} is installed")
         else:
             try:
-                status = BackendStatus(name, ep.load()(), "")
+                status = _checked(name, ep.load()())
             except BackendUnavailable as e:
                 status = BackendStatus(name, None, str(e))
             except Exception as e:  # a broken plugin must not break core: record why, fall back
                 status = BackendStatus(name, None, f"failed to load ({type(e).__name__}: {e})")
     _loaded[name] = status
     return status
+
+
+def _checked(name: str, backend: Backend) -> BackendStatus:
+    """A created backend, refused when it implements another version of the interface than core's."""
+    if backend.interface_version != INTERFACE_VERSION:
+        return BackendStatus(name, None, f"it implements backend interface {backend.interface_version}, this "
+                             f"tinynn-core has interface {INTERFACE_VERSION}: install matching versions "
+                             "(pip install -U tinynn-core tinynn-gpu)")
+    return BackendStatus(name, backend, "")
 
 
 def statuses() -> list[BackendStatus]:

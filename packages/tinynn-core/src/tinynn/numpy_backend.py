@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from tinynn.backends import Backend
+from tinynn.backends import INTERFACE_VERSION, Backend
 from tinynn.errors import TinynnError
 
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -58,6 +58,7 @@ def _heads(qkv, n_head):
 
 class NumpyBackend(Backend):
     name = "cpu"
+    interface_version = INTERFACE_VERSION
     device_name = "NumPy"
 
     # --- transfer and creation ---

@@ -48,6 +48,7 @@ class OnCpu(Exception):
 
 class WgpuBackend(DecodeOps, Backend):
     name = "gpu"
+    interface_version = 1  # tinynn.backends.INTERFACE_VERSION when these ops were written
     is_gpu = True
 
     def __init__(self, ctx):
