@@ -69,16 +69,22 @@ def test_each_replayed_loss_keeps_its_own_value(gpu):
     model = GPT(CFG).to(gpu)
     step = TrainStep(model, AdamW(model.parameters(), lr=3e-3), B, CFG.block_size)
     kept = [step(*batch(i), 3e-3) for i in range(9)]
-    read_at_once = [loss.item() for loss in kept[-1:]]
-    assert len(set(loss.item() for loss in kept)) == 9
-    assert kept[-1].item() == read_at_once[0]
+    tinynn.manual_seed(0)
+    twin = GPT(CFG).to(gpu)
+    twin_step = TrainStep(twin, AdamW(twin.parameters(), lr=3e-3), B, CFG.block_size)
+    read_at_once = [twin_step(*batch(i), 3e-3).item() for i in range(9)]
+    assert [loss.item() for loss in kept] == read_at_once
+    assert len(set(read_at_once)) == 9
 
 
 @pytest.mark.parametrize("change", ["weight_decay", "max_grad_norm", "betas", "eval"])
 def test_a_change_after_capture_takes_effect(gpu, change):
+    replays_at_change = []
+
     def apply(i, model, opt):
         if i != 6:
             return
+        replays_at_change.append(gpu.counters["replays"])
         if change == "weight_decay":
             opt.groups[0]["weight_decay"] = 30.0
         elif change == "max_grad_norm":
@@ -88,27 +94,34 @@ def test_a_change_after_capture_takes_effect(gpu, change):
         else:
             model.eval()  # no dropout in CFG: the same numbers, but the mode is in the key
     recaptures = gpu.counters["recaptures"]
-    losses, model, _ = run(gpu, 10, apply)
-    cpu_losses, cpu_model, _ = run(backends.reference(), 10, apply)
+    losses, model, _ = run(gpu, 14, apply)  # 6, 7, 8 eager again, 9 captured, 10 to 13 replay the new tape
+    assert gpu.counters["recaptures"] == recaptures + 1
+    assert gpu.counters["replays"] - replays_at_change[0] == 4
+    cpu_losses, cpu_model, _ = run(backends.reference(), 14, apply)
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
-    assert gpu.counters["recaptures"] == recaptures + 1
 
 
 def test_a_moved_model_trains_its_new_arrays(gpu):
+    replays_at_move = []
+
     def move(i, model, opt):
         if i == 6:
+            replays_at_move.append(gpu.counters["replays"])
             model.to("cpu").to(gpu)  # new GPU arrays for every parameter
-    losses, model, _ = run(gpu, 10, move)
-    cpu_losses, cpu_model, _ = run(backends.reference(), 10)
+    losses, model, _ = run(gpu, 14, move)
+    assert gpu.counters["replays"] - replays_at_move[0] == 4  # the new arrays' tape replayed
+    cpu_losses, cpu_model, _ = run(backends.reference(), 14)
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
 
 
 def test_another_batch_shape_trains_the_same_on_every_backend(gpu):
-    b_of = lambda i: 2 if i in (5, 9) else B  # noqa: E731 (a smaller batch after capture, twice)
-    losses, model, _ = run(gpu, 11, b_of=b_of)
-    cpu_losses, cpu_model, _ = run(backends.reference(), 11, b_of=b_of)
+    b_of = lambda i: 2 if i >= 5 else B  # noqa: E731 (a smaller batch after capture: captured anew, replayed)
+    replays = gpu.counters["replays"]
+    losses, model, _ = run(gpu, 13, b_of=b_of)
+    assert gpu.counters["replays"] - replays == 1 + 4  # step 4 on the first tape, 9 to 12 on the second
+    cpu_losses, cpu_model, _ = run(backends.reference(), 13, b_of=b_of)
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
 

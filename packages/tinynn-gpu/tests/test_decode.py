@@ -1,7 +1,7 @@
 """The generation kernels (kernels/decode.wgsl) against the NumPy reference, outputs poisoned with NaN, shapes
 drawn by hypothesis: lengths below and past block_size, caches longer than one 256-key chunk, vocabularies
-smaller and larger than a workgroup; decoding's few-row matmul. Then a whole generation on the GPU: captured steps replayed, the same
-tokens as the CPU."""
+smaller and larger than a workgroup; decoding's few-row matmul. Then a whole generation on the GPU: captured
+steps replayed, the same tokens as the CPU."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -102,13 +102,15 @@ class Backend:
     def sync(self) -> None:
         """Wait until all work recorded so far has finished."""
 
-    def capture(self, fn, key=None):
+    def capture(self, fn, key=None, copy_result=True):
         """A callable equivalent to `fn()` (no arguments) that the backend may record once and replay.
 
         fn must read its per-call inputs from arrays that live across calls (written with `write_`
-        before each call) and return a Tensor. `key`, when given, is a callable returning what fn's work
-        depends on besides those arrays' values (arrays it uses, hyperparameters, shapes): a replaying
-        backend records again when it changes. The default runs fn every time; a GPU backend replays
+        before each call) and return a Tensor, or None when its caller needs no result. A replay returns the
+        result in an array of its own; with copy_result=False, in the step's own array, which the next call
+        overwrites (for a caller that reads it at once: no copy). `key`, when given, is a callable returning
+        what fn's work depends on besides those arrays' values (arrays it uses, hyperparameters, shapes): a
+        replaying backend records again when it changes. The default runs fn every time; a GPU backend replays
         the recorded dispatches without running Python again.
         """
         return fn

@@ -110,7 +110,8 @@ def _type_ok(value, annotation) -> bool:
 
 
 def _type_name(annotation) -> str:
-    return " or ".join("null" if t is type(None) else t.__name__ for t in (typing.get_args(annotation) or (annotation,)))
+    members = typing.get_args(annotation) or (annotation,)
+    return " or ".join("null" if t is type(None) else t.__name__ for t in members)
 
 
 def from_dict(raw: dict, source="config", overrides: dict | None = None) -> TrainConfig:

@@ -120,16 +120,16 @@ class Decoder:
         return Tensor(self.backend.embed_window(m.wte.weight.data, m.wpe.weight.data, self.tokens, self.length,
                                                 count), self.backend)
 
-    def _draw(self, logits: Tensor) -> Tensor:
+    def _draw(self, logits: Tensor) -> None:
+        """Sample each sequence's next token into self.ids and the ring, and count it."""
         self.backend.sample_tokens_(logits.data, self.tokens, self.length, self.ids, **self.sampling)
         self.backend.advance_(self.length)
-        return Tensor(self.ids, self.backend)
 
-    def _decode_step(self) -> Tensor:
-        return self._draw(self.model.decode(self._embed(1), self.cache))
+    def _decode_step(self) -> None:
+        self._draw(self.model.decode(self._embed(1), self.cache))  # the ids stay in self.ids: nothing returned
 
-    def _window_step(self, count: int) -> Tensor:
-        return self._draw(self.model.window(self._embed(count)))
+    def _window_step(self, count: int) -> None:
+        self._draw(self.model.window(self._embed(count)))
 
 
 @contextlib.contextmanager

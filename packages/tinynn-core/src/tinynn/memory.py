@@ -14,9 +14,10 @@ from tinynn.errors import TinynnError
 FLOAT = 4  # bytes: training runs in float32
 # Per token and per block, the backward pass keeps (with the temporaries at its peak) about 40 floats per
 # embedding channel and 6 per attention score; the logits cost 8 (B, T, vocab) arrays (the logits, softmax,
-# gradient and cross entropy's temporaries); parameters 5 copies (weights, gradients, two moments, the update's
-# temporary), and 3 more for a checkpoint's copy of the weights and moments held until it is judged. Measured on the NumPy backend (peak RSS of two steps, vocabularies of 96 to 50,000, widths 32 to
-# 512, contexts 32 to 256): these err high, by 0% to 41%.
+# gradient and cross entropy's temporaries); parameters 5 copies (weights, gradients, two moments, the
+# update's temporary), and 3 more for a checkpoint's copy of the weights and moments held until it is judged.
+# Measured on the NumPy backend (peak RSS of two steps, vocabularies of 96 to 50,000, widths 32 to 512,
+# contexts 32 to 256): these err high, by 0% to 41%.
 PER_CHANNEL, PER_SCORE, LOGIT_COPIES, PARAMETER_COPIES = 40, 6, 8, 5 + 3
 
 
@@ -75,8 +76,8 @@ def check(cfg, vocab_size: int, n_tokens: int, on_device: bool = False, availabl
         largest = max(parts, key=parts.get)
         raise TinynnError(f"this run needs about {_gib(total)} of memory ({largest}: {_gib(parts[largest])}; "
                           f"vocabulary {vocab_size}, n_embd {cfg.n_embd}, batch {cfg.batch_size} x "
-                          f"{cfg.block_size}), only {_gib(available)} of host memory is available: make the model, the batch "
-                          "or the vocabulary smaller")
+                          f"{cfg.block_size}), only {_gib(available)} of host memory is available: make the model, "
+                          "the batch or the vocabulary smaller")
 
 
 def _gib(n: int) -> str:

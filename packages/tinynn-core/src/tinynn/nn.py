@@ -151,12 +151,12 @@ class CausalSelfAttention(Module):
         att = self.attn_dropout(F.softmax(att, causal=True, scale=1.0 / math.sqrt(hs)))
         return (att @ v).permute(0, 2, 1, 3).reshape(B, T, C3 // 3)  # (B, nh, T, hs) -> (B, T, C)
 
-    def decode(self, x, cache):
+    def decode(self, x, cache, residual=None):
         """x (B, 1, C), one new position: its keys and values join the cache (a generate.LayerCache), its
-        query attends over every cached position."""
+        query attends over every cached position; `residual` is added in the projection, as in forward."""
         qkv = self.qkv(x)  # (B, 1, 3C)
         cache.write(qkv)
-        return self.proj(cache.attend(qkv, self.n_head))
+        return self.proj(cache.attend(qkv, self.n_head), residual=residual)
 
 
 class MLP(Module):
@@ -190,8 +190,8 @@ class Block(Module):
 
     def decode(self, x, cache):
         """forward for one new position x (B, 1, C), attending over the cached ones."""
-        x = x + self.attn.decode(self.ln1(x), cache)
-        return x + self.mlp(self.ln2(x))
+        x = self.attn.decode(self.ln1(x), cache, residual=x)
+        return self.mlp(self.ln2(x), residual=x)
 
 
 def _project(proj: Linear, x, dropout: Dropout, residual):

@@ -40,7 +40,8 @@ class TrainStep:
     it (the GPU backend does: see `Backend.capture`). Call it with a batch and the learning rate; it returns
     the loss, still on the backend: reading it (`.item()`) is the step's one host sync. A batch of another
     (B, T) shape gets new input arrays, and a moved model a new backend: either way the step is captured
-    again, as it is when anything in `_guard_key` changes.
+    again, as it is when anything in `_guard_key` changes (one shape is kept: batches that alternate between
+    shapes are recorded anew at every switch).
 
     With `accum_steps` k the batch is split into k micro-batches whose gradients add up before the one
     optimizer step; each backward starts from 1/k, so the sum is the gradient of the whole batch's mean loss.
@@ -74,7 +75,7 @@ class TrainStep:
             self.params = self.optimizer.params
             shapes = [()] + [p.shape for p in self.params]  # the loss, then every gradient
             self.flat = Tensor(be.full((sum(math.prod(s) for s in shapes),), 0.0), be)
-            self._pack = be.capture(self._packed_gradients, key=self._guard_key)
+            self._pack = be.capture(self._packed_gradients, key=self._guard_key, copy_result=False)  # read at once
             self._update = be.capture(lambda: self._unpacked_update(shapes), key=self._guard_key)
 
     def _guard_key(self):
@@ -111,11 +112,10 @@ class TrainStep:
         return Tensor(self.backend.pack([loss.data] + [p.grad.data for p in self.params]), self.backend)
 
     def _unpacked_update(self, shapes):
-        loss, *grads = self.backend.unpack(self.flat.data, shapes)
+        _, *grads = self.backend.unpack(self.flat.data, shapes)  # the loss came back with the read-back
         for p, g in zip(self.params, grads):
             p.grad = Tensor(g, self.backend)
         self.optimizer.apply_step()
-        return Tensor(loss, self.backend)
 
     def __call__(self, x: np.ndarray, y: np.ndarray, lr: float):
         k = len(self.inputs)

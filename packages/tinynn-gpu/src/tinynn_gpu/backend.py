@@ -133,8 +133,8 @@ class WgpuBackend(DecodeOps, Backend):
         else:
             self.rt.write(dst, np.asarray(src))
 
-    def capture(self, fn, key=None):
-        return CapturedStep(self, fn, key)
+    def capture(self, fn, key=None, copy_result=True):
+        return CapturedStep(self, fn, key, copy_result)
 
     # --- layout ---
     def reshape(self, a, shape):

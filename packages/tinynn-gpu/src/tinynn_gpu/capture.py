@@ -15,10 +15,11 @@ over: eager calls, then a new capture.
 No buffer the tape uses is handed to anything else between replays: at the end of the capture the tape
 keeps the arrays still alive and claims from the pool the buffers of those that died during the step
 (which the step itself reused, as an eager step does: so a replay needs no more memory than an eager
-step). Each call returns its loss in an array of its own (a 4-byte copy on the GPU), so a loss
-kept from an earlier step keeps its value. A step the tape cannot represent (it reads a value back, draws
-a dropout mask, falls back to NumPy) is run eagerly until its key changes, with the reason kept in
-`CapturedStep.eager_reason`.
+step). Each call returns its result (a loss) in an array of its own, a copy on the GPU, so a loss kept from an
+earlier step keeps its value; a step built with copy_result=False returns its own array instead (data-parallel
+training's packed gradients, read back at once), and a step returning None returns None. A step the tape
+cannot represent (it reads a value back, draws a dropout mask, falls back to NumPy) is run eagerly until its
+key changes, with the reason kept in `CapturedStep.eager_reason`.
 """
 from __future__ import annotations
 
@@ -67,10 +68,11 @@ class Tape:
 
 
 class CapturedStep:
-    def __init__(self, backend, fn, key=None):
+    def __init__(self, backend, fn, key=None, copy_result=True):
         self.backend = backend
         self.fn = fn
         self.key = key
+        self.copy_result = copy_result
         self.captured_key = None
         self.calls = 0
         self.tape = None
@@ -89,9 +91,8 @@ class CapturedStep:
             return self.fn()
         if self.tape is None:
             return self._capture()
-        rt = self.backend.rt
-        rt.replay(self.tape)
-        return Tensor(rt.copy(self.result), self.backend)
+        self.backend.rt.replay(self.tape)
+        return self._returned(self.result)
 
     def _start_over(self):
         if self.tape is not None:
@@ -104,7 +105,8 @@ class CapturedStep:
         rt.tape = tape = Tape(rt)
         try:
             loss = self.fn()
-            tape.hold(loss.data)
+            if loss is not None:
+                tape.hold(loss.data)
         finally:
             rt.tape = None
         if not tape.broken:
@@ -112,5 +114,11 @@ class CapturedStep:
         if tape.broken:
             self.eager_reason = tape.broken
             return loss
-        self.tape, self.result = tape, loss.data
-        return Tensor(rt.copy(loss.data), self.backend)
+        self.tape, self.result = tape, None if loss is None else loss.data
+        return self._returned(self.result)
+
+    def _returned(self, result):
+        """What a call of the recorded step returns: its result array, copied unless told not to."""
+        if result is None:
+            return None
+        return Tensor(self.backend.rt.copy(result) if self.copy_result else result, self.backend)

@@ -67,7 +67,7 @@ class LessonMatmul:
         flags = int(transpose_a) | int(transpose_b) << 1 | int(shared_b) << 2
         groups = (-(-m // self.tile), -(-n // self.tile), batch)
         self.rt.dispatch(self.module, "matmul_main", groups, {0: a, 1: b, 2: out},
-                         {"p0": m, "p1": n, "p2": k, "p3": flags})
+                         {"p0": m, "p1": n, "p2": k, "p3": flags})  # the lesson's own 16-byte Params
         return epilogue.empty
 
 
@@ -81,7 +81,7 @@ class MatmulSelector:
         self.variants = {f"lesson{t}": t for t in LESSON_TILES}  # name -> lesson tile, or a BlockConfig
         self.variants.update({f"blocked {c.name}": c for c in BLOCK_CONFIGS})
         self._built = {}
-        self.choices: dict[str, str] = {}  # shape class -> variant name
+        self.choices: dict[str, str] = {}  # exact shape key -> variant name
         self.cache_key = f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}"
         self.cache_path = Path(os.environ.get("TINYNN_CACHE_DIR") or Path.home() / ".cache" / "tinynn") / \
             "matmul-autotune.json"
@@ -182,7 +182,7 @@ class MatmulSelector:
     def _write_cache(self, cache: dict) -> None:
         try:
             self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.cache_path.with_suffix(".tmp")
+            tmp = self.cache_path.with_name(f"{self.cache_path.name}.tmp-{os.getpid()}")  # ranks tune at once
             tmp.write_text(json.dumps({"version": CACHE_VERSION, "choices": cache}, indent=1, sort_keys=True))
             os.replace(tmp, self.cache_path)
         except OSError:
