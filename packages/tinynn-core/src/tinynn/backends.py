@@ -414,6 +414,22 @@ def select(device: str | None = None) -> Backend:
         raise TinynnError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if device == "cpu":
         return reference()
+    backend, reasons = _gpu_for(device)
+    if backend is not None:
+        return backend
+    if device == "gpu":
+        raise TinynnError(f"--device gpu: no usable GPU backend ({'; '.join(reasons)})")
+    return reference()
+
+
+def why_not_gpu() -> str:
+    """One line saying why `auto` runs on the CPU, or "" when it would use a GPU."""
+    backend, reasons = _gpu_for("auto")
+    return "" if backend is not None else "; ".join(reasons)
+
+
+def _gpu_for(device: str) -> tuple[Backend | None, list[str]]:
+    """The first usable GPU backend for `device` (auto refuses software adapters), or None and why not."""
     reasons = []
     for name in sorted(discovered()):
         status = load(name)
@@ -423,25 +439,8 @@ def select(device: str | None = None) -> Backend:
             reasons.append(f"{name}: only a software adapter ({status.backend.device_name}); "
                            "use --device gpu to run on it anyway")
         else:
-            return status.backend
-    if device == "gpu":
-        why = "; ".join(reasons) or "no GPU backend is installed (pip install tinynn-gpu)"
-        raise TinynnError(f"--device gpu: no usable GPU backend ({why})")
-    return reference()
-
-
-def why_not_gpu() -> str:
-    """One line saying why `auto` runs on the CPU, or "" when it would use a GPU."""
-    if select("auto").is_gpu:
-        return ""
-    reasons = []
-    for name in sorted(discovered()):
-        status = load(name)
-        if status.backend is None:
-            reasons.append(f"{name}: {status.reason}")
-        elif status.backend.is_software:
-            reasons.append(f"{name}: only a software adapter ({status.backend.device_name})")
-    return "; ".join(reasons) or "no GPU backend is installed (pip install tinynn-gpu)"
+            return status.backend, []
+    return None, reasons or ["no GPU backend is installed (pip install tinynn-gpu)"]
 
 
 def set_default(device: str | Backend | None) -> Backend:
