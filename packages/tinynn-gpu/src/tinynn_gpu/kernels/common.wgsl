@@ -27,11 +27,23 @@ fn workgroup_sum(lid: u32, x: f32) -> f32 {
     return total;
 }
 
+// NaN found from its bits (a compiler may fold `x != x` away), and a max that lets NaN win, as NumPy's does
+// (WGSL's max leaves NaN to the implementation).
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+fn max_nan(x: f32, y: f32) -> f32 {
+    if (is_nan(x)) { return x; }
+    if (is_nan(y)) { return y; }
+    return max(x, y);
+}
+
 fn workgroup_max(lid: u32, x: f32) -> f32 {
     scratch[lid] = x;
     workgroupBarrier();
     for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (lid < s) { scratch[lid] = max(scratch[lid], scratch[lid + s]); }
+        if (lid < s) { scratch[lid] = max_nan(scratch[lid], scratch[lid + s]); }
         workgroupBarrier();
     }
     let best = scratch[0];

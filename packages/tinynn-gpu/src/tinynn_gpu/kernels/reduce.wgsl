@@ -17,33 +17,8 @@ struct Params { outer: u32, r: u32, inner: u32, op: u32 }  // op: 0 sum, 1 max
 const COLUMNS: u32 = 32u;  // reduce_columns_main: columns per workgroup
 const LANES: u32 = 8u;  // threads per column
 
-// NaN tested on the bits: compilers may fold x != x to false
-fn is_nan(x: f32) -> bool {
-    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
-}
-
-// max that lets NaN win, as NumPy does
-fn max_nan(x: f32, y: f32) -> f32 {
-    if (is_nan(x)) { return x; }
-    if (is_nan(y)) { return y; }
-    return max(x, y);
-}
-
 fn fold(acc: f32, x: f32, is_max: bool) -> f32 {
     return select(acc + x, max_nan(acc, x), is_max);
-}
-
-// max over the workgroup through common.wgsl's scratch (max is off the training hot path: no subgroup form)
-fn group_max(lid: u32, x: f32) -> f32 {
-    scratch[lid] = x;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (lid < s) { scratch[lid] = max_nan(scratch[lid], scratch[lid + s]); }
-        workgroupBarrier();
-    }
-    let best = scratch[0];
-    workgroupBarrier();
-    return best;
 }
 
 @compute @workgroup_size(256)
@@ -55,7 +30,7 @@ fn reduce_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
     if (params.op == 1u) {
         var m = neg_inf();
         for (var r = lanes.lid; r < r_len; r = r + 256u) { m = max_nan(m, a[base + r]); }
-        m = group_max(lanes.lid, m);
+        m = workgroup_max(lanes.lid, m);
         if (lanes.lid == 0u) { out[row] = m; }
     } else {
         var s0 = 0.0;  // two accumulators: two loads in flight per thread
