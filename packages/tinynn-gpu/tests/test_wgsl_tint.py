@@ -37,7 +37,7 @@ def every_kernel():
             for tb in (False, True):
                 yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
     # the workgroup-memory group_sum: Tint wants `enable subgroups;` for the subgroup form, which naga refuses
-    yield "reduce", group_sum.fill(kernel_source("reduce"), subgroups=False)
+    yield "reduce", kernel_source("reduce", {"GROUP_SUM": group_sum.snippet(subgroups=False)})
     yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, subgroups=False))
                 for n in range(1, multi_tensor.MAX_SLOTS + 1))
     yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))

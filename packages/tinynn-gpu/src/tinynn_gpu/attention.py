@@ -8,9 +8,9 @@ device; TINYNN_ATTENTION_TILES=ROWSxCOLS forces one (experiments/attention_tiles
 from __future__ import annotations
 
 import os
-from importlib import resources
 
 from tinynn.errors import TinynnError
+from tinynn_gpu.context import kernel_source
 
 THREADS = 256  # at most, per workgroup
 # fastest first, as timed on an H200 (experiments/attention_tiles.py): 16-row tiles give twice the workgroups
@@ -53,9 +53,7 @@ def choose_tiles(head_size: int, max_bytes: int) -> tuple[int, int]:
 def source(head_size: int, rows: int, cols: int) -> str:
     hs4 = head_size // 4
     per_row = max(d for d in range(1, hs4 + 1) if hs4 % d == 0 and d <= THREADS // rows)  # threads per row
-    text = (resources.files("tinynn_gpu") / "kernels" / "attention.wgsl").read_text(encoding="utf-8")
-    for key, value in {"HS4": hs4, "ROWS": rows, "COLS": cols, "R": per_row}.items():
-        text = text.replace("{{" + key + "}}", str(value))
+    text = kernel_source("attention", {"HS4": hs4, "ROWS": rows, "COLS": cols, "R": per_row})
     return unroll(text, {"$c": hs4, "$n": hs4 // per_row, "$j": cols})
 
 

@@ -57,15 +57,18 @@ def is_software(info: dict) -> bool:
     return info.get("adapter_type") == "CPU" or any(s in name for s in ("llvmpipe", "lavapipe", "swiftshader"))
 
 
-def kernel_source(name: str) -> str:
-    """A kernel file's WGSL, with common.wgsl prepended (lesson.wgsl is self-contained)."""
-    folder = resources.files("tinynn_gpu") / "kernels"
+def kernel_file(name: str) -> str:
+    """kernels/<name>.wgsl as it is."""
+    return (resources.files("tinynn_gpu") / "kernels" / f"{name}.wgsl").read_text(encoding="utf-8")
 
-    def read(file):
-        return (folder / f"{file}.wgsl").read_text(encoding="utf-8")
-    if name == "lesson":
-        return read(name)
-    return read("common") + "\n" + read(name)
+
+def kernel_source(name: str, fills: dict | None = None) -> str:
+    """A kernel file's WGSL with common.wgsl prepended (lesson.wgsl is self-contained); in a template, each
+    `{{KEY}}` replaced by str(fills[KEY])."""
+    text = kernel_file(name) if name == "lesson" else kernel_file("common") + "\n" + kernel_file(name)
+    for key, value in (fills or {}).items():
+        text = text.replace("{{" + key + "}}", str(value))
+    return text
 
 
 def choose_adapter(adapters):

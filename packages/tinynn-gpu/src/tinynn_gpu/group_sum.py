@@ -8,19 +8,17 @@ compiled once and kept in the runtime's kernels under its own name.
 from __future__ import annotations
 
 import os
-from importlib import resources
 
-from tinynn_gpu.context import kernel_source
+from tinynn_gpu.context import kernel_file, kernel_source
 
 
 def uses_subgroups(ctx) -> bool:
     return "subgroup" in ctx.features and os.environ.get("TINYNN_SUBGROUPS") != "0"
 
 
-def fill(text: str, subgroups: bool) -> str:
-    """text with its {{GROUP_SUM}} line replaced by the chosen group_sum."""
-    snippet = resources.files("tinynn_gpu") / "kernels" / f"group_sum_{'subgroup' if subgroups else 'workgroup'}.wgsl"
-    return text.replace("{{GROUP_SUM}}", snippet.read_text(encoding="utf-8"))
+def snippet(subgroups: bool) -> str:
+    """The group_sum that a template's {{GROUP_SUM}} line becomes (`kernel_source`'s fills)."""
+    return kernel_file(f"group_sum_{'subgroup' if subgroups else 'workgroup'}")
 
 
 def shader(rt, name: str):
@@ -28,5 +26,6 @@ def shader(rt, name: str):
     key = f"{name}[{'subgroup' if uses_subgroups(rt.ctx) else 'workgroup'}]"
     found = rt.kernels.get(key)
     if found is None:
-        found = rt.kernels[key] = rt.shader(fill(kernel_source(name), uses_subgroups(rt.ctx)), key)
+        code = kernel_source(name, {"GROUP_SUM": snippet(uses_subgroups(rt.ctx))})
+        found = rt.kernels[key] = rt.shader(code, key)
     return found

@@ -49,7 +49,7 @@ CACHE_VERSION = 2  # 2: keys are exact shapes
 def lesson_source(tile: int) -> str:
     if tile not in LESSON_TILES:
         raise ValueError(f"lesson matmul tile must be one of {LESSON_TILES}, got {tile}")
-    return kernel_source("lesson").replace("{{TILE_AREA}}", str(tile * tile)).replace("{{TILE}}", str(tile))
+    return kernel_source("lesson", {"TILE_AREA": tile * tile, "TILE": tile})
 
 
 class LessonMatmul:

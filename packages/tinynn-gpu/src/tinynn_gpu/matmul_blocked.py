@@ -142,10 +142,7 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
         "DECLARE": "\n".join(declare), "LOAD": "\n".join(load), "INNER": "\n".join(inner),
         "ROW_SUM": "\n".join(row_sum), "STORE": "\n".join(store),
     }
-    text = kernel_source("matmul_blocked")  # common.wgsl's gelu with it
-    for key, value in fills.items():
-        text = text.replace("{{" + key + "}}", str(value))
-    return text
+    return kernel_source("matmul_blocked", fills)  # common.wgsl's gelu with it
 
 
 class BlockedMatmul:

@@ -44,13 +44,10 @@ def generate(slots: int, subgroups: bool) -> str:
             f"    return (s.x + s.y) + (s.z + s.w);\n}}")
         adamw_cases.append(f"        case {i}u: {{ adamw_{i}(work.lo, work.hi, lanes.lid); }}")
         squares_cases.append(f"            case {i}u: {{ s = squares_{i}(work.lo, work.hi, lanes.lid); }}")
-    text = group_sum.fill(kernel_source("multi_tensor"), subgroups)
-    fills = {"BINDINGS": "\n".join(bindings), "ADAMW_FUNCTIONS": "\n\n".join(adamw),
-             "SQUARES_FUNCTIONS": "\n\n".join(squares), "ADAMW_CASES": "\n".join(adamw_cases),
-             "SQUARES_CASES": "\n".join(squares_cases)}
-    for key, value in fills.items():
-        text = text.replace("{{" + key + "}}", value)
-    return text
+    return kernel_source("multi_tensor", {
+        "GROUP_SUM": group_sum.snippet(subgroups), "BINDINGS": "\n".join(bindings),
+        "ADAMW_FUNCTIONS": "\n\n".join(adamw), "SQUARES_FUNCTIONS": "\n\n".join(squares),
+        "ADAMW_CASES": "\n".join(adamw_cases), "SQUARES_CASES": "\n".join(squares_cases)})
 
 
 def _chunks(items, size):

@@ -23,10 +23,7 @@ def generate(op: str, slots: int) -> str:
         cases.append(f"        case {i}u: {{ {copy} }}")
     fills = {"OP": op, "FLAT_ACCESS": flat_access, "BINDINGS": "\n".join(bindings), "SLOTS": str(slots),
              "CASES": "\n".join(cases)}
-    text = kernel_source("pack")
-    for key, value in fills.items():
-        text = text.replace("{{" + key + "}}", value)
-    return text
+    return kernel_source("pack", fills)
 
 
 class Packing:
