@@ -15,11 +15,12 @@ FLOAT = 4  # bytes: training runs in float32
 # Per token and per block, the backward pass keeps (with the temporaries at its peak) about 40 floats per
 # embedding channel and 6 per attention score; the logits cost 8 (B, T, vocab) arrays (the logits, softmax,
 # gradient and cross entropy's temporaries); parameters 5 copies (weights, gradients, two moments, the
-# update's temporary), and 3 more for a checkpoint's copy of the weights and moments held until it is judged.
-# Measured on the NumPy backend (peak RSS of two steps, vocabularies of 96 to 50,000, widths 32 to 512,
-# contexts 32 to 256): these err high, by 0% to 41%.
-PER_CHANNEL, PER_SCORE, LOGIT_COPIES, PARAMETER_COPIES = 40, 6, 8, 5 + 3
-
+# update's temporary). Measured on the NumPy backend (peak RSS of two steps, vocabularies of 96 to 50,000,
+# widths 32 to 512, contexts 32 to 256): these err high, by 0% to 41%. A checkpoint adds 6 copies on the host
+# whatever the backend (the weights and moments held until a loss judges them, and their serialised bytes);
+# on a GPU the host also draws the initial weights (a float64 array and its float32 copy: 3).
+PER_CHANNEL, PER_SCORE, LOGIT_COPIES, PARAMETER_COPIES = 40, 6, 8, 5
+CHECKPOINT_COPIES, INIT_COPIES = 6, 3
 
 def parameter_count(cfg, vocab_size: int) -> int:
     """The GPT's parameters for a TrainConfig (model.py's layout), without building it."""
@@ -36,18 +37,17 @@ def checkpoint_bytes(cfg, vocab_size: int) -> int:
 
 
 def training_bytes(cfg, vocab_size: int, n_tokens: int, on_device: bool = False) -> dict:
-    """The estimate's parts. With `on_device` (a GPU backend), what the host holds: the parameters are made
-    there and checkpoints copied back, but the activations and logits stay in the GPU's memory."""
+    """The estimate's parts. With `on_device` (a GPU backend), what the host holds: the initial weights are
+    drawn there and checkpoints copied back; parameters, gradients, moments, activations and logits live in
+    the GPU's memory."""
     tokens = cfg.batch_size * cfg.block_size
-    parts = {
-        "parameters, gradients and AdamW state": PARAMETER_COPIES * FLOAT * parameter_count(cfg, vocab_size),
-        "activations": FLOAT * tokens * cfg.n_layer * (PER_CHANNEL * cfg.n_embd
-                                                       + PER_SCORE * cfg.n_head * cfg.block_size),
-        "logits": FLOAT * LOGIT_COPIES * tokens * vocab_size,
-        "token ids": 8 * n_tokens,
-    }
-    if on_device:
-        del parts["activations"], parts["logits"]
+    params = FLOAT * parameter_count(cfg, vocab_size)
+    copies = CHECKPOINT_COPIES + (INIT_COPIES if on_device else PARAMETER_COPIES)
+    parts = {"parameters, gradients and AdamW state": copies * params, "token ids": 8 * n_tokens}
+    if not on_device:
+        parts["activations"] = FLOAT * tokens * cfg.n_layer * (PER_CHANNEL * cfg.n_embd
+                                                               + PER_SCORE * cfg.n_head * cfg.block_size)
+        parts["logits"] = FLOAT * LOGIT_COPIES * tokens * vocab_size
     return parts
 
 
