@@ -39,6 +39,7 @@ INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_b
              "cross_entropy_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
              "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
 WG = 256
+FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
 
 
 class OnCpu(Exception):
@@ -538,31 +539,29 @@ def _check_dtypes(name, *arrays):
         raise OnCpu(f"{name} of {', '.join(str(a.dtype) for a in arrays)}")
 
 
-def _arrays(args, kwargs):
-    for x in (*args, *kwargs.values()):
-        if isinstance(x, GpuArray):
-            yield x
-        elif isinstance(x, (list, tuple)):
-            yield from (v for v in x if isinstance(v, GpuArray))
-
-
-def _cpu_reason(name, args, kwargs) -> str | None:
-    """Why op `name` must run on the CPU with these operands, found before it records any dispatch (an
-    in-place update that stopped half-way would then run twice on the first parameters); None: the GPU."""
-    for a in _arrays(args, kwargs):
-        if a.buffer is None:
-            return "an array exceeds the binding limit"
-        if a.dtype != np.float32 and name not in INT_AWARE:
-            return f"no {a.dtype} kernel"
+def _cpu_reason(int_aware: bool, operands) -> str | None:
+    """Why an op must run on the CPU with these operands (arrays, or lists and tuples of them), found before
+    it records any dispatch (an in-place update that stopped half-way would then run twice on the first
+    parameters); None: the GPU. `int_aware`: the op takes int32 arrays. Runs before every op, so loops
+    in place of a generator."""
+    for x in operands:
+        for a in (x,) if isinstance(x, GpuArray) else x if isinstance(x, (list, tuple)) else ():
+            if not isinstance(a, GpuArray):
+                continue
+            if a.buffer is None:
+                return "an array exceeds the binding limit"
+            if not int_aware and a.dtype != FLOAT32:
+                return f"no {a.dtype} kernel"
     return None
 
 
 def _on_cpu_when_needed(name):
     gpu_op, cpu_op = getattr(WgpuBackend, name), getattr(Backend, name)
+    int_aware = name in INT_AWARE
 
     @functools.wraps(gpu_op)
     def op(self, *args, **kwargs):
-        reason = _cpu_reason(name, args, kwargs)
+        reason = _cpu_reason(int_aware, (*args, *kwargs.values()) if kwargs else args)
         if reason is None:
             try:
                 return gpu_op(self, *args, **kwargs)

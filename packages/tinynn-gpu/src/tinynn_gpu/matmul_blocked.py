@@ -165,10 +165,10 @@ class BlockedMatmul:
         """Record out = epilogue(op(a) @ op(b)); True: the epilogue was applied (always, for this kernel)."""
         cfg = self.config
         layout = (bool(transpose_a), bool(transpose_b), cfg.uses_vec4(m, n, k, transpose_a, transpose_b))
-        name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
-        if layout not in self.modules:
-            self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
-        module = self.modules[layout]
+        module = self.modules.get(layout)
+        if module is None:  # the label is built only here: an eager matmul should not pay for two f-strings
+            name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
+            module = self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
         splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
         k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
         row_sums = epilogue.row_sums

@@ -67,7 +67,7 @@ class GpuArray:
 
     def __init__(self, buffer, shape, dtype, owner=None, host=None):
         self.buffer = buffer
-        self.shape = tuple(int(n) for n in shape)
+        self.shape = tuple(map(int, shape))
         self.dtype = np.dtype(dtype)
         self._owner = owner  # a _Lease that returns the buffer to the pool when the last array goes
         self.host = host
@@ -122,12 +122,14 @@ class Runtime:
         self.queue = ctx.device.queue
         self.max_binding = ctx.limits["max-storage-buffer-binding-size"]
         self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
+        self.bucket_sizes = {}  # nbytes -> its pool's buffer size: an eval forward allocates ~2 arrays a dispatch
         # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
         # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
         self.buffers = set()
         self._push = heapq.heappush  # held: a lease dropped at interpreter exit may outlive the module's globals
         self.shaders = {}  # hash of the WGSL -> Shader
         self.kernels = {}  # kernel file name -> Shader
+        self.entry_points = {}  # (kernel file name or Shader, entry point) -> (Shader, pipeline): one look-up
         self.uniforms = OrderedDict()
         self.bind_groups = OrderedDict()
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
@@ -160,7 +162,9 @@ class Runtime:
         nbytes = max(4, math.prod(shape) * dtype.itemsize)
         if nbytes > self.max_binding:
             raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
-        size = min(_bucket(nbytes), self.max_binding)
+        size = self.bucket_sizes.get(nbytes)
+        if size is None:
+            size = self.bucket_sizes[nbytes] = min(_bucket(nbytes), self.max_binding)
         pool = self.free[size]
         # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
         # not on the order Python freed them, so every training step reuses the same buffers in the same
@@ -332,14 +336,15 @@ class Runtime:
             self.uniforms.move_to_end(data)
         return buf
 
-    def bind_group(self, pipeline, bindings: dict):
-        # keyed by the objects, in the caller's order: no sorting, and a key keeps its buffers alive (a
-        # call site passes its slots in one order; another order costs one more bind group, once)
-        key = (pipeline, *bindings.items())
+    def bind_group(self, pipeline, slots):
+        """The bind group of these (binding slot, buffer) pairs.
+        Keyed by the objects, in the caller's order: no sorting, and a key keeps its buffers alive (a call
+        site passes its slots in one order; another order costs one more bind group, once)."""
+        key = (pipeline, *slots)
         group = self.bind_groups.get(key)
         if group is None:
             entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-                       for slot, buf in bindings.items()]
+                       for slot, buf in slots]
             group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             self.bind_groups[key] = group
             self.counters["bind_groups_created"] += 1
@@ -357,16 +362,19 @@ class Runtime:
         (x, y, z) tuple."""
         if isinstance(groups, int):
             groups = grid(groups)
-        if min(groups) == 0:
+        if 0 in groups:
             return
-        shader = module if isinstance(module, Shader) else self.kernel(module)
-        pipe = self.pipeline(shader, entry)
-        buffers = {slot: getattr(v, "buffer", v) for slot, v in bindings.items()}
+        found = self.entry_points.get((module, entry))
+        if found is None:
+            shader = module if isinstance(module, Shader) else self.kernel(module)
+            found = self.entry_points[(module, entry)] = (shader, self.pipeline(shader, entry))
+        shader, pipe = found
+        slots = [(slot, getattr(v, "buffer", v)) for slot, v in bindings.items()]
         if shader.params is not None:
-            buffers[3] = self.uniform(shader.params.pack(params or {}))
+            slots.append((3, self.uniform(shader.params.pack(params or {}))))
         elif params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
-        group = self.bind_group(pipe, buffers)
+        group = self.bind_group(pipe, slots)
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, tuple(groups)))
             for value in bindings.values():
