@@ -27,7 +27,7 @@ from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.matmul_blocked import ACTIVATIONS, Epilogue
 from tinynn_gpu.multi_tensor import MultiTensor
 from tinynn_gpu.packing import Packing
-from tinynn_gpu.runtime import GpuArray, Runtime, TooLarge
+from tinynn_gpu.runtime import GpuArray, OnCpu, Runtime, TooLarge, groups
 
 UNARY = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "gelu": 5}
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "eq": 4}
@@ -38,13 +38,7 @@ INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_b
              "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
              "cross_entropy_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
              "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
-WG = 256
 FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
-
-
-class OnCpu(Exception):
-    """These operands need the NumPy reference (an int32 array where a kernel reads float32, mixed dtypes):
-    raised before the op records a dispatch, so the fallback never repeats part of the work."""
 
 
 class WgpuBackend(DecodeOps, Backend):
@@ -112,7 +106,7 @@ class WgpuBackend(DecodeOps, Backend):
         return self.rt.empty(tuple(shape), dtype)
 
     def _fill(self, out, value: float):
-        self.rt.dispatch("elementwise", "fill_main", _groups(out.size), {2: _buf(out)},
+        self.rt.dispatch("elementwise", "fill_main", groups(out.size), {2: _buf(out)},
                          {"n": out.size, "value": float(value)})
         return out
 
@@ -144,14 +138,14 @@ class WgpuBackend(DecodeOps, Backend):
     def _gather(self, a, offset, shape, strides):
         out = self._empty(shape, a.dtype)
         merged, (view_strides,) = merge_dims(shape, strides)
-        self.rt.dispatch("strided", "gather_main", _groups(out.size), {0: _buf(a), 2: out},
+        self.rt.dispatch("strided", "gather_main", groups(out.size), {0: _buf(a), 2: out},
                          {"n": out.size, "ndim": len(merged), "offset": offset, "shape": merged,
                           "strides": view_strides})
         return out
 
     def _scatter(self, src, dst, offset, shape, strides):
         merged, (view_strides,) = merge_dims(shape, strides)
-        self.rt.dispatch("strided", "scatter_main", _groups(src.size), {0: _buf(src), 2: _buf(dst)},
+        self.rt.dispatch("strided", "scatter_main", groups(src.size), {0: _buf(src), 2: _buf(dst)},
                          {"n": src.size, "ndim": len(merged), "offset": offset, "shape": merged,
                           "strides": view_strides})
 
@@ -200,16 +194,16 @@ class WgpuBackend(DecodeOps, Backend):
             if op not in INT_UNARY:
                 raise OnCpu(f"{op} of int32")
             out = self._empty(a.shape, a.dtype)
-            self.rt.dispatch("elementwise", "unary_int_main", _groups(a.size), {5: _buf(a), 7: out},
+            self.rt.dispatch("elementwise", "unary_int_main", groups(a.size), {5: _buf(a), 7: out},
                              {"n": a.size, "op": code})
             return out
         out = self._empty(a.shape)
-        self.rt.dispatch("elementwise", "unary_main", _groups(a.size), {0: _buf(a), 2: out}, {"n": a.size, "op": code})
+        self.rt.dispatch("elementwise", "unary_main", groups(a.size), {0: _buf(a), 2: out}, {"n": a.size, "op": code})
         return out
 
     def unary_backward(self, op, x, y, g):
         out = self._empty(g.shape)
-        self.rt.dispatch("elementwise", "unary_backward_main", _groups(g.size),
+        self.rt.dispatch("elementwise", "unary_backward_main", groups(g.size),
                          {0: _buf(x), 1: _buf(y), 4: _buf(g), 2: out}, {"n": g.size, "op": _code(UNARY, "unary", op)})
         return out
 
@@ -227,10 +221,10 @@ class WgpuBackend(DecodeOps, Backend):
         merged, (sa, sb) = merge_dims(shape, strides_in(a), strides_in(b))
         params = {"n": out.size, "op": code, "ndim": len(merged), "shape": merged, "a_strides": sa, "b_strides": sb}
         if is_int:
-            self.rt.dispatch("elementwise", "binary_int_main", _groups(out.size), {5: _buf(a), 6: _buf(b), 7: out},
+            self.rt.dispatch("elementwise", "binary_int_main", groups(out.size), {5: _buf(a), 6: _buf(b), 7: out},
                              params)
         else:
-            self.rt.dispatch("elementwise", "binary_main", _groups(out.size), {0: _buf(a), 1: _buf(b), 2: out}, params)
+            self.rt.dispatch("elementwise", "binary_main", groups(out.size), {0: _buf(a), 1: _buf(b), 2: out}, params)
         return out
 
     def scalar(self, op, a, s):
@@ -239,17 +233,17 @@ class WgpuBackend(DecodeOps, Backend):
             if op not in INT_SCALAR or not isinstance(s, numbers.Integral) or not -2**31 <= s < 2**31:
                 raise OnCpu(f"int32 {op} {s!r}")  # NumPy's answer is float, or an int64
             out = self._empty(a.shape, a.dtype)
-            self.rt.dispatch("elementwise", "scalar_int_main", _groups(a.size), {5: _buf(a), 7: out},
+            self.rt.dispatch("elementwise", "scalar_int_main", groups(a.size), {5: _buf(a), 7: out},
                              {"n": a.size, "op": code, "int_value": int(s)})
             return out
         out = self._empty(a.shape)
-        self.rt.dispatch("elementwise", "scalar_main", _groups(a.size), {0: _buf(a), 2: out},
+        self.rt.dispatch("elementwise", "scalar_main", groups(a.size), {0: _buf(a), 2: out},
                          {"n": a.size, "op": code, "value": float(s)})
         return out
 
     def causal_fill(self, x, value):
         out = self._empty(x.shape)
-        self.rt.dispatch("elementwise", "causal_fill_main", _groups(x.size), {0: _buf(x), 2: out},
+        self.rt.dispatch("elementwise", "causal_fill_main", groups(x.size), {0: _buf(x), 2: out},
                          {"n": x.size, "t_q": x.shape[-2], "t_k": x.shape[-1], "value": float(value)})
         return out
 
@@ -258,7 +252,7 @@ class WgpuBackend(DecodeOps, Backend):
             self.rt.tape.broken = "dropout draws a new mask every step"
         out = self._empty(shape)
         threshold = min(int(p * 2**32), 2**32 - 1)
-        self.rt.dispatch("elementwise", "dropout_mask_main", _groups(out.size), {2: out},
+        self.rt.dispatch("elementwise", "dropout_mask_main", groups(out.size), {2: out},
                          {"n": out.size, "seed": seed & 0xFFFFFFFF, "threshold": threshold, "value": 1.0 / (1.0 - p)})
         return out
 
@@ -407,7 +401,7 @@ class WgpuBackend(DecodeOps, Backend):
             chunks = -(-rows // chunk)
             partials, gw, gb = self._empty((2, chunks, c)), self._empty((c,)), self._empty((c,))
             params = {"rows": rows, "cols": c, "chunk": chunk, "chunks": chunks}
-            self.rt.dispatch("layernorm", "layernorm_param_grads_main", _groups(chunks * c),
+            self.rt.dispatch("layernorm", "layernorm_param_grads_main", groups(chunks * c),
                              {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 9: partials}, params)
             self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", -(-c // 32),
                              {9: partials, 4: gw, 8: gb}, params)
@@ -432,7 +426,7 @@ class WgpuBackend(DecodeOps, Backend):
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
         self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1,
                          {1: _buf(targets), 5: count, 8: self.rt.error_flags}, params)
-        self.rt.dispatch("cross_entropy", "cross_entropy_backward_main", _groups(n * c),
+        self.rt.dispatch("cross_entropy", "cross_entropy_backward_main", groups(n * c),
                          {1: _buf(targets), 2: _buf(probs), 5: count, 6: _buf(g_loss), 7: grad}, params)
         return grad
 
@@ -440,7 +434,7 @@ class WgpuBackend(DecodeOps, Backend):
         _check_dtypes("embedding_forward", weight, idx)
         v, c = weight.shape
         out = self._empty(idx.shape + (c,))
-        self.rt.dispatch("embedding", "embedding_forward_main", _groups(out.size),
+        self.rt.dispatch("embedding", "embedding_forward_main", groups(out.size),
                          {0: _buf(weight), 1: _buf(idx), 2: out, 8: self.rt.error_flags},
                          {"total": out.size, "cols": c, "rows": v})
         return out
@@ -452,7 +446,7 @@ class WgpuBackend(DecodeOps, Backend):
         chunk = max(64, -(-n // max(1, 65536 // table)))  # ~64K threads, at least 64 positions each
         chunks = -(-n // chunk)
         partial = self._empty((chunks * table,))
-        self.rt.dispatch("embedding", "embedding_backward_main", _groups(partial.size),
+        self.rt.dispatch("embedding", "embedding_backward_main", groups(partial.size),
                          {1: _buf(idx), 4: _buf(g), 2: partial, 8: self.rt.error_flags},
                          {"total": table, "cols": c, "rows": num_embeddings, "positions": n, "chunk": chunk,
                           "chunks": chunks})
@@ -497,7 +491,7 @@ class WgpuBackend(DecodeOps, Backend):
     def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)
         for p, g, buf in zip(params, grads, momentum_buffers):
-            self.rt.dispatch("optimizer", "sgd_main", _groups(p.size),
+            self.rt.dispatch("optimizer", "sgd_main", groups(p.size),
                              {0: _buf(p), 1: _buf(g), 2: _buf(buf), 5: _buf(hyper), 6: _buf(scale)},
                              {"n": p.size, "momentum": momentum, "weight_decay": weight_decay})
 
@@ -511,10 +505,6 @@ class WgpuBackend(DecodeOps, Backend):
         arrays = [self._empty(shape, flat.dtype) for shape in shapes]
         self.packing.copy("unpack", _buf(flat), arrays)
         return arrays
-
-
-def _groups(n: int) -> int:
-    return -(-n // WG)
 
 
 def _buf(a: GpuArray) -> GpuArray:

@@ -6,13 +6,7 @@ names, and tests/test_decode.py checks each kernel against them.
 """
 from __future__ import annotations
 
-from tinynn.backends import Backend
-
-WG = 256
-
-
-def _groups(n: int) -> int:
-    return -(-n // WG)
+from tinynn_gpu.runtime import WG, OnCpu, groups
 
 
 class DecodeOps:
@@ -20,7 +14,7 @@ class DecodeOps:
         batch, ring = tokens.shape
         block, c = wpe.shape
         out = self._empty((batch, count, c))
-        self.rt.dispatch("decode", "embed_window_main", _groups(out.size),
+        self.rt.dispatch("decode", "embed_window_main", groups(out.size),
                          {0: wte, 1: wpe, 2: out, 4: tokens, 5: length},
                          {"size": out.size, "count": count, "cols": c, "ring": ring, "block": block})
         return out
@@ -28,14 +22,14 @@ class DecodeOps:
     def kv_cache_write_(self, k_cache, v_cache, qkv, length):
         batch, block, c = k_cache.shape
         n = batch * qkv.shape[1] * c
-        self.rt.dispatch("decode", "kv_cache_write_main", _groups(n),
+        self.rt.dispatch("decode", "kv_cache_write_main", groups(n),
                          {0: qkv, 2: k_cache, 6: v_cache, 5: length},
                          {"size": n, "count": qkv.shape[1], "cols": c, "block": block})
 
     def attention_decode(self, qkv, k_cache, v_cache, length, n_head, scale):
         batch, block, c = k_cache.shape
         if c // n_head > WG:  # the kernel gives each head element a thread
-            return Backend.attention_decode(self, qkv, k_cache, v_cache, length, n_head, scale)
+            raise OnCpu(f"attention_decode of head size {c // n_head} (at most {WG})")
         out = self._empty((batch, 1, c))
         self.rt.dispatch("decode", "attention_decode_main", batch * n_head,
                          {0: qkv, 1: k_cache, 8: v_cache, 2: out, 5: length},

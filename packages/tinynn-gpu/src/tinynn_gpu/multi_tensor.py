@@ -6,9 +6,9 @@ import numpy as np
 
 from tinynn_gpu import group_sum
 from tinynn_gpu.context import kernel_source
+from tinynn_gpu.runtime import WG
 
 MAX_SLOTS = 64
-WG = 256
 ADAMW_CHUNK = WG * 8  # elements per workgroup: enough work to hide the slot look-up, enough workgroups to fill a GPU
 SQUARES_CHUNK = WG * 64  # larger: fewer partials for norm_finish_main's single workgroup to add
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from tinynn_gpu.context import kernel_source
+from tinynn_gpu.runtime import groups
 
 MAX_SLOTS = 128
-WG = 256
 OPS = ("pack", "unpack")
 
 
@@ -49,6 +49,6 @@ class Packing:
                 self._ends[ends] = self.rt.upload(np.array(ends, np.uint32))
             bindings = {2: flat, 4: self._ends[ends]}
             bindings.update({5 + i: group[i] if i < len(group) else self.unused[i] for i in range(self.slots)})
-            self.rt.dispatch(self.shaders[op], f"{op}_main", -(-ends[-1] // WG), bindings,
+            self.rt.dispatch(self.shaders[op], f"{op}_main", groups(ends[-1]), bindings,
                              {"count": ends[-1], "first": first})
             first += ends[-1]

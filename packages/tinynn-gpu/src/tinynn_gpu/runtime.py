@@ -33,6 +33,7 @@ from tinynn_gpu.params import ParamsLayout
 
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 MAX_GROUPS = 65535  # per dispatch dimension
+WG = 256  # threads per workgroup of the 1-D kernels
 CACHE_SIZE = 8192
 QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
 # Bits a kernel sets in the error-flags word (atomicOr; embedding.wgsl, cross_entropy.wgsl), and the error
@@ -59,6 +60,12 @@ class Shader:
 
 class TooLarge(Exception):
     """An array exceeds the device's storage-binding limit: the backend computes that op on the CPU."""
+
+
+class OnCpu(Exception):
+    """These operands need the NumPy reference (an int32 array where a kernel reads float32, mixed dtypes, a
+    head size no kernel takes): raised before the op records a dispatch, so the fallback never repeats part
+    of the work."""
 
 
 class GpuArray:
@@ -534,6 +541,11 @@ def _compile(events, direct: bool) -> list[tuple]:
         runs[-1][1].append((handle(group), x, y, z))
         count += 1
     return program
+
+
+def groups(n: int) -> int:
+    """Workgroups of WG threads covering n elements (the 1-D kernels: common.wgsl's element_index)."""
+    return -(-n // WG)
 
 
 def grid(workgroups: int) -> tuple[int, int, int]:
