@@ -179,9 +179,9 @@ class Backend:
         """The maximum over `axes` (NaN wins, as in NumPy)."""
 
     @reference_fallback
-    def matmul(self, a, b, transpose_a=False, transpose_b=False, bias=None):
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
         """op(a) @ op(b), op a transpose of the last two axes where asked; batched over the leading axes
-        (equal, or b 2-D and shared by every batch). `bias` (N,) is added to every row: a linear layer."""
+        (equal, or b 2-D and shared by every batch). A linear layer is `linear_forward`."""
 
     @reference_fallback
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None):

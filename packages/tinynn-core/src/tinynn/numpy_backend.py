@@ -172,14 +172,13 @@ class NumpyBackend(Backend):
     def max(self, a, axes, keepdims=False):
         return np.asarray(a.max(axis=axes, keepdims=keepdims))
 
-    def matmul(self, a, b, transpose_a=False, transpose_b=False, bias=None):
-        """op(a) @ op(b), batched; `bias` (N,) is added to every row (a linear layer in one op)."""
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        """op(a) @ op(b), batched."""
         if transpose_a:
             a = a.swapaxes(-1, -2)
         if transpose_b:
             b = b.swapaxes(-1, -2)
-        out = np.matmul(a, b)
-        return out if bias is None else out + bias
+        return np.matmul(a, b)
 
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
         pre = x @ weight.T

@@ -293,8 +293,8 @@ class WgpuBackend(DecodeOps, Backend):
     def max(self, a, axes, keepdims=False):
         return self._reduce(a, axes, keepdims, 1)
 
-    def matmul(self, a, b, transpose_a=False, transpose_b=False, bias=None):
-        return self._matmul(a, b, transpose_a, transpose_b, Epilogue(bias=None if bias is None else _buf(bias)))
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        return self._matmul(a, b, transpose_a, transpose_b, Epilogue())
 
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
         if activation not in ACTIVATIONS:
