@@ -59,7 +59,9 @@ def test_linear_forward_and_backward(poisoned, n, n_in, n_out, has_bias, gelu, h
     activation = "gelu" if gelu else None
     up = lambda a: None if a is None else gpu.from_numpy(a)  # noqa: E731
     f64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
-    (y, pre), count = dispatches(gpu, lambda: gpu.linear_forward(up(x), up(w), up(bias), up(residual), activation))
+    forward = lambda: gpu.linear_forward(up(x), up(w), up(bias), up(residual), activation)  # noqa: E731
+    forward()  # a shape's first sight may autotune (every variant timed, where timestamps exist): count the next
+    (y, pre), count = dispatches(gpu, forward)
     want_y, want_pre = REF.linear_forward(f64(x), f64(w), f64(bias), f64(residual), activation)
     assert rel_err(gpu.to_numpy(y), want_y) <= rtol
     assert (pre is None) == (want_pre is None) and (pre is None or rel_err(gpu.to_numpy(pre), want_pre) <= rtol)
