@@ -69,7 +69,10 @@ def test_linear_forward_and_backward(poisoned, n, n_in, n_out, has_bias, gelu, h
     for ours, theirs in zip(grads, REF.linear_backward(f64(dy), f64(x), f64(w), want_pre, activation, has_bias)):
         assert (ours is None) == (theirs is None)
         assert ours is None or rel_err(gpu.to_numpy(ours), theirs) <= rtol
-    assert count <= 2  # the matmul, and split-K's finish where the variant splits
+    if gpu.mm.last.startswith("lesson"):  # the autotuner may pick the lesson's kernel for a tiny shape: it
+        assert count <= 5  # has no epilogue, so bias, GELU (its input kept) and residual are separate ops
+    else:
+        assert count <= 2  # the matmul, and split-K's finish where the variant splits
 
 
 @FEW
