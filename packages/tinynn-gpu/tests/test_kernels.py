@@ -83,13 +83,8 @@ def test_blocked_matmul_every_variant(poisoned, config, case):
     check_blocked(poisoned, config, case)
 
 
-def check_blocked(gpu, config, case):
-    """One drawn case through one variant, a drawn epilogue included, against float64."""
-    batch, m, n, k, ta, tb, shared, _ = case
-    a, b = operands(case)
-    epilogue, expected = epilogue_for(case, gpu)
-    da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))
-    assert BlockedMatmul(gpu.rt, config).record(da, db, out, batch, m, n, k, ta, tb, shared, epilogue)
+def assert_matmul_result(gpu, out, epilogue, expected, a, b, ta, tb):
+    """out, and the epilogue's side outputs, against float64."""
     want, pre, row_sums = expected(reference(a, b, ta, tb), a)
     # float32 owes a product accuracy relative to |op(a)| @ |op(b)|, not to a sum that cancels to near 0
     magnitude = np.linalg.norm(reference(np.abs(a), np.abs(b), ta, tb))
@@ -98,6 +93,16 @@ def check_blocked(gpu, config, case):
         assert np.linalg.norm(gpu.to_numpy(epilogue.pre) - pre) <= RTOL * max(np.linalg.norm(pre), magnitude)
     if epilogue.row_sums is not None:
         assert rel_err(gpu.to_numpy(epilogue.row_sums), row_sums) <= RTOL
+
+
+def check_blocked(gpu, config, case):
+    """One drawn case through one variant, a drawn epilogue included, against float64."""
+    batch, m, n, k, ta, tb, shared, _ = case
+    a, b = operands(case)
+    epilogue, expected = epilogue_for(case, gpu)
+    da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))
+    assert BlockedMatmul(gpu.rt, config).record(da, db, out, batch, m, n, k, ta, tb, shared, epilogue)
+    assert_matmul_result(gpu, out, epilogue, expected, a, b, ta, tb)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -114,14 +119,7 @@ def test_lesson_matmul_leaves_the_epilogue_to_the_backend(poisoned, case):
         out = gpu._matmul(gpu.from_numpy(a), gpu.from_numpy(b), ta, tb, epilogue)
     finally:
         gpu.mm = selector
-    want, pre, row_sums = expected(reference(a, b, ta, tb), a)
-    # float32 owes a product accuracy relative to |op(a)| @ |op(b)|, not to a sum that cancels to near 0
-    magnitude = np.linalg.norm(reference(np.abs(a), np.abs(b), ta, tb))
-    assert np.linalg.norm(gpu.to_numpy(out) - want) <= RTOL * max(np.linalg.norm(want), magnitude)
-    if epilogue.pre is not None:
-        assert np.linalg.norm(gpu.to_numpy(epilogue.pre) - pre) <= RTOL * max(np.linalg.norm(pre), magnitude)
-    if epilogue.row_sums is not None:
-        assert rel_err(gpu.to_numpy(epilogue.row_sums), row_sums) <= RTOL
+    assert_matmul_result(gpu, out, epilogue, expected, a, b, ta, tb)
 
 
 quads = st.integers(1, 40).map(lambda q: 4 * q)
