@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ from tinynn.errors import TinynnError
 
 LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
 INSTALL = "pip install 'tinynn-core[mpi]'"
+ABORT_GRACE_S = 0.5  # before ending a failed job: see _abort
 ADAPTER_VAR = "TINYNN_ADAPTER_INDEX"  # read by a GPU backend: rank r on a machine takes hardware adapter r
 
 
@@ -99,8 +101,15 @@ def fail(message: str, code: int) -> int:
     tag = f"rank {job.rank} of {job.size}: " if job is not None and job.size > 1 else ""
     print(f"tinynn: error: {tag}{message}", file=sys.stderr, flush=True)
     if job is not None and job.comm is not None:
-        job.comm.Abort(code)
+        _abort(job.comm, code)
     return code
+
+
+def _abort(comm, code: int) -> None:
+    """End every rank. First a moment for mpiexec to forward what this rank printed: Abort kills the job at
+    once, and output the launcher had not forwarded yet is lost (seen under load: an empty stderr)."""
+    time.sleep(ABORT_GRACE_S)
+    comm.Abort(code)
 
 
 def _abort_after(hook):
@@ -108,5 +117,5 @@ def _abort_after(hook):
     def excepthook(kind, value, tb):
         hook(kind, value, tb)
         sys.stderr.flush()
-        _world.comm.Abort(1)
+        _abort(_world.comm, 1)
     return excepthook
