@@ -32,11 +32,12 @@ from tinynn.tensor import Tensor, no_grad
 READ_EVERY = 256  # tokens drawn between read-backs when nobody streams them (the ring holds them meanwhile)
 STREAM_INTERVAL = 1 / 30  # seconds between read-backs while streaming: bursts 30 times a second read as a stream
 MAX_SEED = 2**32 - 1  # the hash takes 32 bits
-PARAMETERS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_k": "top_k", "seed": "seed"}
 
 
-def check(max_new_tokens, temperature, top_k, seed, names=PARAMETERS) -> None:
-    """Refuse values generation cannot honour, naming the parameter (`names` maps to the CLI's flags)."""
+def check(max_new_tokens, temperature, top_k, seed, names: dict | None = None) -> None:
+    """Refuse values generation cannot honour, naming the parameter (`names` maps some to the CLI's flags)."""
+    names = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_k": "top_k", "seed": "seed",
+             **(names or {})}
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
         raise TinynnError(f"{names['max_new_tokens']} must be an integer >= 0, got {max_new_tokens!r}")
     if not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) or temperature < 0:

@@ -75,13 +75,16 @@ class TrainStep:
             self.params = self.optimizer.params
             shapes = [()] + [p.shape for p in self.params]  # the loss, then every gradient
             self.flat = Tensor(be.full((sum(math.prod(s) for s in shapes),), 0.0), be)
-            self._pack = be.capture(self._packed_gradients, key=self._guard_key, copy_result=False)  # read at once
+            self._pack = be.capture(self._packed_gradients, key=self._backward_key, copy_result=False)  # read at once
             self._update = be.capture(lambda: self._unpacked_update(shapes), key=self._guard_key)
 
+    def _backward_key(self):
+        """What the captured forward and backward depend on besides the values in their arrays."""
+        return self.model.training, self.shape, tuple(p.data for p in self.model_params)
+
     def _guard_key(self):
-        """What a captured step depends on besides the values in its arrays."""
-        return (self.model.training, self.shape, self.optimizer.guard_key(),
-                tuple(p.data for p in self.model_params))
+        """... and a whole step, its update too."""
+        return self._backward_key(), self.optimizer.guard_key()
 
     def _backward(self):
         """Forward and backward over every micro-batch: the gradients add up in `.grad`. Returns the loss
