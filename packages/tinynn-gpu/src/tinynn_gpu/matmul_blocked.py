@@ -40,11 +40,21 @@ class BlockConfig:
     group: int = 8
     splits: int = 1  # split-K: this many workgroups share each output block's K range
     vec4: bool = False  # global loads of 4 floats at once where the shape allows (`uses_vec4`)
+    double: bool = False  # two tiles in workgroup memory: the next one's loads overlap this one's products
 
     @property
     def name(self) -> str:
         split = f" split{self.splits}" if self.splits > 1 else ""
-        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}{' vec4' if self.vec4 else ''}"
+        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}{' vec4' * self.vec4}{' db' * self.double}"
+
+    @property
+    def buffers(self) -> int:
+        return 2 if self.double else 1
+
+    @property
+    def workgroup_bytes(self) -> int:
+        """The A and B tiles, each row padded by one vec4 (against bank conflicts when k runs across threads)."""
+        return 16 * self.buffers * self.bk * (self.bm // 4 + self.bn // 4 + 2)
 
     def uses_vec4(self, m, n, k, transpose_a, transpose_b) -> bool:
         """vec4 loads need each operand's contiguous dimension to be a multiple of 4 (so every quad is
@@ -61,86 +71,102 @@ class BlockConfig:
             raise ValueError(f"matmul config {self.name}: TM, TN must be multiples of 4 dividing BM, BN")
         if not 1 <= self.threads <= max_threads:
             raise ValueError(f"matmul config {self.name}: {self.threads} threads, the device allows {max_threads}")
-        if 4 * self.bk * (self.bm + self.bn) > max_workgroup_bytes:
+        if self.workgroup_bytes > max_workgroup_bytes:
             raise ValueError(f"matmul config {self.name}: tiles exceed {max_workgroup_bytes} bytes of workgroup memory")
 
 
-def _load_lines(cfg: BlockConfig, operand: str, k_fastest: bool) -> list[str]:
-    """Copy one operand's tile (BK x B{M,N}, as vec4 along m or n) into workgroup memory."""
+def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> list[tuple[str, str, str]]:
+    """One operand's tile copy (BK x B{M,N}, stored as vec4 along m or n) as (opening, fetch, stash) per slot
+    of a thread: the opening is a guard where not every thread has the slot and the slot's place in the tile;
+    fetch reads global memory into the registers {operand}_{slot}, stash writes them into the workgroup tile
+    at `{operand}_buf`, row stride BM/4 + 1 (or BN/4 + 1) vec4s. Fetch takes its tile's first k as
+    `{origin}`, so that double buffering can fetch the next tile while the current one is in use.
+    Scalar loads: each slot is one tile entry. vec4 loads: along m (or n) a quad is one tile entry; along k
+    a thread loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries."""
     width4 = (cfg.bm if operand == "a" else cfg.bn) // 4
-    total = cfg.bk * width4
-    lines = []
+    stride, tile = width4 + 1, f"{operand}_tile"
+    index = ("row0" if operand == "a" else "col0") + " + 4u * w4"
+
+    def load(i, k):
+        return f"load_a{'4' * vec4}(a_base, {i}, {k}, k_end)" if operand == "a" else \
+            f"load_b{'4' * vec4}(b_base, {k}, {i}, k_end)"
+    quads = vec4 and k_fastest
+    total = width4 * (cfg.bk // 4) if quads else cfg.bk * width4
+    copies = []
     for i in range(-(-total // cfg.threads)):
-        slot = f"lid + {i * cfg.threads}u"
-        if k_fastest:  # k contiguous in memory: neighbouring threads take neighbouring k
-            k, w4 = f"({slot}) % {cfg.bk}u", f"({slot}) / {cfg.bk}u"
-        else:  # m (or n) contiguous: neighbouring threads take neighbouring 4-wide groups
-            k, w4 = f"({slot}) / {width4}u", f"({slot}) % {width4}u"
-        if operand == "a":
-            values = ", ".join(f"load_a(a_base, row0 + 4u * w4 + {c}u, k0 + k, k_end)" for c in range(4))
+        slot, reg = f"lid + {i * cfg.threads}u", f"{operand}_{i}"
+        if quads:  # neighbouring threads take neighbouring quads of k
+            where = f"let kq = ({slot}) % {cfg.bk // 4}u; let w4 = ({slot}) / {cfg.bk // 4}u;"
+            fetch = " ".join(f"{reg}[{c}] = {load(f'{index} + {c}u', '{origin} + 4u * kq')};" for c in range(4))
+            stash = " ".join(f"{tile}[{operand}_buf + (4u * kq + {j}u) * {stride}u + w4] = "
+                             f"vec4<f32>({reg}[0].{x}, {reg}[1].{x}, {reg}[2].{x}, {reg}[3].{x});"
+                             for j, x in enumerate(XYZW))
         else:
-            values = ", ".join(f"load_b(b_base, k0 + k, col0 + 4u * w4 + {c}u, k_end)" for c in range(4))
-        body = (f"let k = {k}; let w4 = {w4}; "
-                f"{operand}_tile[k * {width4}u + w4] = vec4<f32>({values});")
+            if k_fastest:  # k contiguous in memory: neighbouring threads take neighbouring k
+                where = f"let k = ({slot}) % {cfg.bk}u; let w4 = ({slot}) / {cfg.bk}u;"
+            else:  # m (or n) contiguous: neighbouring threads take neighbouring 4-wide groups
+                where = f"let k = ({slot}) / {width4}u; let w4 = ({slot}) % {width4}u;"
+            fetch = f"{reg} = {load(index, '{origin} + k')};" if vec4 else \
+                f"{reg} = vec4<f32>({', '.join(load(f'{index} + {c}u', '{origin} + k') for c in range(4))});"
+            stash = f"{tile}[{operand}_buf + k * {stride}u + w4] = {reg};"
         guard = f"if ({slot} < {total}u) " if (i + 1) * cfg.threads > total else ""
-        lines.append(f"        {guard}{{ {body} }}")
-    return lines
+        copies.append((f"{guard}{{ {where} ", fetch, stash))
+    return copies
 
 
-def _vec4_load_lines(cfg: BlockConfig, operand: str, k_fastest: bool) -> list[str]:
-    """The same tile copy from vec4 global loads: along m (or n) a quad is one tile entry; along k a thread
-    loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries."""
-    width4 = (cfg.bm if operand == "a" else cfg.bn) // 4
-    tile, origin = f"{operand}_tile", "row0" if operand == "a" else "col0"
-
-    def load(index, k):
-        return f"load_a4(a_base, {index}, {k}, k_end)" if operand == "a" else f"load_b4(b_base, {k}, {index}, k_end)"
-    total = width4 * (cfg.bk // 4) if k_fastest else cfg.bk * width4
-    lines = []
-    for i in range(-(-total // cfg.threads)):
-        slot = f"lid + {i * cfg.threads}u"
-        if k_fastest:  # neighbouring threads take neighbouring quads of k
-            quads = [f"let q{c} = {load(f'{origin} + 4u * w4 + {c}u', 'k0 + 4u * kq')};" for c in range(4)]
-            stores = [f"{tile}[(4u * kq + {j}u) * {width4}u + w4] = vec4<f32>(q0.{x}, q1.{x}, q2.{x}, q3.{x});"
-                      for j, x in enumerate(XYZW)]
-            body = (f"let kq = ({slot}) % {cfg.bk // 4}u; let w4 = ({slot}) / {cfg.bk // 4}u; "
-                    + " ".join(quads + stores))
-        else:  # m (or n) contiguous: a quad is one tile entry, neighbouring threads take neighbouring quads
-            body = (f"let k = ({slot}) / {width4}u; let w4 = ({slot}) % {width4}u; "
-                    f"{tile}[k * {width4}u + w4] = {load(f'{origin} + 4u * w4', 'k0 + k')};")
-        guard = f"if ({slot} < {total}u) " if (i + 1) * cfg.threads > total else ""
-        lines.append(f"        {guard}{{ {body} }}")
-    return lines
+def _registers(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> list[str]:
+    kind = "array<vec4<f32>, 4>" if vec4 and k_fastest else "vec4<f32>"
+    return [f"    var {operand}_{i}: {kind};" for i in range(len(_tile_copy(cfg, operand, k_fastest, vec4)))]
 
 
 def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False) -> str:
     """The WGSL of one configuration and layout; vec4: with vec4 global loads (see BlockConfig.uses_vec4)."""
     qm, qn = cfg.tm // 4, cfg.tn // 4
+    a_stride, b_stride = cfg.bm // 4 + 1, cfg.bn // 4 + 1
     declare = [f"    var acc_{i}_{q} = vec4<f32>(0.0);" for i in range(cfg.tm) for q in range(qn)]
-    lines = _vec4_load_lines if vec4 else _load_lines
-    load = lines(cfg, "a", k_fastest=not transpose_a) + lines(cfg, "b", k_fastest=transpose_b)
+    declare += _registers(cfg, "a", not transpose_a, vec4) + _registers(cfg, "b", transpose_b, vec4)
+    copies = _tile_copy(cfg, "a", not transpose_a, vec4) + _tile_copy(cfg, "b", transpose_b, vec4)
+
+    def fetch(origin, indent):
+        return [f"{indent}{where}{f.format(origin=origin)} }}" for where, f, _ in copies]
+
+    def stash(buffer, indent):
+        return [f"{indent}let a_buf = {buffer} * A_TILE;", f"{indent}let b_buf = {buffer} * B_TILE;"] + \
+            [f"{indent}{where}{s} }}" for where, _, s in copies]
+
+    def copy(origin, indent):  # fetch and stash in one statement: no register lives past it
+        return [f"{indent}let a_buf = 0u;", f"{indent}let b_buf = 0u;"] + \
+            [f"{indent}{where}{f.format(origin=origin)} {s} }}" for where, f, s in copies]
+    if cfg.double:  # the first tile before the loop; in the loop the next tile's loads overlap the products
+        prologue = ["    {"] + copy("k_begin", "        ") + ["    }", "    workgroupBarrier();"]
+        fetch_next = ["        if (k0 + BK < k_end) {"] + fetch("k0 + BK", "            ") + ["        }"]
+        stash_next = ["        if (k0 + BK < k_end) {"] + stash("(1u - buf)", "            ") + ["        }"]
+    else:
+        prologue, stash_next = [], []
+        fetch_next = ["        {"] + copy("k0", "            ") + ["        }", "        workgroupBarrier();"]
     inner = []
     for kk in range(cfg.bk):
-        inner += [f"        let a{kk}_{q} = a_tile[{kk * cfg.bm // 4}u + ty + {q}u * THREADS_M];" for q in range(qm)]
-        inner += [f"        let b{kk}_{q} = b_tile[{kk * cfg.bn // 4}u + tx + {q}u * THREADS_N];" for q in range(qn)]
+        inner += [f"        let a{kk}_{q} = a_tile[a_now + {kk * a_stride}u + ty + {q}u * THREADS_M];" for q in range(qm)]
+        inner += [f"        let b{kk}_{q} = b_tile[b_now + {kk * b_stride}u + tx + {q}u * THREADS_N];" for q in range(qn)]
         inner += [f"        acc_{i}_{q} = acc_{i}_{q} + a{kk}_{i // 4}.{XYZW[i % 4]} * b{kk}_{q};"
                   for i in range(cfg.tm) for q in range(qn)]
-    row_sum = [f"            row_sum = row_sum + a_tile[{kk * cfg.bm // 4}u + lid];" for kk in range(cfg.bk)]
+    row_sum = [f"            row_sum = row_sum + a_tile[a_now + {kk * a_stride}u + lid];" for kk in range(cfg.bk)]
     store = [f"    store(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
              f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, raw);" for i in range(cfg.tm) for q in range(qn)]
     fills = {
         "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
-        "THREADS": cfg.threads, "GROUP": cfg.group, "A_TILE_VEC4": cfg.bk * cfg.bm // 4,
-        "B_TILE_VEC4": cfg.bk * cfg.bn // 4,
+        "THREADS": cfg.threads, "GROUP": cfg.group, "BUFFERS": cfg.buffers, "A_TILE_VEC4": cfg.bk * a_stride,
+        "B_TILE_VEC4": cfg.bk * b_stride,
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
         "ELEMENT": "vec4<f32>" if vec4 else "f32", "SUFFIX": "4" if vec4 else "",
         "ZERO": "vec4<f32>(0.0)" if vec4 else "0.0", "QUAD": " / 4u" if vec4 else "",
-        "LOADS": "vec4 loads" if vec4 else "scalar loads",
+        "LOADS": ("vec4 loads" if vec4 else "scalar loads") + (", double-buffered" if cfg.double else ""),
         "A_INDEX": "base + k * params.m + m" if transpose_a else "base + m * params.k + k",
         "B_INDEX": "base + n * params.k + k" if transpose_b else "base + k * params.n + n",
-        "DECLARE": "\n".join(declare), "LOAD": "\n".join(load), "INNER": "\n".join(inner),
-        "ROW_SUM": "\n".join(row_sum), "STORE": "\n".join(store),
+        "DECLARE": "\n".join(declare), "PROLOGUE": "\n".join(prologue), "FETCH": "\n".join(fetch_next),
+        "INNER": "\n".join(inner), "ROW_SUM": "\n".join(row_sum), "STASH": "\n".join(stash_next),
+        "STORE": "\n".join(store),
     }
     return kernel_source("matmul_blocked", fills)  # common.wgsl's gelu with it
 

@@ -8,7 +8,10 @@
 // Per BK step the block's A (BM x BK) and B (BK x BN) tiles go through workgroup memory as vec4s, so the
 // inner product reads 4 values per load. A thread's rows and columns are interleaved with its
 // neighbours' (4-wide groups THREADS_M or THREADS_N apart) so a warp reads consecutive vec4s: no bank
-// conflicts. Edges: out-of-range loads read 0 and out-of-range stores are skipped; no thread leaves
+// conflicts; each tile row (one k) is padded by a vec4, so that threads storing neighbouring k (an operand
+// stored with k contiguous) hit different banks too. Double-buffered variants (BUFFERS = 2) keep two tiles:
+// the next step's global loads go into registers before this step's products and into the other buffer
+// after them, so their latency hides behind the arithmetic, with one barrier per step. Edges: out-of-range loads read 0 and out-of-range stores are skipped; no thread leaves
 // before a barrier. Workgroups are visited GROUP block-rows at a time so that the A and B panels being
 // read stay in L2 (the raster order would stream all of B once per block-row).
 // Grids above 65535 workgroups in y or z are launched as several dispatches; y_offset and z_offset say
@@ -56,8 +59,12 @@ const THREADS_N: u32 = {{THREADS_N}}u;  // BN / TN
 const THREADS: u32 = {{THREADS}}u;
 const GROUP: u32 = {{GROUP}}u;
 
-var<workgroup> a_tile: array<vec4<f32>, {{A_TILE_VEC4}}>;  // [k][m / 4]
-var<workgroup> b_tile: array<vec4<f32>, {{B_TILE_VEC4}}>;  // [k][n / 4]
+const BUFFERS: u32 = {{BUFFERS}}u;  // 2: double-buffered
+const A_TILE: u32 = {{A_TILE_VEC4}}u;  // one buffer's A tile, vec4s
+const B_TILE: u32 = {{B_TILE_VEC4}}u;
+
+var<workgroup> a_tile: array<vec4<f32>, {{A_TILE_VEC4}} * BUFFERS>;  // [buffer][k][m / 4 + 1]
+var<workgroup> b_tile: array<vec4<f32>, {{B_TILE_VEC4}} * BUFFERS>;  // [buffer][k][n / 4 + 1]
 
 fn load_a{{SUFFIX}}(base: u32, m: u32, k: u32, k_end: u32) -> {{ELEMENT}} {
     if (m >= params.m || k >= k_end) { return {{ZERO}}; }
@@ -124,14 +131,19 @@ fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let sum_rows = params.row_sums == 1u && block_n == 0u;  // one block-column sums A's rows
     var row_sum = vec4<f32>(0.0);
 {{DECLARE}}
+{{PROLOGUE}}
+    var buf = 0u;  // the buffer holding this step's tiles
     for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
-{{LOAD}}
-        workgroupBarrier();
+{{FETCH}}
+        let a_now = buf * A_TILE;
+        let b_now = buf * B_TILE;
 {{INNER}}
         if (sum_rows && lid < BM / 4u) {
 {{ROW_SUM}}
         }
+{{STASH}}
         workgroupBarrier();
+        buf = (buf + 1u) % BUFFERS;
     }
     let raw = params.splits > 1u;  // a split's partial sum: matmul_finish_main applies the epilogue
     let out_base = z * m_dim * n_dim;  // with splits: this split's own slice
