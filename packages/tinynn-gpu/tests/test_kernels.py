@@ -159,6 +159,7 @@ def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monke
     assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
     cached = json.loads((tmp_path / "matmul-autotune.json").read_text())["choices"][tuner.cache_key]
     assert list(cached.values()) == [tuner.choices[next(iter(cached))]]
+    assert list(cached.values())[0] in tuner.candidates  # a blocked variant: the lesson's tiles are not tried
 
     def no_tuning(*args):
         raise AssertionError("the cached choice should have been used")
@@ -238,9 +239,10 @@ def test_row_kernels_any_width(poisoned, rows, cols, seed):
 
 
 @pytest.mark.parametrize("shape", [(1, 4096, 4096, 4096), (1, 1024, 1024, 1024), (1, 2048, 256, 256),
-                                   (1, 256, 256, 2048), (64, 128, 128, 64), (1, 1, 1, 1)])
+                                   (1, 256, 256, 2048), (1, 2048, 256, 1024), (1, 65, 256, 2048),
+                                   (64, 128, 128, 64), (1, 1, 1, 1)])
 def test_default_variant_is_a_shipped_candidate(gpu, shape):
-    assert MatmulSelector.default_variant(*shape) in MatmulSelector(gpu.rt, autotune=False).variants
+    assert MatmulSelector.default_variant(*shape) in MatmulSelector(gpu.rt, autotune=False).candidates
 
 
 def test_embedding_backward_over_many_chunks(poisoned, rng):

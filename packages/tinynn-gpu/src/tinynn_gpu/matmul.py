@@ -26,24 +26,27 @@ from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue
 from tinynn_gpu.matmul_rows import RowsMatmul
 
 LESSON_TILES = (8, 16, 32)
+# The winners of the H200 sweep over the three benchmark models' training shapes (experiments/matmul_shapes.py)
+# and of 4096^2: small blocks and split-K for M = 2048 against N or K of 256-3072, 128x128 for big outputs.
 BLOCK_CONFIGS = (
-    BlockConfig(32, 32, 8, 4, 4),
-    BlockConfig(64, 64, 8, 4, 4),
+    BlockConfig(32, 64, 16, 4, 4),
     BlockConfig(64, 64, 16, 4, 4),
-    BlockConfig(128, 64, 8, 8, 4),
-    BlockConfig(64, 128, 8, 4, 8),
-    BlockConfig(128, 128, 8, 8, 8),
+    BlockConfig(64, 64, 16, 4, 4, double=True),
+    BlockConfig(64, 64, 16, 8, 4),
+    BlockConfig(128, 64, 16, 8, 4),
+    BlockConfig(64, 128, 16, 8, 8),
     BlockConfig(128, 128, 16, 8, 8),
-    BlockConfig(32, 32, 8, 4, 4, splits=4),
-    BlockConfig(64, 64, 16, 4, 4, splits=4),
-    BlockConfig(64, 64, 16, 4, 4, splits=8),
-    BlockConfig(128, 128, 16, 8, 8, splits=4),
-    BlockConfig(64, 64, 16, 4, 4, vec4=True),
     BlockConfig(128, 128, 16, 8, 8, vec4=True),
-    BlockConfig(64, 64, 16, 4, 4, splits=8, vec4=True),
+    BlockConfig(64, 64, 16, 8, 4, splits=4),
+    BlockConfig(128, 64, 16, 8, 8, splits=2),
+    BlockConfig(64, 32, 16, 4, 4, splits=4),
     BlockConfig(128, 128, 16, 8, 8, splits=4, vec4=True),
+    BlockConfig(64, 64, 16, 4, 4, splits=8, vec4=True),
+    BlockConfig(64, 64, 16, 4, 4, splits=4, vec4=True, double=True),
+    BlockConfig(64, 32, 16, 4, 4, splits=4, vec4=True, double=True),
+    BlockConfig(32, 64, 16, 4, 4, splits=8, vec4=True, double=True),
 )
-CACHE_VERSION = 2  # 2: keys are exact shapes
+CACHE_VERSION = 3  # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep
 
 
 def lesson_source(tile: int) -> str:
@@ -80,6 +83,7 @@ class MatmulSelector:
         self.autotune = autotune
         self.variants = {f"lesson{t}": t for t in LESSON_TILES}  # name -> lesson tile, or a BlockConfig
         self.variants.update({f"blocked {c.name}": c for c in BLOCK_CONFIGS})
+        self.candidates = [f"blocked {c.name}" for c in BLOCK_CONFIGS]  # what tuning tries: never a lesson tile
         self._built = {}
         self.choices: dict[str, str] = {}  # exact shape key -> variant name
         self.cache_key = f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}"
@@ -105,16 +109,18 @@ class MatmulSelector:
 
     @staticmethod
     def default_variant(batch, m, n, k) -> str:
-        """The choice without tuning, from the H200 variant table in BENCHMARKS.md: big blocks for big
-        outputs, split-K when a long K meets an output too small to fill the GPU."""
-        outputs = batch * m * n
-        if outputs >= 2048 * 2048:
+        """The choice without tuning, from the H200 sweep of the benchmark models' shapes (BENCHMARKS.md):
+        big blocks for big outputs; a long K over an output too small to fill the GPU split into slices."""
+        blocks = batch * -(-m // 64) * -(-n // 64)  # 64 x 64 output blocks; 264 fill the 132 SMs twice
+        if blocks >= 1024:
             return "blocked 128x128x16/8x8"
-        if outputs >= 1024 * 1024:
-            return "blocked 128x128x16/8x8 split4" if k >= 1024 else "blocked 64x64x16/4x4"
-        if m >= 64 and n >= 64:
-            return "blocked 64x64x16/4x4 split4" if k >= 512 else "blocked 64x64x16/4x4"
-        return "blocked 32x32x8/4x4"
+        if min(m, n) < 64:
+            return "blocked 32x64x16/4x4 split8 vec4 db" if k >= 1024 else "blocked 32x64x16/4x4"
+        if blocks < 264 and k >= 2048:  # a weight gradient: K is the batch's tokens
+            return "blocked 64x64x16/4x4 split8 vec4"
+        if blocks < 264 and k >= 768:
+            return "blocked 64x64x16/8x4 split4"
+        return "blocked 64x64x16/8x4" if blocks >= 264 else "blocked 64x64x16/4x4"
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = epilogue(op(a) @ op(b)) with this shape's variant; True: the epilogue was applied."""
@@ -132,26 +138,29 @@ class MatmulSelector:
         self.last = self.variant(name).describe()
         return self.variant(name).record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
 
-    def time_variants(self, args, names=None, reps=3) -> dict[str, float]:
-        """Milliseconds per call of each variant on these operands (GPU timestamps where available)."""
-        names = [n for n in (names or self.variants) if self._fits(n)]
-        if "timestamp-query" in self.rt.ctx.features:
-            times = {}
-            for name in names:  # each variant alone, all its kernels counted (split-K adds a reduce)
-                self.variant(name).record(*args)  # compile outside the timed region
-                rows = self.rt.profile(lambda: [self.variant(name).record(*args) for _ in range(reps)])
-                times[name] = sum(r["ms"] for r in rows) / reps
-            return times
-        times = {}
+    def time_variants(self, args, names=None, reps=3, rounds=2) -> dict[str, float]:
+        """Milliseconds per call of each variant on these operands (GPU timestamps where available): the
+        best of `rounds` rounds over all of them, every variant compiled before any is timed (a GPU left
+        idle while the host compiles lowers its clocks, and the next variant timed would pay for it)."""
+        names = [n for n in (names or self.candidates) if self._fits(n)]
         for name in names:
             self.variant(name).record(*args)
-            self.rt.sync()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                self.variant(name).record(*args)
-            self.rt.sync()
-            times[name] = (time.perf_counter() - t0) / reps * 1e3
+        self.rt.sync()
+        times = {}
+        for _ in range(rounds):
+            for name in names:
+                times[name] = min(times.get(name, float("inf")), self._time(name, args, reps))
         return times
+
+    def _time(self, name, args, reps) -> float:
+        if "timestamp-query" in self.rt.ctx.features:  # all of its kernels counted (split-K adds a finish)
+            rows = self.rt.profile(lambda: [self.variant(name).record(*args) for _ in range(reps)])
+            return sum(r["ms"] for r in rows) / reps
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            self.variant(name).record(*args)
+        self.rt.sync()
+        return (time.perf_counter() - t0) / reps * 1e3
 
     def _fits(self, name) -> bool:
         config = self.variants[name]
