@@ -34,7 +34,6 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 64, 16, 4, 4, double=True),
     BlockConfig(64, 64, 16, 8, 4),
     BlockConfig(128, 64, 16, 8, 4),
-    BlockConfig(64, 128, 16, 8, 8),
     BlockConfig(128, 128, 16, 8, 8),
     BlockConfig(128, 128, 16, 8, 8, vec4=True),
     BlockConfig(64, 64, 16, 8, 4, splits=4),
@@ -43,7 +42,6 @@ BLOCK_CONFIGS = (
     BlockConfig(128, 128, 16, 8, 8, splits=4, vec4=True),
     BlockConfig(64, 64, 16, 4, 4, splits=8, vec4=True),
     BlockConfig(64, 64, 16, 4, 4, splits=4, vec4=True, double=True),
-    BlockConfig(64, 32, 16, 4, 4, splits=4, vec4=True, double=True),
     BlockConfig(32, 64, 16, 4, 4, splits=8, vec4=True, double=True),
 )
 CACHE_VERSION = 3  # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep
