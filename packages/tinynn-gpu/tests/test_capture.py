@@ -11,7 +11,6 @@ from tinynn.errors import TinynnError
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
 from tinynn.train import TrainStep
-from tinynn_gpu import native
 
 CFG = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)
 B = 4
@@ -136,29 +135,6 @@ def test_a_batch_of_mismatched_shapes_is_refused_alike(gpu, device):
         step(x, y[:2], 1e-3)
     with pytest.raises(TinynnError, match="one \\(batch, time\\) shape"):
         step(x[0], y[0], 1e-3)
-
-
-def test_the_probe_refuses_a_path_that_does_not_work(gpu):
-    class Broken(native.NativeCalls):
-        def __init__(self, ffi, lib):
-            super().__init__(ffi, lib)
-            self.dispatch = lambda *args: None  # records nothing: the probe's buffer keeps its zeros
-
-    class Missing(native.NativeCalls):
-        def __init__(self, ffi, lib):
-            raise AttributeError("wgpuComputePassEncoderDispatchWorkgroups")
-    plain = native.NativeCalls
-    try:
-        native.NativeCalls = Broken
-        calls, reason = native.probe(gpu.rt.device)
-        assert calls is None and "wrote [0.0, 0.0, 0.0, 0.0]" in reason
-        native.NativeCalls = Missing
-        calls, reason = native.probe(gpu.rt.device)
-        assert calls is None and "not reachable" in reason
-    finally:
-        native.NativeCalls = plain
-    calls, reason = native.probe(gpu.rt.device)
-    assert calls is not None and reason == ""
 
 
 def test_a_replay_holds_no_more_memory_than_an_eager_step(gpu):

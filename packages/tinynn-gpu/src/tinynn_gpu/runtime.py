@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
-from collections import Counter, OrderedDict, defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 import wgpu
@@ -40,9 +40,13 @@ QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
 # each becomes: `read` copies the word back with every read-back and raises, so a bad input surfaces at the
 # step's one read-back with the NumPy backend's message, and never as a silently wrong number.
 KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
-# dispatches per submission in a replay. H200, lesson step, direct calls (experiments/replay_host_cost.py):
-# 16 gave 5.80 ms, 32 5.67, 64 5.77, 128 6.33, the whole step in one submission 6.73
-REPLAY_CHUNK = 32
+# Dispatches per submission in a replay: a small first chunk gets the GPU going; later ones grow, because each
+# submission costs the host a fixed price (an encoder, finish's per-resource tracking, the driver's submit)
+# while the GPU, slower per dispatch than the host in a training step, stays busy with what it was given.
+# H200, lesson step, fixed chunks (experiments/replay_host_cost.py): 16 gave 5.80 ms, 32 5.67, 64 5.77,
+# 128 6.33, the whole step in one submission 6.73.
+FIRST_CHUNK = 32
+CHUNK_GROWTH = 2
 
 
 class Shader:
@@ -137,8 +141,8 @@ class Runtime:
         self.shaders = {}  # hash of the WGSL -> Shader
         self.kernels = {}  # kernel file name -> Shader
         self.entry_points = {}  # (kernel file name or Shader, entry point) -> (Shader, pipeline): one look-up
-        self.uniforms = OrderedDict()
-        self.bind_groups = OrderedDict()
+        self.uniforms = {}  # bytes -> uniform buffer
+        self.bind_groups = {}  # (pipeline, (slot, buffer), ...) -> bind group
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
         self.encoder = None
         self.compute_pass = None
@@ -246,12 +250,15 @@ class Runtime:
 
     def copy(self, arr: GpuArray) -> GpuArray:
         """A new array holding arr's values, copied on the GPU in order with the work recorded so far."""
-        out = self.empty(arr.shape, arr.dtype)
         if self.tape is not None:
             self.tape.broken = "the step copies an array"
+        out = self.empty(arr.shape, arr.dtype)
+        self._copy_into(arr, out)
+        return out
+
+    def _copy_into(self, arr: GpuArray, out: GpuArray) -> None:
         self._end_pass()
         self._encoder().copy_buffer_to_buffer(arr.buffer, 0, out.buffer, 0, _round4(max(4, arr.nbytes)))
-        return out
 
     def upload(self, x: np.ndarray) -> GpuArray:
         arr = self.empty(x.shape, x.dtype)
@@ -264,7 +271,9 @@ class Runtime:
         if data.nbytes != arr.nbytes:
             raise ValueError(f"cannot write {x.shape} {x.dtype} into a {arr.shape} {arr.dtype} array")
         self.flush()  # queue.write_buffer runs before commands not yet submitted: submit those first
-        if data.nbytes:
+        if data.nbytes and self.native is not None:
+            self.native.write(arr.buffer._internal, data)
+        elif data.nbytes:
             self.queue.write_buffer(arr.buffer, 0, data)
         self.counters["uploads"] += 1
         if self.tape is not None:  # inside a captured step this is a constant: replay writes the same bytes
@@ -335,12 +344,8 @@ class Runtime:
         """A uniform buffer holding these bytes, cached by them: a training step repeats its parameters."""
         buf = self.uniforms.get(data)
         if buf is None:
-            buf = self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
-            self.uniforms[data] = buf
-            if len(self.uniforms) > CACHE_SIZE:
-                self.uniforms.popitem(last=False)
-        else:
-            self.uniforms.move_to_end(data)
+            buf = self.uniforms[data] = self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
+            _trim(self.uniforms)
         return buf
 
     def bind_group(self, pipeline, slots):
@@ -355,10 +360,7 @@ class Runtime:
             group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             self.bind_groups[key] = group
             self.counters["bind_groups_created"] += 1
-            if len(self.bind_groups) > CACHE_SIZE:
-                self.bind_groups.popitem(last=False)
-        else:
-            self.bind_groups.move_to_end(key)
+            _trim(self.bind_groups)
         return group
 
     # --- recording ---
@@ -366,9 +368,9 @@ class Runtime:
         """Record one dispatch of `entry` in `module` (a kernel file's name, or a Shader from `shader`).
         `bindings` maps binding slots to GpuArrays (or raw buffers); `params` (a dict of the module's
         `struct Params` fields) becomes the uniform at slot 3; `groups` is a workgroup count or an
-        (x, y, z) tuple."""
-        if isinstance(groups, int):
-            groups = grid(groups)
+        (x, y, z) tuple. Every eager op runs through here: it is kept to plain look-ups."""
+        if groups.__class__ is int:
+            groups = (groups, 1, 1) if 0 < groups <= MAX_GROUPS else grid(groups)
         if 0 in groups:
             return
         found = self.entry_points.get((module, entry))
@@ -376,14 +378,19 @@ class Runtime:
             shader = module if isinstance(module, Shader) else self.kernel(module)
             found = self.entry_points[(module, entry)] = (shader, self.pipeline(shader, entry))
         shader, pipe = found
-        slots = [(slot, getattr(v, "buffer", v)) for slot, v in bindings.items()]
+        slots = [(slot, v.buffer if v.__class__ is GpuArray else v) for slot, v in bindings.items()]
         if shader.params is not None:
-            slots.append((3, self.uniform(shader.params.pack(params or {}))))
+            data = shader.params.pack(params or {})
+            uniform = self.uniforms.get(data)
+            slots.append((3, uniform if uniform is not None else self.uniform(data)))
         elif params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
-        group = self.bind_group(pipe, slots)
+        key = (pipe, *slots)
+        group = self.bind_groups.get(key)
+        if group is None:
+            group = self.bind_group(pipe, slots)
         if self.tape is not None:
-            self.tape.events.append(("dispatch", pipe, group, tuple(groups)))
+            self.tape.events.append(("dispatch", pipe, group, groups))
             for value in bindings.values():
                 self.tape.hold(value)
         if self._profile is not None:
@@ -440,44 +447,57 @@ class Runtime:
             self._profile["calls"][label] += 1
         labels.clear()
 
-    def replay(self, tape) -> None:
+    def replay(self, tape, result: GpuArray | None = None) -> GpuArray | None:
         """Re-encode a captured step: the same dispatches and writes, no Python autograd, no cache look-ups.
-        Submitted every REPLAY_CHUNK dispatches, so the GPU starts on the step while the rest is encoded."""
+        Submitted in chunks (`_compile`), so the GPU starts on the step while the rest is encoded. With
+        `result` (an array the step wrote), returns a copy of it, recorded into the step's last submission."""
         direct = self.native is not None
         program = tape.programs.get(direct)
         if program is None:
             program = tape.programs[direct] = _compile(tape.events, direct)
-        record = self._replay_native if direct else self._replay_methods
-        for kind, first, second in program:
-            self.flush()
-            if kind == "write":
-                self.queue.write_buffer(first, 0, second)
-            else:
-                self.compute_pass = self._encoder().begin_compute_pass()
-                record(self.compute_pass, first)
-        self._pass_pipeline = None  # the replay set its pipelines by handle: the next dispatch sets its own
+        self.flush()
+        out = None if result is None else self.empty(result.shape, result.dtype)
+        copied = out is not None and direct and program and program[-1][0] == "dispatches"
+        if direct:
+            copies = [(result.buffer._internal, out.buffer._internal, _round4(max(4, result.nbytes)))] if copied else []
+            self._replay_native(program, copies)
+        else:
+            self._replay_methods(program)
+        if out is not None and not copied:
+            self._copy_into(result, out)
         self.counters["dispatches"] += tape.dispatches
+        self.counters["submissions"] += sum(kind == "dispatches" for kind, _ in program)
         self.counters["replays"] += 1
+        return out
 
-    def _replay_native(self, compute_pass, runs):
-        calls, handle = self.native, compute_pass._internal
-        set_pipeline, set_bind_group, dispatch, null = (calls.set_pipeline, calls.set_bind_group, calls.dispatch,
-                                                        calls.null)
-        for pipe, dispatches in runs:
-            set_pipeline(handle, pipe)
-            for group, x, y, z in dispatches:
-                set_bind_group(handle, 0, group, 0, null)
-                dispatch(handle, x, y, z)
+    def _replay_native(self, program, copies):
+        """Each chunk in an encoder of its own, through C calls; `copies` go at the end of the last."""
+        calls = self.native
+        last = len(program) - 1
+        for i, (kind, item) in enumerate(program):
+            if kind == "write":
+                calls.write(*item)
+                continue
+            encoder, compute_pass = calls.begin()
+            calls.record(compute_pass, item)
+            calls.submit(encoder, compute_pass, copies if i == last else ())
 
-    @staticmethod
-    def _replay_methods(compute_pass, runs):
-        set_pipeline, set_bind_group, dispatch = (compute_pass.set_pipeline, compute_pass.set_bind_group,
-                                                  compute_pass.dispatch_workgroups)
-        for pipe, dispatches in runs:
-            set_pipeline(pipe)
-            for group, x, y, z in dispatches:
-                set_bind_group(0, group)
-                dispatch(x, y, z)
+    def _replay_methods(self, program):
+        for kind, item in program:
+            if kind == "write":
+                self.queue.write_buffer(item[0], 0, item[1])
+                continue
+            encoder = self.device.create_command_encoder()
+            compute_pass = encoder.begin_compute_pass()
+            set_pipeline, set_bind_group, dispatch = (compute_pass.set_pipeline, compute_pass.set_bind_group,
+                                                      compute_pass.dispatch_workgroups)
+            for pipe, dispatches in item:
+                set_pipeline(pipe)
+                for group, x, y, z in dispatches:
+                    set_bind_group(0, group)
+                    dispatch(x, y, z)
+            compute_pass.end()
+            self.queue.submit([encoder.finish()])
 
     def flush(self) -> None:
         """Submit everything recorded so far (no waiting)."""
@@ -520,27 +540,36 @@ class Runtime:
 
 
 def _compile(events, direct: bool) -> list[tuple]:
-    """A tape's events as the replay runs them: ("write", buffer, bytes) and ("dispatches", runs, None), at
-    most REPLAY_CHUNK dispatches each, a run being (pipeline, [(bind group, x, y, z), ...]) under one
-    pipeline. Direct calls take native handles; the tape's events keep their objects (and so the handles)
-    alive."""
+    """A tape's events as the replay runs them: ("write", (buffer, bytes)) and ("dispatches", runs), the
+    first chunk of dispatches FIRST_CHUNK long and each next one CHUNK_GROWTH times the last, a run being
+    (pipeline, [(bind group, x, y, z), ...]) under one pipeline. Direct calls take native handles; the tape's
+    events keep their objects (and so the handles) alive."""
     handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
-    program, count, last, runs = [], REPLAY_CHUNK, None, None
+    program, limit, count, last, runs = [], FIRST_CHUNK, 0, None, None
     for event in events:
         if event[0] == "write":
-            program.append(event)
-            count = REPLAY_CHUNK  # a write submits what came before it: start a new chunk after it
+            program.append(("write", (handle(event[1]), event[2])))
+            runs = None  # a write goes in before the dispatches after it: they start a new chunk
             continue
         _, pipe, group, (x, y, z) = event
-        if count == REPLAY_CHUNK:
+        if runs is None or count == limit:
+            if runs is not None:
+                limit *= CHUNK_GROWTH
             runs, count, last = [], 0, None
-            program.append(("dispatches", runs, None))
+            program.append(("dispatches", runs))
         if pipe is not last:
             runs.append((handle(pipe), []))
             last = pipe
         runs[-1][1].append((handle(group), x, y, z))
         count += 1
     return program
+
+
+def _trim(cache: dict) -> None:
+    """Forget a cache's oldest entry once it holds more than CACHE_SIZE (first in, first out: a hit costs
+    nothing to record, and a hot entry that ages out is made again once)."""
+    if len(cache) > CACHE_SIZE:
+        del cache[next(iter(cache))]
 
 
 def groups(n: int) -> int:
