@@ -40,16 +40,19 @@ def weights(model):
     return np.concatenate([p.numpy().ravel() for p in model.parameters()])
 
 
-@pytest.fixture(params=["direct", "methods"])
+@pytest.fixture(params=["direct", "threaded", "methods"])
 def path(request, gpu):
-    """Each test once with direct wgpu-native calls and once through wgpu-py's methods."""
+    """Each test with direct wgpu-native calls (submitted inline, and from the worker thread) and through
+    wgpu-py's methods."""
     rt = gpu.rt
-    calls, reason = rt.native, rt.native_reason
+    calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
     assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
     if request.param == "methods":
         rt.use_native(None, "switched off by the test")
+    else:
+        rt.use_native(calls, reason, threaded=request.param == "threaded")
     yield request.param
-    rt.use_native(calls, reason)
+    rt.use_native(calls, reason, threaded)
 
 
 def test_both_paths_replay_what_the_cpu_computes(gpu, path):
@@ -59,8 +62,9 @@ def test_both_paths_replay_what_the_cpu_computes(gpu, path):
     cpu_losses, cpu_model, _ = run(backends.reference(), 10)
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
-    assert gpu.describe()["recording"] == ("direct wgpu-native calls" if path == "direct"
-                                           else "wgpu-py methods (switched off by the test)")
+    assert gpu.describe()["recording"] == {
+        "direct": "direct wgpu-native calls", "methods": "wgpu-py methods (switched off by the test)",
+        "threaded": "direct wgpu-native calls, replays submitted from a worker thread"}[path]
 
 
 def test_each_replayed_loss_keeps_its_own_value(gpu):
@@ -166,3 +170,13 @@ def test_work_between_replays_cannot_take_the_tapes_buffers(gpu):
     cpu_losses, cpu_model, _ = run(backends.reference(), 10, evaluate)
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
+
+
+def test_a_constant_uploaded_between_dispatches_is_replayed_in_order(gpu, path):
+    w = tinynn.tensor(np.zeros(4), backend=gpu)
+    step = gpu.capture(lambda: ((w + w) * tinynn.tensor(np.full(4, 3.0), backend=gpu)).sum())
+    for value in range(1, 8):  # the first calls run eagerly, then one is captured, then it is replayed
+        gpu.write_(w.data, np.full(4, float(value), np.float32))
+        assert step().item() == 24.0 * value
+    kinds = [event[0] for event in step.tape.events]
+    assert "dispatch" in kinds[:kinds.index("write")] and "dispatch" in kinds[kinds.index("write"):]

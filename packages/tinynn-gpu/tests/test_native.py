@@ -39,21 +39,26 @@ def test_the_probe_refuses_a_path_that_does_not_work(gpu):
     assert calls is not None and reason == ""
 
 
-def test_a_validation_error_raises_through_the_direct_calls(gpu):
-    """wgpu-native reports a bad dispatch when the pass ends or the encoder finishes: it must raise, as it
-    does through wgpu-py's methods, not only be logged."""
+@pytest.mark.parametrize("threaded", [False, True])
+def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
+    """wgpu-native reports a bad dispatch when the pass ends or the encoder finishes: it must raise in the
+    caller, as it does through wgpu-py's methods, not only be logged (from the worker thread too)."""
     rt, calls = gpu.rt, gpu.rt.native
     assert calls is not None, gpu.rt.native_reason
+    submitter = native.Submitter(calls) if threaded else calls
     out = rt.empty((4,))
     pipe = rt.pipeline(rt.shader(WGSL, "one"), "main")
     group = rt.bind_group(pipe, [(0, out.buffer)])
-    encoder, compute_pass = calls.begin()
-    calls.record(compute_pass, [(pipe._internal, [(group._internal, runtime.MAX_GROUPS + 1, 1, 1)])])
+
+    def submit(groups):
+        encoder, compute_pass = calls.begin()
+        calls.record(compute_pass, [(pipe._internal, [(group._internal, groups, 1, 1)])])
+        submitter.submit(encoder, compute_pass)
+        if threaded:
+            submitter.wait()
     with pytest.raises(wgpu.GPUError, match="65535"):
-        calls.submit(encoder, compute_pass)
-    encoder, compute_pass = calls.begin()  # the device still works after it
-    calls.record(compute_pass, [(pipe._internal, [(group._internal, 1, 1, 1)])])
-    calls.submit(encoder, compute_pass)
+        submit(runtime.MAX_GROUPS + 1)
+    submit(1)  # the device still works
     assert gpu.to_numpy(out)[0] == 1.0
 
 

@@ -15,8 +15,17 @@ per-dispatch calls go straight to C (their errors are deferred: wgpu-native repo
 pass's end or at finish), and the per-submission calls go through those wrappers, so an invalid replay
 raises the same error as wgpu-py's methods would. Handles made here are released here, also when finish
 raises.
+
+`Submitter` moves the end, finish and submit of each chunk to a worker thread, in order, while the replay
+records the next chunk: cffi releases the GIL inside each C call, and finish (wgpu-native's validation and
+tracking of every bound resource) is the larger half of a dispatch's host cost. H200, lesson step
+(experiments/replay_host_cost.py): 8.36 us of host per dispatch inline, 6.81 with the worker, the same ms
+per step. On a 2-core machine the worker competes with the recording thread and is slower.
 """
 from __future__ import annotations
+
+import queue
+import threading
 
 import numpy as np
 
@@ -83,6 +92,36 @@ class NativeCalls:
             for group, x, y, z in dispatches:
                 set_bind_group(compute_pass, 0, group, 0, null)
                 dispatch(compute_pass, x, y, z)
+
+
+class Submitter:
+    """A worker thread that runs `calls.submit` for each chunk handed to it, in the order given. `wait`
+    returns once everything handed over is submitted, and raises the first error a submission raised."""
+
+    def __init__(self, calls: NativeCalls):
+        self.calls = calls
+        self.jobs = queue.Queue()
+        self.error = None
+        threading.Thread(target=self._run, name="tinynn-submit", daemon=True).start()
+
+    def _run(self):
+        while True:
+            job = self.jobs.get()
+            try:
+                self.calls.submit(*job)
+            except Exception as e:  # raised in the caller's thread, by wait()
+                self.error = self.error or e
+            finally:
+                self.jobs.task_done()
+
+    def submit(self, encoder, compute_pass, copies=()) -> None:
+        self.jobs.put((encoder, compute_pass, copies))
+
+    def wait(self) -> None:
+        self.jobs.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
 
 
 def probe(device) -> tuple[NativeCalls | None, str]:

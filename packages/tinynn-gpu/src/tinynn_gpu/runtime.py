@@ -12,7 +12,9 @@ recorder that batches dispatches into one compute pass and submits only when it 
   training step repeats them all.
 - Recording goes through wgpu-native's C functions directly where `native.probe` found them working
   (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods. A replayed step is
-  compiled once into flat lists of what those calls take (`_compile`).
+  compiled once into flat lists of what those calls take (`_compile`), and replayed in growing chunks,
+  each in an encoder of its own, finished and submitted (on a worker thread where there are cores for it)
+  while the next is recorded.
 - The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
   is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+import os
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -47,6 +50,9 @@ KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
 # 128 6.33, the whole step in one submission 6.73.
 FIRST_CHUNK = 32
 CHUNK_GROWTH = 2
+# cores from which a replay finishes and submits its chunks on a worker thread (native.Submitter); on 2 cores
+# the worker only competes with the recording thread
+SUBMIT_THREAD_CPUS = 4
 
 
 class Shader:
@@ -153,18 +159,27 @@ class Runtime:
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
         self.in_use_bytes = self.pooled_bytes = self.peak_bytes = 0
-        self.native, self.native_reason = None, ""
+        self.native, self.native_reason, self.submitter = None, "", None
         self.use_native(*native.probe(self.device))
 
-    def use_native(self, calls, reason: str = "") -> None:
+    def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
         """Record through wgpu-native's C functions (`calls`), or through wgpu-py's methods when calls is None
-        (then `reason` says why). Tests switch paths with it."""
+        (then `reason` says why). With `threaded` (default: with SUBMIT_THREAD_CPUS cores or more), a replay
+        submits from a worker thread (`native.Submitter`). Tests switch paths with it."""
         self.flush()
         self.native, self.native_reason = calls, reason
         self._encode = self._encode_native if calls else self._encode_methods
+        if threaded is None:
+            threaded = (os.cpu_count() or 1) >= SUBMIT_THREAD_CPUS
+        if not (calls and threaded):
+            self.submitter = None
+        elif self.submitter is None or self.submitter.calls is not calls:
+            self.submitter = native.Submitter(calls)
 
     def describe(self) -> dict:
         how = "direct wgpu-native calls" if self.native else f"wgpu-py methods ({self.native_reason})"
+        if self.submitter:
+            how += ", replays submitted from a worker thread"
         return {"recording": how}
 
     # --- memory ---
@@ -471,16 +486,24 @@ class Runtime:
         return out
 
     def _replay_native(self, program, copies):
-        """Each chunk in an encoder of its own, through C calls; `copies` go at the end of the last."""
-        calls = self.native
+        """Each chunk in an encoder of its own, through C calls; `copies` go at the end of the last. With a
+        submitter, chunk k is finished and submitted on its thread while chunk k + 1 is recorded here."""
+        calls, submitter = self.native, self.submitter
+        submit = submitter.submit if submitter else calls.submit
         last = len(program) - 1
-        for i, (kind, item) in enumerate(program):
-            if kind == "write":
-                calls.write(*item)
-                continue
-            encoder, compute_pass = calls.begin()
-            calls.record(compute_pass, item)
-            calls.submit(encoder, compute_pass, copies if i == last else ())
+        try:
+            for i, (kind, item) in enumerate(program):
+                if kind == "write":
+                    if submitter:  # a write goes in after the chunks before it
+                        submitter.wait()
+                    calls.write(*item)
+                    continue
+                encoder, compute_pass = calls.begin()
+                calls.record(compute_pass, item)
+                submit(encoder, compute_pass, copies if i == last else ())
+        finally:
+            if submitter:
+                submitter.wait()
 
     def _replay_methods(self, program):
         for kind, item in program:
