@@ -1,12 +1,7 @@
-"""The runtime under every GPU op: arrays that live in GPU buffers, a buffer pool, the caches, and the
-recorder that batches dispatches into one compute pass and submits only when it must.
+"""The runtime under every GPU op: the caches, the recorder that batches dispatches into one compute pass
+and submits only when it must, the read-backs, and the replay of captured steps.
 
-- `GpuArray`: shape + dtype over a pooled buffer (contiguous, so reshape is free). When the last array on
-  a buffer is dropped, the buffer goes back to the pool. Reusing it at once is safe: work on one queue runs
-  in order, and uploads (`queue.write_buffer`, which jumps ahead of unsubmitted commands) flush first.
-- Memory: `memory_stats` counts the bytes of array buffers in use, pooled, and the peak in use;
-  `empty_cache` destroys the pooled ones, and so does an allocation that runs out of memory before it
-  tries again and, failing, raises one `TinynnError` with the numbers.
+- The arrays and their buffer pool: pool.py (`GpuArray`, `BufferPool`, which `Runtime` extends).
 - Caches: shader modules by the hash of their WGSL, pipelines by (module, entry point); uniform buffers
   by their bytes; bind groups by (pipeline, buffers), because creating a bind group costs ~50 us and a
   training step repeats them all.
@@ -21,8 +16,6 @@ recorder that batches dispatches into one compute pass and submits only when it 
 from __future__ import annotations
 
 import hashlib
-import heapq
-import math
 import os
 from collections import Counter, defaultdict
 
@@ -33,8 +26,8 @@ from tinynn.errors import TinynnError
 from tinynn.numpy_backend import EMBEDDING_RANGE, TARGET_RANGE
 from tinynn_gpu import native
 from tinynn_gpu.params import ParamsLayout
+from tinynn_gpu.pool import STORAGE_USAGE, BufferPool, GpuArray, TooLarge, _bucket, _round4  # noqa: F401 (re-exported)
 
-STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 MAX_GROUPS = 65535  # per dispatch dimension
 WG = 256  # threads per workgroup of the 1-D kernels
 CACHE_SIZE = 8192
@@ -68,82 +61,17 @@ class Shader:
         self.pipelines = {}  # entry point -> compute pipeline
 
 
-class TooLarge(Exception):
-    """An array exceeds the device's storage-binding limit: the backend computes that op on the CPU."""
-
-
 class OnCpu(Exception):
     """These operands need the NumPy reference (an int32 array where a kernel reads float32, mixed dtypes, a
     head size no kernel takes): raised before the op records a dispatch, so the fallback never repeats part
     of the work."""
 
 
-class GpuArray:
-    """An array in a GPU buffer; or, when it is too large to bind, on the host (`buffer` None, `host` set)."""
-    __slots__ = ("buffer", "shape", "dtype", "_owner", "host", "__weakref__")
-
-    def __init__(self, buffer, shape, dtype, owner=None, host=None):
-        self.buffer = buffer
-        self.shape = tuple(map(int, shape))
-        self.dtype = np.dtype(dtype)
-        self._owner = owner  # a _Lease that returns the buffer to the pool when the last array goes
-        self.host = host
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
-
-    def view(self, shape) -> GpuArray:
-        host = None if self.host is None else self.host.reshape(shape)
-        return GpuArray(self.buffer, shape, self.dtype, self._owner, host)
-
-    def __repr__(self):
-        return f"GpuArray(shape={self.shape}, dtype={self.dtype})"
-
-
-class _Lease:
-    """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
-    the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost). An array in a
-    reference cycle takes its lease into the cycle collector's garbage; the runtime holds every buffer
-    (`Runtime.buffers`), so the buffer itself is never finalized there before its lease pools it."""
-    __slots__ = ("runtime", "size", "buffer", "__weakref__")
-
-    def __init__(self, runtime, size, buffer):
-        self.runtime, self.size, self.buffer = runtime, size, buffer
-
-    def __del__(self):
-        self.runtime._give_back(self.size, self.buffer)
-
-
-def _bucket(nbytes: int) -> int:
-    """Round a size up to 1, 1.25, 1.5 or 1.75 times a power of two (at most 25% waste), 256 B at least."""
-    if nbytes <= 256:
-        return 256
-    top = 1 << (nbytes - 1).bit_length()
-    step = top // 8
-    return -(-nbytes // step) * step
-
-
-class Runtime:
+class Runtime(BufferPool):
     def __init__(self, ctx):
+        super().__init__(ctx.device, ctx.limits["max-storage-buffer-binding-size"])
         self.ctx = ctx
-        self.device = ctx.device
         self.queue = ctx.device.queue
-        self.max_binding = ctx.limits["max-storage-buffer-binding-size"]
-        self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
-        self.bucket_sizes = {}  # nbytes -> its pool's buffer size: an eval forward allocates ~2 arrays a dispatch
-        # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
-        # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
-        self.buffers = set()
-        self._push = heapq.heappush  # held: a lease dropped at interpreter exit may outlive the module's globals
         self.shaders = {}  # hash of the WGSL -> Shader
         self.kernels = {}  # kernel file name -> Shader
         self.entry_points = {}  # (kernel file name or Shader, entry point) -> (Shader, pipeline): one look-up
@@ -158,7 +86,6 @@ class Runtime:
         self._profile = None  # while profiling: {"queries", "labels", "times"}
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
-        self.in_use_bytes = self.pooled_bytes = self.peak_bytes = 0
         self.native, self.native_reason, self.submitter = None, "", None
         self.use_native(*native.probe(self.device))
 
@@ -182,84 +109,13 @@ class Runtime:
             how += ", replays submitted from a worker thread"
         return {"recording": how}
 
-    # --- memory ---
-    def empty(self, shape, dtype=np.float32) -> GpuArray:
-        dtype = np.dtype(dtype)
-        nbytes = max(4, math.prod(shape) * dtype.itemsize)
-        if nbytes > self.max_binding:
-            raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
-        size = self.bucket_sizes.get(nbytes)
-        if size is None:
-            size = self.bucket_sizes[nbytes] = min(_bucket(nbytes), self.max_binding)
-        pool = self.free[size]
-        # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
-        # not on the order Python freed them, so every training step reuses the same buffers in the same
-        # places and finds its bind groups in the cache.
-        if pool:
-            buffer = heapq.heappop(pool)[1]
-            self.pooled_bytes -= size
-        else:
-            buffer = self._create_buffer(size)
-        self.in_use_bytes += size
-        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
-        return GpuArray(buffer, shape, dtype, _Lease(self, size, buffer))
-
-    def _give_back(self, size: int, buffer) -> None:
-        self.in_use_bytes -= size
-        self.pooled_bytes += size
-        self._push(self.free[size], (buffer.uid, buffer))
-
-    def _create_buffer(self, size: int):
-        """A new storage buffer; out of memory, the pool is emptied and the allocation tried once more."""
-        try:
-            buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
-        except wgpu.GPUOutOfMemoryError:
-            self.empty_cache()
-            try:
-                buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
-            except wgpu.GPUOutOfMemoryError:
-                raise TinynnError(f"out of GPU memory allocating {size:,} bytes, with {self.in_use_bytes:,} "
-                                  "bytes in use by arrays; try a smaller batch_size (or model)") from None
-        self.buffers.add(buffer)
-        return buffer
-
-    def claim(self, buffers: set) -> list:
-        """Take these buffers out of the pool for a captured step (counted in use); the ones found."""
-        found = []
-        for size, pool in self.free.items():
-            kept = [entry for entry in pool if entry[1] not in buffers]
-            if len(kept) < len(pool):
-                found += [entry[1] for entry in pool if entry[1] in buffers]
-                heapq.heapify(kept)
-                pool[:] = kept
-        claimed = sum(buffer.size for buffer in found)
-        self.pooled_bytes -= claimed
-        self.in_use_bytes += claimed
-        return found
-
-    def memory_stats(self, reset_peak: bool = False) -> dict:
-        """Bytes of array buffers in use, kept in the pool for reuse, and the most in use at once (since the
-        start or the last reset_peak, which starts the next peak from what is in use now)."""
-        stats = {"in_use_bytes": self.in_use_bytes, "pooled_bytes": self.pooled_bytes,
-                 "peak_bytes": self.peak_bytes}
-        if reset_peak:
-            self.peak_bytes = self.in_use_bytes
-        return stats
-
     def empty_cache(self) -> None:
         """Destroy the pooled buffers and the read-back staging buffers, giving their memory to the driver."""
         self.flush()  # a pooled buffer may be named by commands not yet submitted
-        dead = set()
-        for pool in self.free.values():
-            for _, buffer in pool:
-                buffer.destroy()  # wgpu frees it once the submitted work that uses it has finished
-                dead.add(buffer)
-        self.buffers -= dead
+        dead = self._destroy_pooled()
         for buffer in self.staging.values():
             buffer.destroy()
-        self.free.clear()
         self.staging.clear()
-        self.pooled_bytes = 0
         for key in [k for k in self.bind_groups if any(buf in dead for _, buf in k[1:])]:
             del self.bind_groups[key]  # they name destroyed buffers
 
@@ -605,7 +461,3 @@ def grid(workgroups: int) -> tuple[int, int, int]:
     if workgroups <= MAX_GROUPS:
         return (workgroups, 1, 1)
     return (MAX_GROUPS, -(-workgroups // MAX_GROUPS), 1)
-
-
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
