@@ -91,10 +91,10 @@ class CapturedStep:
             return self.fn()
         if self.tape is None:
             return self._capture()
-        if self.result is None or not self.copy_result:
-            self.backend.rt.replay(self.tape)
-            return self._wrap(self.result)
-        return self._wrap(self.backend.rt.replay(self.tape, self.result))  # the copy rides in the last submission
+        if self.result is not None and self.copy_result:  # the copy rides in the replay's last submission
+            return self._wrap(self.backend.rt.replay(self.tape, self.result))
+        self.backend.rt.replay(self.tape)
+        return self._wrap(self.result)
 
     def _start_over(self):
         if self.tape is not None:

@@ -328,13 +328,14 @@ class Runtime(BufferPool):
             program = tape.programs[direct] = _compile(tape.events, direct)
         self.flush()
         out = None if result is None else self.empty(result.shape, result.dtype)
-        copied = out is not None and direct and program and program[-1][0] == "dispatches"
+        copies = []  # (source, destination, bytes) handles for the end of the last chunk
+        if out is not None and direct and program and program[-1][0] == "dispatches":
+            copies = [(result.buffer._internal, out.buffer._internal, _round4(max(4, result.nbytes)))]
         if direct:
-            copies = [(result.buffer._internal, out.buffer._internal, _round4(max(4, result.nbytes)))] if copied else []
             self._replay_native(program, copies)
         else:
             self._replay_methods(program)
-        if out is not None and not copied:
+        if out is not None and not copies:
             self._copy_into(result, out)
         self.counters["dispatches"] += tape.dispatches
         self.counters["submissions"] += sum(kind == "dispatches" for kind, _ in program)
