@@ -1,6 +1,7 @@
 """A captured training step against the CPU: replayed through either recording path, and after the changes a
 capture cannot see in its arrays (hyperparameters, a moved model, another batch shape)."""
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -65,6 +66,7 @@ def test_both_paths_replay_what_the_cpu_computes(gpu, path):
     assert gpu.describe()["recording"] == {
         "direct": "direct wgpu-native calls", "methods": "wgpu-py methods (switched off by the test)",
         "threaded": "direct wgpu-native calls, replays submitted from a worker thread"}[path]
+    assert sum(t.name == "tinynn-submit" for t in threading.enumerate()) <= 1  # a switch ends the old worker
 
 
 def test_each_replayed_loss_keeps_its_own_value(gpu):

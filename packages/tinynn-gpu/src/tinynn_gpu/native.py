@@ -102,11 +102,14 @@ class Submitter:
         self.calls = calls
         self.jobs = queue.Queue()
         self.error = None
-        threading.Thread(target=self._run, name="tinynn-submit", daemon=True).start()
+        self.thread = threading.Thread(target=self._run, name="tinynn-submit", daemon=True)
+        self.thread.start()
 
     def _run(self):
         while True:
             job = self.jobs.get()
+            if job is None:  # close()
+                return
             try:
                 self.calls.submit(*job)
             except Exception as e:  # raised in the caller's thread, by wait()
@@ -116,6 +119,11 @@ class Submitter:
 
     def submit(self, encoder, compute_pass, copies=()) -> None:
         self.jobs.put((encoder, compute_pass, copies))
+
+    def close(self) -> None:
+        """End the worker thread, after what was handed to it."""
+        self.jobs.put(None)
+        self.thread.join()
 
     def wait(self) -> None:
         self.jobs.join()

@@ -98,9 +98,10 @@ class Runtime(BufferPool):
         self._encode = self._encode_native if calls else self._encode_methods
         if threaded is None:
             threaded = (os.cpu_count() or 1) >= SUBMIT_THREAD_CPUS
-        if not (calls and threaded):
+        if self.submitter is not None and not (threaded and self.submitter.calls is calls):
+            self.submitter.close()
             self.submitter = None
-        elif self.submitter is None or self.submitter.calls is not calls:
+        if calls and threaded and self.submitter is None:
             self.submitter = native.Submitter(calls)
 
     def describe(self) -> dict:
