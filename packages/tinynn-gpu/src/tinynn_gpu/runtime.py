@@ -40,7 +40,8 @@ KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
 # submission costs the host a fixed price (an encoder, finish's per-resource tracking, the driver's submit)
 # while the GPU, slower per dispatch than the host in a training step, stays busy with what it was given.
 # H200, lesson step, fixed chunks (experiments/replay_host_cost.py): 16 gave 5.80 ms, 32 5.67, 64 5.77,
-# 128 6.33, the whole step in one submission 6.73.
+# 128 6.33, the whole step in one submission 6.73; later, 32 then doubling: 8.36 us of host per dispatch
+# against 9.30 for fixed 32s, at the same ms per step (BENCHMARKS.md).
 FIRST_CHUNK = 32
 CHUNK_GROWTH = 2
 # cores from which a replay finishes and submits its chunks on a worker thread (native.Submitter); on 2 cores
