@@ -1,14 +1,14 @@
 """Host cost of replaying the captured lesson step, per dispatch: wgpu-py's methods against direct
-wgpu-native calls, several submission chunk sizes, and finish + submit handed to a second thread (cffi
+wgpu-native calls, several submission schedules (a first chunk of FIRST_CHUNK dispatches, each next one
+CHUNK_GROWTH times longer), and the end + finish + submit of each chunk handed to a second thread (cffi
 releases the GIL in native calls, so they could overlap the next chunk's recording). Also the cost of one
 `queue.write_buffer` of a step's token ids. Prints one JSON object.
 
-    python packages/tinynn-gpu/experiments/replay_host_cost.py [--config apps/bench/lesson.json] [--steps 50]
+    python packages/tinynn-gpu/experiments/replay_host_cost.py [--config apps/bench/lesson.json] [--steps 30]
 
-How REPLAY_CHUNK (runtime.py) was chosen: the chunk with the lowest ms_per_step here on the H200 (32). The
-threaded submit was not adopted: on the H200 its steps were within noise of the inline ones (5.58 against
-5.67 ms at 32, 5.65 against 5.77 at 64), since at 7 us of host per dispatch the lesson step already waits
-on the GPU.
+How the schedule in runtime.py was chosen: fixed chunks first (H200, lesson step, direct calls, ms per
+step: 16 gave 5.80, 32 5.67, 64 5.77, 128 6.33, one submission 6.73), then growing ones, which keep the
+first submission as early while paying the host's fixed price per submission fewer times.
 """
 from __future__ import annotations
 
@@ -27,15 +27,14 @@ from tinynn_gpu import runtime
 
 
 def timed_steps(be, train_step, x, steps, replay=None):
-    """(ms per step, host ms per step): the step as `train_step` runs it, or with `replay(rt, tape)`."""
+    """(ms per step, host ms per step): the step as `train_step` runs it, or with `replay(rt, tape, result)`."""
     run = train_step._run
     if replay is not None:
         def call():
-            train_step.backend.write_(train_step.x.data, x)
-            train_step.backend.write_(train_step.y.data, x)
+            train_step.backend.write_(train_step.inputs[0][0].data, x)
+            train_step.backend.write_(train_step.inputs[0][1].data, x)
             train_step.optimizer.prepare_step()
-            replay(be.rt, run.tape)
-            return be.rt.copy(run.result)
+            return replay(be.rt, run.tape, run.result)
     else:
         def call():
             return train_step(x, x, 3e-4).data
@@ -51,39 +50,44 @@ def timed_steps(be, train_step, x, steps, replay=None):
 
 
 def threaded_replay():
-    """A replay whose end + finish + submit of each chunk runs on a worker thread, in order."""
-    jobs = queue.Queue()
+    """A direct-call replay whose end + finish + submit of each chunk runs on a worker thread, in order; the
+    replay returns once the worker has submitted everything (so host time counts all of it)."""
+    jobs, errors = queue.Queue(), []
 
     def worker():
         while True:
             job = jobs.get()
-            if job is None:
-                return
-            compute_pass, encoder, q = job
-            compute_pass.end()
-            q.submit([encoder.finish()])
+            try:
+                job[0].submit(*job[1:])
+            except Exception as e:
+                errors.append(e)
             jobs.task_done()
     threading.Thread(target=worker, daemon=True).start()
 
-    def replay(rt, tape):
-        direct = rt.native is not None
-        program = tape.programs.get(direct) or tape.programs.setdefault(direct, runtime._compile(tape.events, direct))
-        record = rt._replay_native if direct else rt._replay_methods
+    def replay(rt, tape, result):
+        calls = rt.native
+        program = tape.programs.get(True) or tape.programs.setdefault(True, runtime._compile(tape.events, True))
         rt.flush()
-        for kind, runs, _ in program:
-            assert kind == "dispatches"
-            encoder = rt.device.create_command_encoder()
-            compute_pass = encoder.begin_compute_pass()
-            record(compute_pass, runs)
-            jobs.put((compute_pass, encoder, rt.queue))
+        out = rt.empty(result.shape, result.dtype)
+        copies = [(result.buffer._internal, out.buffer._internal, max(4, result.nbytes))]
+        for i, (kind, item) in enumerate(program):
+            if kind == "write":
+                jobs.join()
+                calls.write(*item)
+                continue
+            encoder, compute_pass = calls.begin()
+            calls.record(compute_pass, item)
+            jobs.put((calls, encoder, compute_pass, copies if i == len(program) - 1 else ()))
         jobs.join()
+        assert not errors, errors
+        return out
     return replay
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--config")
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     cfg = config.load(args.config) if args.config else TrainConfig(**LESSON)
     be = backends.select("gpu")
@@ -95,30 +99,37 @@ def main():
     rt, calls = be.rt, be.rt.native
     out = {"device": be.device_name, "dispatches": tape.dispatches, "recording": rt.describe()["recording"],
            "rows": []}
-    plain_chunk = runtime.REPLAY_CHUNK
+    plain = runtime.FIRST_CHUNK, runtime.CHUNK_GROWTH
+    schedules = [(32, 1), (16, 2), (32, 2), (64, 2), (100000, 1)]
     for path, native_calls in (("direct", calls), ("methods", None)):
         if path == "direct" and calls is None:
             continue
         rt.use_native(native_calls, "experiment")
-        for chunk in (16, 32, 48, 64, 96, 128, 100000):
-            runtime.REPLAY_CHUNK = chunk
+        for first, growth in schedules if path == "direct" else [plain]:
+            runtime.FIRST_CHUNK, runtime.CHUNK_GROWTH = first, growth
             tape.programs.clear()
-            for name, replay in (("inline", None), ("threaded submit", threaded_replay())):
+            variants = [("inline", plain_replay)] + ([("threaded submit", threaded_replay())] if native_calls else [])
+            for name, replay in variants:
                 ms, host = timed_steps(be, train_step, x, args.steps, replay)
-                out["rows"].append({"path": path, "chunk": chunk, "submit": name, "ms_per_step": ms,
-                                    "host_ms_per_step": host, "host_us_per_dispatch": 1e3 * host / tape.dispatches})
-    runtime.REPLAY_CHUNK = plain_chunk
+                out["rows"].append({"path": path, "first": first, "growth": growth, "submit": name,
+                                    "ms_per_step": round(ms, 3), "host_ms_per_step": round(host, 3),
+                                    "host_us_per_dispatch": round(1e3 * host / tape.dispatches, 2)})
+    runtime.FIRST_CHUNK, runtime.CHUNK_GROWTH = plain
     tape.programs.clear()
     rt.use_native(calls, rt.native_reason)
-    ids = np.zeros((cfg.batch_size, cfg.block_size), np.int32).tobytes()
-    target = train_step.x.data.buffer
+    ids = np.zeros((cfg.batch_size, cfg.block_size), np.int32)
+    target = train_step.inputs[0][0].data
     rt.flush()
     t0 = time.perf_counter()
     for _ in range(1000):
-        rt.queue.write_buffer(target, 0, ids)
-    out["write_buffer_us"] = (time.perf_counter() - t0) * 1e3
+        rt.write(target, ids)
+    out["write_us"] = (time.perf_counter() - t0) * 1e3
     be.sync()
     print(json.dumps(out, indent=1))
+
+
+def plain_replay(rt, tape, result):
+    return rt.replay(tape, result)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,8 @@ def test_replayed_steps_sync_once_and_skip_python(gpu):
     assert gpu.counters["host_syncs"] - before["host_syncs"] == 3
     assert gpu.counters["replays"] - before.get("replays", 0) == 3
     assert gpu.counters.get("bind_groups_created", 0) == before.get("bind_groups_created", 0)
+    chunks = sum(kind == "dispatches" for kind, _ in step._run.tape.programs[gpu.rt.native is not None])
+    assert gpu.counters["submissions"] - before["submissions"] == 3 * (chunks + 1)  # the loss's copy rides along
 
 
 def test_dropout_keeps_the_step_eager(gpu):

@@ -1,6 +1,7 @@
 """A captured training step against the CPU: replayed through either recording path, and after the changes a
 capture cannot see in its arrays (hyperparameters, a moved model, another batch shape)."""
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -11,7 +12,6 @@ from tinynn.errors import TinynnError
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
 from tinynn.train import TrainStep
-from tinynn_gpu import native
 
 CFG = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)
 B = 4
@@ -41,16 +41,19 @@ def weights(model):
     return np.concatenate([p.numpy().ravel() for p in model.parameters()])
 
 
-@pytest.fixture(params=["direct", "methods"])
+@pytest.fixture(params=["direct", "threaded", "methods"])
 def path(request, gpu):
-    """Each test once with direct wgpu-native calls and once through wgpu-py's methods."""
+    """Each test with direct wgpu-native calls (submitted inline, and from the worker thread) and through
+    wgpu-py's methods."""
     rt = gpu.rt
-    calls, reason = rt.native, rt.native_reason
+    calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
     assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
     if request.param == "methods":
         rt.use_native(None, "switched off by the test")
+    else:
+        rt.use_native(calls, reason, threaded=request.param == "threaded")
     yield request.param
-    rt.use_native(calls, reason)
+    rt.use_native(calls, reason, threaded)
 
 
 def test_both_paths_replay_what_the_cpu_computes(gpu, path):
@@ -60,8 +63,10 @@ def test_both_paths_replay_what_the_cpu_computes(gpu, path):
     cpu_losses, cpu_model, _ = run(backends.reference(), 10)
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
-    assert gpu.describe()["recording"] == ("direct wgpu-native calls" if path == "direct"
-                                           else "wgpu-py methods (switched off by the test)")
+    assert gpu.describe()["recording"] == {
+        "direct": "direct wgpu-native calls", "methods": "wgpu-py methods (switched off by the test)",
+        "threaded": "direct wgpu-native calls, replays submitted from a worker thread"}[path]
+    assert sum(t.name == "tinynn-submit" for t in threading.enumerate()) <= 1  # a switch ends the old worker
 
 
 def test_each_replayed_loss_keeps_its_own_value(gpu):
@@ -138,29 +143,6 @@ def test_a_batch_of_mismatched_shapes_is_refused_alike(gpu, device):
         step(x[0], y[0], 1e-3)
 
 
-def test_the_probe_refuses_a_path_that_does_not_work(gpu):
-    class Broken(native.NativeCalls):
-        def __init__(self, ffi, lib):
-            super().__init__(ffi, lib)
-            self.dispatch = lambda *args: None  # records nothing: the probe's buffer keeps its zeros
-
-    class Missing(native.NativeCalls):
-        def __init__(self, ffi, lib):
-            raise AttributeError("wgpuComputePassEncoderDispatchWorkgroups")
-    plain = native.NativeCalls
-    try:
-        native.NativeCalls = Broken
-        calls, reason = native.probe(gpu.rt.device)
-        assert calls is None and "wrote [0.0, 0.0, 0.0, 0.0]" in reason
-        native.NativeCalls = Missing
-        calls, reason = native.probe(gpu.rt.device)
-        assert calls is None and "not reachable" in reason
-    finally:
-        native.NativeCalls = plain
-    calls, reason = native.probe(gpu.rt.device)
-    assert calls is not None and reason == ""
-
-
 def test_a_replay_holds_no_more_memory_than_an_eager_step(gpu):
     gc.collect()
     tinynn.manual_seed(0)
@@ -190,3 +172,13 @@ def test_work_between_replays_cannot_take_the_tapes_buffers(gpu):
     cpu_losses, cpu_model, _ = run(backends.reference(), 10, evaluate)
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
+
+
+def test_a_constant_uploaded_between_dispatches_is_replayed_in_order(gpu, path):
+    w = tinynn.tensor(np.zeros(4), backend=gpu)
+    step = gpu.capture(lambda: ((w + w) * tinynn.tensor(np.full(4, 3.0), backend=gpu)).sum())
+    for value in range(1, 8):  # the first calls run eagerly, then one is captured, then it is replayed
+        gpu.write_(w.data, np.full(4, float(value), np.float32))
+        assert step().item() == 24.0 * value
+    kinds = [event[0] for event in step.tape.events]
+    assert "dispatch" in kinds[:kinds.index("write")] and "dispatch" in kinds[kinds.index("write"):]

@@ -91,8 +91,10 @@ class CapturedStep:
             return self.fn()
         if self.tape is None:
             return self._capture()
+        if self.result is not None and self.copy_result:  # the copy rides in the replay's last submission
+            return self._wrap(self.backend.rt.replay(self.tape, self.result))
         self.backend.rt.replay(self.tape)
-        return self._returned(self.result)
+        return self._wrap(self.result)
 
     def _start_over(self):
         if self.tape is not None:
@@ -119,6 +121,9 @@ class CapturedStep:
 
     def _returned(self, result):
         """What a call of the recorded step returns: its result array, copied unless told not to."""
-        if result is None:
-            return None
-        return Tensor(self.backend.rt.copy(result) if self.copy_result else result, self.backend)
+        if result is None or not self.copy_result:
+            return self._wrap(result)
+        return self._wrap(self.backend.rt.copy(result))
+
+    def _wrap(self, array):
+        return None if array is None else Tensor(array, self.backend)

@@ -1,66 +1,161 @@
-"""Direct wgpu-native calls for the three commands every dispatch records: set pipeline, set bind group,
-dispatch.
+"""Direct wgpu-native calls for the replay of a captured step: the three commands every dispatch records
+(set pipeline, set bind group, dispatch), and the few per submission (encoder, pass, copy, finish, submit,
+and `write_buffer`).
 
-wgpu-py's pass-encoder methods wrap each C function in Python (argument checks, an error-capture frame):
-on the H200 a dispatch recorded through them costs ~3.9 us of host time, the same C functions called
-straight through cffi ~1.2 us. They take each wgpu object's `_internal` handle, which is private to
-wgpu-py (pinned at 0.32.0). So `probe` checks at start-up that the functions and handles exist and that
-one test dispatch through them writes what it should; when anything fails, the runtime records through
+wgpu-py's methods wrap each C function in Python (argument checks, descriptor structs built per call, an
+error-capture frame): on the H200 a dispatch recorded through them costs ~3.9 us of host time, the same C
+functions called straight through cffi ~1.2 us. They take each wgpu object's `_internal` handle, which is
+private to wgpu-py (pinned at 0.32.0). So `probe` checks at start-up that the functions and handles exist
+and that a test replay through them writes what it should; when anything fails, the runtime records through
 wgpu-py's methods and `tinynn info` says why (`Runtime.describe`).
 
-Only the per-dispatch commands go direct. Encoders and passes are still created, ended, finished and
-submitted through wgpu-py, which releases their native handles and raises any validation error that
-wgpu-native deferred to `finish`.
+Errors stay visible. wgpu-native reports a validation error through the device's error callback, which
+wgpu-py turns into a Python exception around calls made through its checked wrappers (`_api.libf`). The
+per-dispatch calls go straight to C (their errors are deferred: wgpu-native reports a bad command at the
+pass's end or at finish), and the per-submission calls go through those wrappers, so an invalid replay
+raises the same error as wgpu-py's methods would. Handles made here are released here, also when finish
+raises.
+
+`Submitter` moves the end, finish and submit of each chunk to a worker thread, in order, while the replay
+records the next chunk: cffi releases the GIL inside each C call, and finish (wgpu-native's validation and
+tracking of every bound resource) is the larger half of a dispatch's host cost. H200, lesson step
+(experiments/replay_host_cost.py): 8.36 us of host per dispatch inline, 6.81 with the worker, the same ms
+per step. On a 2-core machine the worker competes with the recording thread and is slower.
 """
 from __future__ import annotations
+
+import queue
+import threading
 
 import numpy as np
 
 PROBE_WGSL = """
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
 @compute @workgroup_size(1)
-fn main(@builtin(workgroup_id) wg: vec3<u32>) { out[wg.x] = f32(wg.x) + 1.0; }
+fn main(@builtin(workgroup_id) wg: vec3<u32>) { out[wg.x] = out[wg.x] + f32(wg.x) + 1.0; }
 """
 
 
 class NativeCalls:
-    """The C functions a compute pass records with, and the NULL the bind-group call wants for its
-    (absent) dynamic offsets."""
-    __slots__ = ("set_pipeline", "set_bind_group", "dispatch", "null")
+    """wgpu-native's C functions bound to one device: the per-dispatch ones as plain attributes (the replay's
+    loop reads them once), and the per-submission steps as methods taking native handles."""
+    __slots__ = ("set_pipeline", "set_bind_group", "dispatch", "null", "_ffi", "_lib", "_checked", "_device",
+                 "_queue", "_encoder_desc", "_pass_desc", "_buffer_desc", "_command_buffers")
 
-    def __init__(self, ffi, lib):
+    def __init__(self, ffi, lib, checked, device):
+        """checked: wgpu-py's wrappers of the same functions, which raise wgpu-native's errors."""
         self.set_pipeline = lib.wgpuComputePassEncoderSetPipeline
         self.set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
         self.dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
-        self.null = ffi.NULL
+        self.null = ffi.NULL  # the bind-group call's (absent) dynamic offsets
+        self._ffi, self._lib, self._checked = ffi, lib, checked
+        self._device, self._queue = device._internal, device.queue._internal
+        # descriptors with every field zero (no label, no timestamps), made once
+        self._encoder_desc = ffi.new("WGPUCommandEncoderDescriptor *")
+        self._pass_desc = ffi.new("WGPUComputePassDescriptor *")
+        self._buffer_desc = ffi.new("WGPUCommandBufferDescriptor *")
+        self._command_buffers = ffi.new("WGPUCommandBuffer[1]")
+
+    def begin(self) -> tuple:
+        """A new command encoder with a compute pass open on it: (encoder, pass) handles."""
+        encoder = self._checked.wgpuDeviceCreateCommandEncoder(self._device, self._encoder_desc)
+        return encoder, self._checked.wgpuCommandEncoderBeginComputePass(encoder, self._pass_desc)
+
+    def submit(self, encoder, compute_pass, copies=()) -> None:
+        """End the pass, record `copies` ((source, destination, bytes) handles and sizes) after it, finish,
+        submit, and release the three handles."""
+        checked, lib = self._checked, self._lib
+        try:
+            checked.wgpuComputePassEncoderEnd(compute_pass)
+            for source, destination, nbytes in copies:
+                lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, source, 0, destination, 0, nbytes)
+            command_buffer = checked.wgpuCommandEncoderFinish(encoder, self._buffer_desc)
+        finally:
+            lib.wgpuComputePassEncoderRelease(compute_pass)
+            lib.wgpuCommandEncoderRelease(encoder)
+        self._command_buffers[0] = command_buffer
+        try:
+            checked.wgpuQueueSubmit(self._queue, 1, self._command_buffers)
+        finally:
+            lib.wgpuCommandBufferRelease(command_buffer)
+
+    def write(self, buffer, data) -> None:
+        """queue.write_buffer of `data` (bytes or a contiguous array) at the start of a buffer handle."""
+        view = self._ffi.from_buffer(data)
+        self._checked.wgpuQueueWriteBuffer(self._queue, buffer, 0, view, len(view))
+
+    def record(self, compute_pass, runs) -> None:
+        """The replay's inner loop: runs of (pipeline, [(bind group, x, y, z), ...]) handles."""
+        set_pipeline, set_bind_group, dispatch, null = self.set_pipeline, self.set_bind_group, self.dispatch, self.null
+        for pipe, dispatches in runs:
+            set_pipeline(compute_pass, pipe)
+            for group, x, y, z in dispatches:
+                set_bind_group(compute_pass, 0, group, 0, null)
+                dispatch(compute_pass, x, y, z)
+
+
+class Submitter:
+    """A worker thread that runs `calls.submit` for each chunk handed to it, in the order given. `wait`
+    returns once everything handed over is submitted, and raises the first error a submission raised."""
+
+    def __init__(self, calls: NativeCalls):
+        self.calls = calls
+        self.jobs = queue.Queue()
+        self.error = None
+        self.thread = threading.Thread(target=self._run, name="tinynn-submit", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            job = self.jobs.get()
+            if job is None:  # close()
+                return
+            try:
+                self.calls.submit(*job)
+            except Exception as e:  # raised in the caller's thread, by wait()
+                self.error = self.error or e
+            finally:
+                self.jobs.task_done()
+
+    def submit(self, encoder, compute_pass, copies=()) -> None:
+        self.jobs.put((encoder, compute_pass, copies))
+
+    def close(self) -> None:
+        """End the worker thread, after what was handed to it."""
+        self.jobs.put(None)
+        self.thread.join()
+
+    def wait(self) -> None:
+        self.jobs.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
 
 
 def probe(device) -> tuple[NativeCalls | None, str]:
     """(the direct calls, "") when they work on this device, else (None, why not)."""
     try:
         from wgpu.backends.wgpu_native import ffi, lib
-        calls = NativeCalls(ffi, lib)
+        from wgpu.backends.wgpu_native._api import libf
+        calls = NativeCalls(ffi, lib, libf, device)
     except (ImportError, AttributeError) as e:
         return None, f"wgpu-native's cffi functions are not reachable ({type(e).__name__}: {e})"
     import wgpu
     try:
         n = 4
-        buffer = device.create_buffer(size=4 * n, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        buffer, copy = (device.create_buffer(size=4 * n, usage=usage) for _ in range(2))
         module = device.create_shader_module(label="native probe", code=PROBE_WGSL)
         pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         group = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
             {"binding": 0, "resource": {"buffer": buffer, "offset": 0, "size": 4 * n}}])
-        encoder = device.create_command_encoder()
-        compute_pass = encoder.begin_compute_pass()
-        handle = compute_pass._internal
-        calls.set_pipeline(handle, pipe._internal)
-        calls.set_bind_group(handle, 0, group._internal, 0, calls.null)
-        calls.dispatch(handle, n, 1, 1)
-        compute_pass.end()
-        device.queue.submit([encoder.finish()])
-        got = np.frombuffer(device.queue.read_buffer(buffer), np.float32)
+        calls.write(buffer._internal, np.full(n, 10, np.float32))
+        encoder, compute_pass = calls.begin()
+        calls.record(compute_pass, [(pipe._internal, [(group._internal, n, 1, 1)])])
+        calls.submit(encoder, compute_pass, [(buffer._internal, copy._internal, 4 * n)])
+        got = np.frombuffer(device.queue.read_buffer(copy), np.float32)
     except Exception as e:  # any failure means: record through wgpu-py's methods instead
         return None, f"a test dispatch through wgpu-native's C functions failed ({type(e).__name__}: {e})"
-    if not np.array_equal(got, np.arange(1, n + 1, dtype=np.float32)):
-        return None, f"a test dispatch through wgpu-native's C functions wrote {got.tolist()}, not [1, 2, 3, 4]"
+    if not np.array_equal(got, np.arange(11, 11 + n, dtype=np.float32)):
+        return None, f"a test dispatch through wgpu-native's C functions wrote {got.tolist()}, not [11, 12, 13, 14]"
     return calls, ""

@@ -1,27 +1,23 @@
-"""The runtime under every GPU op: arrays that live in GPU buffers, a buffer pool, the caches, and the
-recorder that batches dispatches into one compute pass and submits only when it must.
+"""The runtime under every GPU op: the caches, the recorder that batches dispatches into one compute pass
+and submits only when it must, the read-backs, and the replay of captured steps.
 
-- `GpuArray`: shape + dtype over a pooled buffer (contiguous, so reshape is free). When the last array on
-  a buffer is dropped, the buffer goes back to the pool. Reusing it at once is safe: work on one queue runs
-  in order, and uploads (`queue.write_buffer`, which jumps ahead of unsubmitted commands) flush first.
-- Memory: `memory_stats` counts the bytes of array buffers in use, pooled, and the peak in use;
-  `empty_cache` destroys the pooled ones, and so does an allocation that runs out of memory before it
-  tries again and, failing, raises one `TinynnError` with the numbers.
+- The arrays and their buffer pool: pool.py (`GpuArray`, `BufferPool`, which `Runtime` extends).
 - Caches: shader modules by the hash of their WGSL, pipelines by (module, entry point); uniform buffers
   by their bytes; bind groups by (pipeline, buffers), because creating a bind group costs ~50 us and a
   training step repeats them all.
 - Recording goes through wgpu-native's C functions directly where `native.probe` found them working
   (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods. A replayed step is
-  compiled once into flat lists of what those calls take (`_compile`).
+  compiled once into flat lists of what those calls take (`_compile`), and replayed in growing chunks,
+  each in an encoder of its own, finished and submitted (on a worker thread where there are cores for it)
+  while the next is recorded.
 - The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
   is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it.
 """
 from __future__ import annotations
 
 import hashlib
-import heapq
-import math
-from collections import Counter, OrderedDict, defaultdict
+import os
+from collections import Counter, defaultdict
 
 import numpy as np
 import wgpu
@@ -30,8 +26,8 @@ from tinynn.errors import TinynnError
 from tinynn.numpy_backend import EMBEDDING_RANGE, TARGET_RANGE
 from tinynn_gpu import native
 from tinynn_gpu.params import ParamsLayout
+from tinynn_gpu.pool import STORAGE_USAGE, BufferPool, GpuArray, TooLarge, _bucket, _round4  # noqa: F401 (re-exported)
 
-STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 MAX_GROUPS = 65535  # per dispatch dimension
 WG = 256  # threads per workgroup of the 1-D kernels
 CACHE_SIZE = 8192
@@ -40,9 +36,17 @@ QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
 # each becomes: `read` copies the word back with every read-back and raises, so a bad input surfaces at the
 # step's one read-back with the NumPy backend's message, and never as a silently wrong number.
 KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
-# dispatches per submission in a replay. H200, lesson step, direct calls (experiments/replay_host_cost.py):
-# 16 gave 5.80 ms, 32 5.67, 64 5.77, 128 6.33, the whole step in one submission 6.73
-REPLAY_CHUNK = 32
+# Dispatches per submission in a replay: a small first chunk gets the GPU going; later ones grow, because each
+# submission costs the host a fixed price (an encoder, finish's per-resource tracking, the driver's submit)
+# while the GPU, slower per dispatch than the host in a training step, stays busy with what it was given.
+# H200, lesson step, fixed chunks (experiments/replay_host_cost.py): 16 gave 5.80 ms, 32 5.67, 64 5.77,
+# 128 6.33, the whole step in one submission 6.73; later, 32 then doubling: 8.36 us of host per dispatch
+# against 9.30 for fixed 32s, at the same ms per step (BENCHMARKS.md).
+FIRST_CHUNK = 32
+CHUNK_GROWTH = 2
+# cores from which a replay finishes and submits its chunks on a worker thread (native.Submitter); on 2 cores
+# the worker only competes with the recording thread
+SUBMIT_THREAD_CPUS = 4
 
 
 class Shader:
@@ -58,87 +62,22 @@ class Shader:
         self.pipelines = {}  # entry point -> compute pipeline
 
 
-class TooLarge(Exception):
-    """An array exceeds the device's storage-binding limit: the backend computes that op on the CPU."""
-
-
 class OnCpu(Exception):
     """These operands need the NumPy reference (an int32 array where a kernel reads float32, mixed dtypes, a
     head size no kernel takes): raised before the op records a dispatch, so the fallback never repeats part
     of the work."""
 
 
-class GpuArray:
-    """An array in a GPU buffer; or, when it is too large to bind, on the host (`buffer` None, `host` set)."""
-    __slots__ = ("buffer", "shape", "dtype", "_owner", "host", "__weakref__")
-
-    def __init__(self, buffer, shape, dtype, owner=None, host=None):
-        self.buffer = buffer
-        self.shape = tuple(map(int, shape))
-        self.dtype = np.dtype(dtype)
-        self._owner = owner  # a _Lease that returns the buffer to the pool when the last array goes
-        self.host = host
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
-
-    def view(self, shape) -> GpuArray:
-        host = None if self.host is None else self.host.reshape(shape)
-        return GpuArray(self.buffer, shape, self.dtype, self._owner, host)
-
-    def __repr__(self):
-        return f"GpuArray(shape={self.shape}, dtype={self.dtype})"
-
-
-class _Lease:
-    """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
-    the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost). An array in a
-    reference cycle takes its lease into the cycle collector's garbage; the runtime holds every buffer
-    (`Runtime.buffers`), so the buffer itself is never finalized there before its lease pools it."""
-    __slots__ = ("runtime", "size", "buffer", "__weakref__")
-
-    def __init__(self, runtime, size, buffer):
-        self.runtime, self.size, self.buffer = runtime, size, buffer
-
-    def __del__(self):
-        self.runtime._give_back(self.size, self.buffer)
-
-
-def _bucket(nbytes: int) -> int:
-    """Round a size up to 1, 1.25, 1.5 or 1.75 times a power of two (at most 25% waste), 256 B at least."""
-    if nbytes <= 256:
-        return 256
-    top = 1 << (nbytes - 1).bit_length()
-    step = top // 8
-    return -(-nbytes // step) * step
-
-
-class Runtime:
+class Runtime(BufferPool):
     def __init__(self, ctx):
+        super().__init__(ctx.device, ctx.limits["max-storage-buffer-binding-size"])
         self.ctx = ctx
-        self.device = ctx.device
         self.queue = ctx.device.queue
-        self.max_binding = ctx.limits["max-storage-buffer-binding-size"]
-        self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
-        self.bucket_sizes = {}  # nbytes -> its pool's buffer size: an eval forward allocates ~2 arrays a dispatch
-        # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
-        # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
-        self.buffers = set()
-        self._push = heapq.heappush  # held: a lease dropped at interpreter exit may outlive the module's globals
         self.shaders = {}  # hash of the WGSL -> Shader
         self.kernels = {}  # kernel file name -> Shader
         self.entry_points = {}  # (kernel file name or Shader, entry point) -> (Shader, pipeline): one look-up
-        self.uniforms = OrderedDict()
-        self.bind_groups = OrderedDict()
+        self.uniforms = {}  # bytes -> uniform buffer
+        self.bind_groups = {}  # (pipeline, (slot, buffer), ...) -> bind group
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
         self.encoder = None
         self.compute_pass = None
@@ -148,110 +87,51 @@ class Runtime:
         self._profile = None  # while profiling: {"queries", "labels", "times"}
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
-        self.in_use_bytes = self.pooled_bytes = self.peak_bytes = 0
-        self.native, self.native_reason = None, ""
+        self.native, self.native_reason, self.submitter = None, "", None
         self.use_native(*native.probe(self.device))
 
-    def use_native(self, calls, reason: str = "") -> None:
+    def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
         """Record through wgpu-native's C functions (`calls`), or through wgpu-py's methods when calls is None
-        (then `reason` says why). Tests switch paths with it."""
+        (then `reason` says why). With `threaded` (default: with SUBMIT_THREAD_CPUS cores or more), a replay
+        submits from a worker thread (`native.Submitter`). Tests switch paths with it."""
         self.flush()
         self.native, self.native_reason = calls, reason
         self._encode = self._encode_native if calls else self._encode_methods
+        if threaded is None:
+            threaded = (os.cpu_count() or 1) >= SUBMIT_THREAD_CPUS
+        if self.submitter is not None and not (threaded and self.submitter.calls is calls):
+            self.submitter.close()
+            self.submitter = None
+        if calls and threaded and self.submitter is None:
+            self.submitter = native.Submitter(calls)
 
     def describe(self) -> dict:
         how = "direct wgpu-native calls" if self.native else f"wgpu-py methods ({self.native_reason})"
+        if self.submitter:
+            how += ", replays submitted from a worker thread"
         return {"recording": how}
-
-    # --- memory ---
-    def empty(self, shape, dtype=np.float32) -> GpuArray:
-        dtype = np.dtype(dtype)
-        nbytes = max(4, math.prod(shape) * dtype.itemsize)
-        if nbytes > self.max_binding:
-            raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
-        size = self.bucket_sizes.get(nbytes)
-        if size is None:
-            size = self.bucket_sizes[nbytes] = min(_bucket(nbytes), self.max_binding)
-        pool = self.free[size]
-        # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
-        # not on the order Python freed them, so every training step reuses the same buffers in the same
-        # places and finds its bind groups in the cache.
-        if pool:
-            buffer = heapq.heappop(pool)[1]
-            self.pooled_bytes -= size
-        else:
-            buffer = self._create_buffer(size)
-        self.in_use_bytes += size
-        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
-        return GpuArray(buffer, shape, dtype, _Lease(self, size, buffer))
-
-    def _give_back(self, size: int, buffer) -> None:
-        self.in_use_bytes -= size
-        self.pooled_bytes += size
-        self._push(self.free[size], (buffer.uid, buffer))
-
-    def _create_buffer(self, size: int):
-        """A new storage buffer; out of memory, the pool is emptied and the allocation tried once more."""
-        try:
-            buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
-        except wgpu.GPUOutOfMemoryError:
-            self.empty_cache()
-            try:
-                buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
-            except wgpu.GPUOutOfMemoryError:
-                raise TinynnError(f"out of GPU memory allocating {size:,} bytes, with {self.in_use_bytes:,} "
-                                  "bytes in use by arrays; try a smaller batch_size (or model)") from None
-        self.buffers.add(buffer)
-        return buffer
-
-    def claim(self, buffers: set) -> list:
-        """Take these buffers out of the pool for a captured step (counted in use); the ones found."""
-        found = []
-        for size, pool in self.free.items():
-            kept = [entry for entry in pool if entry[1] not in buffers]
-            if len(kept) < len(pool):
-                found += [entry[1] for entry in pool if entry[1] in buffers]
-                heapq.heapify(kept)
-                pool[:] = kept
-        claimed = sum(buffer.size for buffer in found)
-        self.pooled_bytes -= claimed
-        self.in_use_bytes += claimed
-        return found
-
-    def memory_stats(self, reset_peak: bool = False) -> dict:
-        """Bytes of array buffers in use, kept in the pool for reuse, and the most in use at once (since the
-        start or the last reset_peak, which starts the next peak from what is in use now)."""
-        stats = {"in_use_bytes": self.in_use_bytes, "pooled_bytes": self.pooled_bytes,
-                 "peak_bytes": self.peak_bytes}
-        if reset_peak:
-            self.peak_bytes = self.in_use_bytes
-        return stats
 
     def empty_cache(self) -> None:
         """Destroy the pooled buffers and the read-back staging buffers, giving their memory to the driver."""
         self.flush()  # a pooled buffer may be named by commands not yet submitted
-        dead = set()
-        for pool in self.free.values():
-            for _, buffer in pool:
-                buffer.destroy()  # wgpu frees it once the submitted work that uses it has finished
-                dead.add(buffer)
-        self.buffers -= dead
+        dead = self._destroy_pooled()
         for buffer in self.staging.values():
             buffer.destroy()
-        self.free.clear()
         self.staging.clear()
-        self.pooled_bytes = 0
         for key in [k for k in self.bind_groups if any(buf in dead for _, buf in k[1:])]:
             del self.bind_groups[key]  # they name destroyed buffers
 
     def copy(self, arr: GpuArray) -> GpuArray:
         """A new array holding arr's values, copied on the GPU in order with the work recorded so far."""
-        out = self.empty(arr.shape, arr.dtype)
         if self.tape is not None:
             self.tape.broken = "the step copies an array"
+        out = self.empty(arr.shape, arr.dtype)
+        self._copy_into(arr, out)
+        return out
+
+    def _copy_into(self, arr: GpuArray, out: GpuArray) -> None:
         self._end_pass()
         self._encoder().copy_buffer_to_buffer(arr.buffer, 0, out.buffer, 0, _round4(max(4, arr.nbytes)))
-        return out
 
     def upload(self, x: np.ndarray) -> GpuArray:
         arr = self.empty(x.shape, x.dtype)
@@ -264,7 +144,9 @@ class Runtime:
         if data.nbytes != arr.nbytes:
             raise ValueError(f"cannot write {x.shape} {x.dtype} into a {arr.shape} {arr.dtype} array")
         self.flush()  # queue.write_buffer runs before commands not yet submitted: submit those first
-        if data.nbytes:
+        if data.nbytes and self.native is not None:
+            self.native.write(arr.buffer._internal, data)
+        elif data.nbytes:
             self.queue.write_buffer(arr.buffer, 0, data)
         self.counters["uploads"] += 1
         if self.tape is not None:  # inside a captured step this is a constant: replay writes the same bytes
@@ -335,12 +217,8 @@ class Runtime:
         """A uniform buffer holding these bytes, cached by them: a training step repeats its parameters."""
         buf = self.uniforms.get(data)
         if buf is None:
-            buf = self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
-            self.uniforms[data] = buf
-            if len(self.uniforms) > CACHE_SIZE:
-                self.uniforms.popitem(last=False)
-        else:
-            self.uniforms.move_to_end(data)
+            buf = self.uniforms[data] = self.device.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.UNIFORM)
+            _trim(self.uniforms)
         return buf
 
     def bind_group(self, pipeline, slots):
@@ -355,10 +233,7 @@ class Runtime:
             group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             self.bind_groups[key] = group
             self.counters["bind_groups_created"] += 1
-            if len(self.bind_groups) > CACHE_SIZE:
-                self.bind_groups.popitem(last=False)
-        else:
-            self.bind_groups.move_to_end(key)
+            _trim(self.bind_groups)
         return group
 
     # --- recording ---
@@ -366,9 +241,9 @@ class Runtime:
         """Record one dispatch of `entry` in `module` (a kernel file's name, or a Shader from `shader`).
         `bindings` maps binding slots to GpuArrays (or raw buffers); `params` (a dict of the module's
         `struct Params` fields) becomes the uniform at slot 3; `groups` is a workgroup count or an
-        (x, y, z) tuple."""
-        if isinstance(groups, int):
-            groups = grid(groups)
+        (x, y, z) tuple. Every eager op runs through here: it is kept to plain look-ups."""
+        if groups.__class__ is int:
+            groups = (groups, 1, 1) if 0 < groups <= MAX_GROUPS else grid(groups)
         if 0 in groups:
             return
         found = self.entry_points.get((module, entry))
@@ -376,14 +251,19 @@ class Runtime:
             shader = module if isinstance(module, Shader) else self.kernel(module)
             found = self.entry_points[(module, entry)] = (shader, self.pipeline(shader, entry))
         shader, pipe = found
-        slots = [(slot, getattr(v, "buffer", v)) for slot, v in bindings.items()]
+        slots = [(slot, v.buffer if v.__class__ is GpuArray else v) for slot, v in bindings.items()]
         if shader.params is not None:
-            slots.append((3, self.uniform(shader.params.pack(params or {}))))
+            data = shader.params.pack(params or {})
+            uniform = self.uniforms.get(data)
+            slots.append((3, uniform if uniform is not None else self.uniform(data)))
         elif params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
-        group = self.bind_group(pipe, slots)
+        key = (pipe, *slots)
+        group = self.bind_groups.get(key)
+        if group is None:
+            group = self.bind_group(pipe, slots)
         if self.tape is not None:
-            self.tape.events.append(("dispatch", pipe, group, tuple(groups)))
+            self.tape.events.append(("dispatch", pipe, group, groups))
             for value in bindings.values():
                 self.tape.hold(value)
         if self._profile is not None:
@@ -440,44 +320,66 @@ class Runtime:
             self._profile["calls"][label] += 1
         labels.clear()
 
-    def replay(self, tape) -> None:
+    def replay(self, tape, result: GpuArray | None = None) -> GpuArray | None:
         """Re-encode a captured step: the same dispatches and writes, no Python autograd, no cache look-ups.
-        Submitted every REPLAY_CHUNK dispatches, so the GPU starts on the step while the rest is encoded."""
+        Submitted in chunks (`_compile`), so the GPU starts on the step while the rest is encoded. With
+        `result` (an array the step wrote), returns a copy of it, recorded into the step's last submission."""
         direct = self.native is not None
         program = tape.programs.get(direct)
         if program is None:
             program = tape.programs[direct] = _compile(tape.events, direct)
-        record = self._replay_native if direct else self._replay_methods
-        for kind, first, second in program:
-            self.flush()
-            if kind == "write":
-                self.queue.write_buffer(first, 0, second)
-            else:
-                self.compute_pass = self._encoder().begin_compute_pass()
-                record(self.compute_pass, first)
-        self._pass_pipeline = None  # the replay set its pipelines by handle: the next dispatch sets its own
+        self.flush()
+        out = None if result is None else self.empty(result.shape, result.dtype)
+        copies = []  # (source, destination, bytes) handles for the end of the last chunk
+        if out is not None and direct and program and program[-1][0] == "dispatches":
+            copies = [(result.buffer._internal, out.buffer._internal, _round4(max(4, result.nbytes)))]
+        if direct:
+            self._replay_native(program, copies)
+        else:
+            self._replay_methods(program)
+        if out is not None and not copies:
+            self._copy_into(result, out)
         self.counters["dispatches"] += tape.dispatches
+        self.counters["submissions"] += sum(kind == "dispatches" for kind, _ in program)
         self.counters["replays"] += 1
+        return out
 
-    def _replay_native(self, compute_pass, runs):
-        calls, handle = self.native, compute_pass._internal
-        set_pipeline, set_bind_group, dispatch, null = (calls.set_pipeline, calls.set_bind_group, calls.dispatch,
-                                                        calls.null)
-        for pipe, dispatches in runs:
-            set_pipeline(handle, pipe)
-            for group, x, y, z in dispatches:
-                set_bind_group(handle, 0, group, 0, null)
-                dispatch(handle, x, y, z)
+    def _replay_native(self, program, copies):
+        """Each chunk in an encoder of its own, through C calls; `copies` go at the end of the last. With a
+        submitter, chunk k is finished and submitted on its thread while chunk k + 1 is recorded here."""
+        calls, submitter = self.native, self.submitter
+        submit = submitter.submit if submitter else calls.submit
+        last = len(program) - 1
+        try:
+            for i, (kind, item) in enumerate(program):
+                if kind == "write":
+                    if submitter:  # a write goes in after the chunks before it
+                        submitter.wait()
+                    calls.write(*item)
+                    continue
+                encoder, compute_pass = calls.begin()
+                calls.record(compute_pass, item)
+                submit(encoder, compute_pass, copies if i == last else ())
+        finally:
+            if submitter:
+                submitter.wait()
 
-    @staticmethod
-    def _replay_methods(compute_pass, runs):
-        set_pipeline, set_bind_group, dispatch = (compute_pass.set_pipeline, compute_pass.set_bind_group,
-                                                  compute_pass.dispatch_workgroups)
-        for pipe, dispatches in runs:
-            set_pipeline(pipe)
-            for group, x, y, z in dispatches:
-                set_bind_group(0, group)
-                dispatch(x, y, z)
+    def _replay_methods(self, program):
+        for kind, item in program:
+            if kind == "write":
+                self.queue.write_buffer(item[0], 0, item[1])
+                continue
+            encoder = self.device.create_command_encoder()
+            compute_pass = encoder.begin_compute_pass()
+            set_pipeline, set_bind_group, dispatch = (compute_pass.set_pipeline, compute_pass.set_bind_group,
+                                                      compute_pass.dispatch_workgroups)
+            for pipe, dispatches in item:
+                set_pipeline(pipe)
+                for group, x, y, z in dispatches:
+                    set_bind_group(0, group)
+                    dispatch(x, y, z)
+            compute_pass.end()
+            self.queue.submit([encoder.finish()])
 
     def flush(self) -> None:
         """Submit everything recorded so far (no waiting)."""
@@ -520,27 +422,36 @@ class Runtime:
 
 
 def _compile(events, direct: bool) -> list[tuple]:
-    """A tape's events as the replay runs them: ("write", buffer, bytes) and ("dispatches", runs, None), at
-    most REPLAY_CHUNK dispatches each, a run being (pipeline, [(bind group, x, y, z), ...]) under one
-    pipeline. Direct calls take native handles; the tape's events keep their objects (and so the handles)
-    alive."""
+    """A tape's events as the replay runs them: ("write", (buffer, bytes)) and ("dispatches", runs), the
+    first chunk of dispatches FIRST_CHUNK long and each next one CHUNK_GROWTH times the last, a run being
+    (pipeline, [(bind group, x, y, z), ...]) under one pipeline. Direct calls take native handles; the tape's
+    events keep their objects (and so the handles) alive."""
     handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
-    program, count, last, runs = [], REPLAY_CHUNK, None, None
+    program, limit, count, last, runs = [], FIRST_CHUNK, 0, None, None
     for event in events:
         if event[0] == "write":
-            program.append(event)
-            count = REPLAY_CHUNK  # a write submits what came before it: start a new chunk after it
+            program.append(("write", (handle(event[1]), event[2])))
+            runs = None  # a write goes in before the dispatches after it: they start a new chunk
             continue
         _, pipe, group, (x, y, z) = event
-        if count == REPLAY_CHUNK:
+        if runs is None or count == limit:
+            if runs is not None:
+                limit *= CHUNK_GROWTH
             runs, count, last = [], 0, None
-            program.append(("dispatches", runs, None))
+            program.append(("dispatches", runs))
         if pipe is not last:
             runs.append((handle(pipe), []))
             last = pipe
         runs[-1][1].append((handle(group), x, y, z))
         count += 1
     return program
+
+
+def _trim(cache: dict) -> None:
+    """Forget a cache's oldest entry once it holds more than CACHE_SIZE (first in, first out: a hit costs
+    nothing to record, and a hot entry that ages out is made again once)."""
+    if len(cache) > CACHE_SIZE:
+        del cache[next(iter(cache))]
 
 
 def groups(n: int) -> int:
@@ -553,7 +464,3 @@ def grid(workgroups: int) -> tuple[int, int, int]:
     if workgroups <= MAX_GROUPS:
         return (workgroups, 1, 1)
     return (MAX_GROUPS, -(-workgroups // MAX_GROUPS), 1)
-
-
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4

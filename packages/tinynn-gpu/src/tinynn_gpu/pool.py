@@ -1,0 +1,175 @@
+"""GPU arrays and the pool of buffers under them.
+
+- `GpuArray`: shape + dtype over a pooled buffer (contiguous, so reshape is free). When the last array on
+  a buffer is dropped, the buffer goes back to the pool. Reusing it at once is safe: work on one queue runs
+  in order, and uploads (`queue.write_buffer`, which jumps ahead of commands not yet submitted) flush first.
+- `BufferPool` (the runtime extends it): buffers by size bucket, handed out lowest id first; `memory_stats`
+  counts the bytes of array buffers in use, pooled, and the peak in use; an allocation that runs out of
+  memory empties the pool (`empty_cache`) and tries again, and failing raises one `TinynnError` with the
+  numbers.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+
+import numpy as np
+import wgpu
+
+from tinynn.errors import TinynnError
+
+STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+
+
+class TooLarge(Exception):
+    """An array exceeds the device's storage-binding limit: the backend computes that op on the CPU."""
+
+
+class GpuArray:
+    """An array in a GPU buffer; or, when it is too large to bind, on the host (`buffer` None, `host` set)."""
+    __slots__ = ("buffer", "shape", "dtype", "_owner", "host", "__weakref__")
+
+    def __init__(self, buffer, shape, dtype, owner=None, host=None):
+        self.buffer = buffer
+        self.shape = tuple(map(int, shape))
+        self.dtype = np.dtype(dtype)
+        self._owner = owner  # a _Lease that returns the buffer to the pool when the last array goes
+        self.host = host
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def view(self, shape) -> GpuArray:
+        host = None if self.host is None else self.host.reshape(shape)
+        return GpuArray(self.buffer, shape, self.dtype, self._owner, host)
+
+    def __repr__(self):
+        return f"GpuArray(shape={self.shape}, dtype={self.dtype})"
+
+
+class _Lease:
+    """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
+    the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost). An array in a
+    reference cycle takes its lease into the cycle collector's garbage; the runtime holds every buffer
+    (`Runtime.buffers`), so the buffer itself is never finalized there before its lease pools it."""
+    __slots__ = ("runtime", "size", "buffer", "__weakref__")
+
+    def __init__(self, runtime, size, buffer):
+        self.runtime, self.size, self.buffer = runtime, size, buffer
+
+    def __del__(self):
+        self.runtime._give_back(self.size, self.buffer)
+
+
+def _bucket(nbytes: int) -> int:
+    """Round a size up to 1, 1.25, 1.5 or 1.75 times a power of two (at most 25% waste), 256 B at least."""
+    if nbytes <= 256:
+        return 256
+    top = 1 << (nbytes - 1).bit_length()
+    step = top // 8
+    return -(-nbytes // step) * step
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+class BufferPool:
+    """Storage buffers by size bucket, for arrays. The runtime extends it: `empty_cache`, which must first
+    submit what is recorded, is the runtime's."""
+
+    def __init__(self, device, max_binding: int):
+        self.device = device
+        self.max_binding = max_binding
+        self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
+        self.bucket_sizes = {}  # nbytes -> its pool's buffer size: an eval forward allocates ~2 arrays a dispatch
+        # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
+        # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
+        self.buffers = set()
+        self._push = heapq.heappush  # held: a lease dropped at interpreter exit may outlive the module's globals
+        self.in_use_bytes = self.pooled_bytes = self.peak_bytes = 0
+
+    def empty(self, shape, dtype=np.float32) -> GpuArray:
+        dtype = np.dtype(dtype)
+        nbytes = max(4, math.prod(shape) * dtype.itemsize)
+        if nbytes > self.max_binding:
+            raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
+        size = self.bucket_sizes.get(nbytes)
+        if size is None:
+            size = self.bucket_sizes[nbytes] = min(_bucket(nbytes), self.max_binding)
+        pool = self.free[size]
+        # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
+        # not on the order Python freed them, so every training step reuses the same buffers in the same
+        # places and finds its bind groups in the cache.
+        if pool:
+            buffer = heapq.heappop(pool)[1]
+            self.pooled_bytes -= size
+        else:
+            buffer = self._create_buffer(size)
+        self.in_use_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
+        return GpuArray(buffer, shape, dtype, _Lease(self, size, buffer))
+
+    def _give_back(self, size: int, buffer) -> None:
+        self.in_use_bytes -= size
+        self.pooled_bytes += size
+        self._push(self.free[size], (buffer.uid, buffer))
+
+    def _create_buffer(self, size: int):
+        """A new storage buffer; out of memory, the pool is emptied and the allocation tried once more."""
+        try:
+            buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+        except wgpu.GPUOutOfMemoryError:
+            self.empty_cache()
+            try:
+                buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+            except wgpu.GPUOutOfMemoryError:
+                raise TinynnError(f"out of GPU memory allocating {size:,} bytes, with {self.in_use_bytes:,} "
+                                  "bytes in use by arrays; try a smaller batch_size (or model)") from None
+        self.buffers.add(buffer)
+        return buffer
+
+    def claim(self, buffers: set) -> list:
+        """Take these buffers out of the pool for a captured step (counted in use); the ones found."""
+        found = []
+        for size, pool in self.free.items():
+            kept = [entry for entry in pool if entry[1] not in buffers]
+            if len(kept) < len(pool):
+                found += [entry[1] for entry in pool if entry[1] in buffers]
+                heapq.heapify(kept)
+                pool[:] = kept
+        claimed = sum(buffer.size for buffer in found)
+        self.pooled_bytes -= claimed
+        self.in_use_bytes += claimed
+        return found
+
+    def memory_stats(self, reset_peak: bool = False) -> dict:
+        """Bytes of array buffers in use, kept in the pool for reuse, and the most in use at once (since the
+        start or the last reset_peak, which starts the next peak from what is in use now)."""
+        stats = {"in_use_bytes": self.in_use_bytes, "pooled_bytes": self.pooled_bytes,
+                 "peak_bytes": self.peak_bytes}
+        if reset_peak:
+            self.peak_bytes = self.in_use_bytes
+        return stats
+
+    def _destroy_pooled(self) -> set:
+        """Destroy every pooled buffer; the set of them."""
+        dead = set()
+        for pool in self.free.values():
+            for _, buffer in pool:
+                buffer.destroy()  # wgpu frees it once the submitted work that uses it has finished
+                dead.add(buffer)
+        self.buffers -= dead
+        self.free.clear()
+        self.pooled_bytes = 0
+        return dead

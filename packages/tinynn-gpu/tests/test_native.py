@@ -1,0 +1,85 @@
+"""The direct wgpu-native calls: the start-up probe refuses a path that does not work, a validation error
+still raises through them, and a replay's chunks and its result copy are laid out as intended."""
+import numpy as np
+import pytest
+import wgpu
+
+from tinynn_gpu import native, runtime
+
+WGSL = """
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(1)
+fn main(@builtin(workgroup_id) wg: vec3<u32>) { out[0] = 1.0; }
+"""
+
+
+def test_the_probe_refuses_a_path_that_does_not_work(gpu):
+    class Broken(native.NativeCalls):
+        __slots__ = ()
+
+        def record(self, compute_pass, runs):  # records nothing: the probe's buffer keeps what was written
+            pass
+
+    class Missing(native.NativeCalls):
+        __slots__ = ()
+
+        def __init__(self, *args):
+            raise AttributeError("wgpuComputePassEncoderDispatchWorkgroups")
+    plain = native.NativeCalls
+    try:
+        native.NativeCalls = Broken
+        calls, reason = native.probe(gpu.rt.device)
+        assert calls is None and "wrote [10.0, 10.0, 10.0, 10.0]" in reason
+        native.NativeCalls = Missing
+        calls, reason = native.probe(gpu.rt.device)
+        assert calls is None and "not reachable" in reason
+    finally:
+        native.NativeCalls = plain
+    calls, reason = native.probe(gpu.rt.device)
+    assert calls is not None and reason == ""
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
+    """wgpu-native reports a bad dispatch when the pass ends or the encoder finishes: it must raise in the
+    caller, as it does through wgpu-py's methods, not only be logged (from the worker thread too)."""
+    rt, calls = gpu.rt, gpu.rt.native
+    assert calls is not None, gpu.rt.native_reason
+    submitter = native.Submitter(calls) if threaded else calls
+    out = rt.empty((4,))
+    pipe = rt.pipeline(rt.shader(WGSL, "one"), "main")
+    group = rt.bind_group(pipe, [(0, out.buffer)])
+
+    def submit(groups):
+        encoder, compute_pass = calls.begin()
+        calls.record(compute_pass, [(pipe._internal, [(group._internal, groups, 1, 1)])])
+        submitter.submit(encoder, compute_pass)
+        if threaded:
+            submitter.wait()
+    with pytest.raises(wgpu.GPUError, match="65535"):
+        submit(runtime.MAX_GROUPS + 1)
+    submit(1)  # the device still works
+    assert gpu.to_numpy(out)[0] == 1.0
+
+
+class Handle:
+    """A stand-in for a wgpu object: what direct calls take is its `_internal`."""
+    def __init__(self, name):
+        self._internal = name
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_replay_grows_its_chunks_and_submits_before_each_write(direct, monkeypatch):
+    monkeypatch.setattr(runtime, "FIRST_CHUNK", 8)
+    monkeypatch.setattr(runtime, "CHUNK_GROWTH", 2)
+    pipe, other, group, x, y = map(Handle, ("pipe", "other", "group", "x", "y"))
+    dispatches = [("dispatch", other if i == 10 else pipe, group, (i + 1, 1, 1)) for i in range(35)]
+    events = [("write", x, b"1")] + dispatches[:30] + [("write", y, b"2")] + dispatches[30:]
+    program = runtime._compile(events, direct)
+    name = (lambda h: h._internal) if direct else (lambda h: h)
+    assert [kind for kind, _ in program] == ["write", "dispatches", "dispatches", "dispatches", "write", "dispatches"]
+    assert program[0][1] == (name(x), b"1") and program[4][1] == (name(y), b"2")
+    chunks = [item for kind, item in program if kind == "dispatches"]
+    assert [sum(len(d) for _, d in runs) for runs in chunks] == [8, 16, 6, 5]
+    assert [(p, len(d)) for p, d in chunks[1]] == [(name(pipe), 2), (name(other), 1), (name(pipe), 13)]
+    assert chunks[3][0][1] == [(name(group), x, 1, 1) for x in range(31, 36)]
