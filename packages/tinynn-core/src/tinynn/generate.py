@@ -94,22 +94,27 @@ class Decoder:
         self.cache = [LayerCache(be, (batch, block, c.n_embd), self.length) for _ in range(c.n_layer)] \
             if use_cache else None
         self.prefilled = False
-        self._decode = be.capture(self._decode_step)
-        self._window = be.capture(lambda: self._window_step(block))
+        # the modules run (in inference mode) only when a step does: a replay runs no Python module code, so
+        # a replayed token skips the mode switching too
+        self._decode = be.capture(lambda: self._inferring(self._decode_step))
+        self._window = be.capture(lambda: self._inferring(lambda: self._window_step(block)))
 
     def step(self) -> None:
         """Draw every sequence's next token, on the backend: nothing is read back."""
-        with _inference(self.modules):
-            if self.n > self.block_size:
-                self._window()
-            elif self.cache is None:
-                self._window_step(self.n)  # the window still grows: a new shape every step, so no replay
-            elif self.prefilled:
-                self._decode()
-            else:
-                self._draw(self.model.prefill(self._embed(self.n), self.cache))
-                self.prefilled = True
+        if self.n > self.block_size:
+            self._window()
+        elif self.cache is None:
+            self._inferring(lambda: self._window_step(self.n))  # a window still growing: a new shape every step
+        elif self.prefilled:
+            self._decode()
+        else:
+            self._inferring(lambda: self._draw(self.model.prefill(self._embed(self.n), self.cache)))
+            self.prefilled = True
         self.n += 1
+
+    def _inferring(self, fn) -> None:
+        with _inference(self.modules):
+            fn()
 
     def last_tokens(self, count: int) -> np.ndarray:
         """The last `count` tokens of each sequence, (B, count), count <= READ_EVERY: one read-back."""
