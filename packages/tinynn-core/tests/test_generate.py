@@ -66,6 +66,28 @@ def test_a_prompt_longer_than_the_window_and_zero_new_tokens(backend):
     np.testing.assert_array_equal(model.generate(prompt, 5, temperature=0), recompute(model, prompt, 5))
 
 
+def test_a_repeated_call_restarts_the_last_decoder_but_not_under_a_paused_stream(backend):
+    model = chaotic_gpt(backend)
+    first, second = np.array([[4, 5, 6]]), np.array([[9, 2]])
+    sampling = {"temperature": 1.0, "top_k": 5, "seed": 3}
+    want_first = chaotic_gpt(backend).generate(first, 25, **sampling)  # each from a decoder of its own
+    want_second = chaotic_gpt(backend).generate(second, 25, **sampling)
+    np.testing.assert_array_equal(model.generate(first, 25, **sampling), want_first)
+    decoder = model._last_decoder
+    np.testing.assert_array_equal(model.generate(second, 25, **sampling), want_second)
+    assert model._last_decoder is decoder  # restarted, its recorded steps reused
+    paused = model.stream(first, 25, **sampling)
+    head = next(paused)
+    np.testing.assert_array_equal(model.generate(second, 25, **sampling), want_second)
+    assert model._last_decoder is not decoder  # the stream's decoder was busy
+    np.testing.assert_array_equal(np.stack([head, *paused], axis=1), want_first[:, 3:])
+    p = model.parameters()[0]
+    p.data = backend.from_numpy(p.numpy())  # a new array: what the recorded steps read is gone
+    decoder = model._last_decoder
+    np.testing.assert_array_equal(model.generate(second, 25, **sampling), want_second)
+    assert model._last_decoder is not decoder
+
+
 def test_sample_tokens_draws_from_its_distribution():
     be = backends.reference()
     logits = np.log(np.array([[0.1, 0.2, 0.3, 0.4, 1e-12]], np.float32))

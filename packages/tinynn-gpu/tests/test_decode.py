@@ -102,9 +102,11 @@ def on_a_boundary(logits, temperature, top_k, seed, row, n, a, b) -> bool:
 
 @SETTINGS
 @given(m=st.integers(1, 16), n=st.one_of(st.integers(1, 20), st.integers(90, 300)),
-       k=st.one_of(st.integers(1, 40), st.integers(250, 1100)), with_bias=st.booleans(), seed=st.integers(0, 2**31))
+       k=st.one_of(st.integers(1, 10), st.integers(62, 275)).map(lambda v: 4 * v), with_bias=st.booleans(),
+       seed=st.integers(0, 2**31))
 def test_matmul_rows(poisoned, m, n, k, with_bias, seed):
-    """Decoding's matmul (matmul_rows.wgsl), which the selector takes for up to 16 rows times a weight."""
+    """Decoding's matmul (matmul_rows.wgsl), which the selector takes for up to 16 rows times a weight, K a
+    multiple of 4: below, at and past one vec4 per thread (K = 256)."""
     g = np.random.default_rng(seed)
     a, w, bias = g.standard_normal((m, k)), g.standard_normal((n, k)), g.standard_normal(n)
     da, dw, dbias = (poisoned.from_numpy(x.astype(np.float32)) for x in (a, w, bias))
@@ -114,7 +116,8 @@ def test_matmul_rows(poisoned, m, n, k, with_bias, seed):
 
 
 @SETTINGS
-@given(m=st.integers(1, 16), n=st.integers(1, 300), k=st.integers(1, 300), seed=st.integers(0, 2**31))
+@given(m=st.integers(1, 16), n=st.integers(1, 300), k=st.integers(1, 75).map(lambda v: 4 * v),
+       seed=st.integers(0, 2**31))
 def test_matmul_rows_takes_the_whole_linear_epilogue(poisoned, m, n, k, seed):
     """A decode step's MLP: GELU (its input kept for the backward) and the residual add in the rows kernel."""
     g = np.random.default_rng(seed)
@@ -126,6 +129,14 @@ def test_matmul_rows_takes_the_whole_linear_epilogue(poisoned, m, n, k, seed):
     want_pre = x @ w.T + bias
     assert_close(poisoned.to_numpy(pre), want_pre, rtol=2e-5)
     assert_close(poisoned.to_numpy(y), backends.reference().unary("gelu", want_pre) + residual, rtol=2e-5)
+
+
+def test_matmul_rows_leaves_a_k_not_a_multiple_of_4_to_the_tiled_kernels(poisoned):
+    g = np.random.default_rng(0)
+    a, w = g.standard_normal((3, 7)), g.standard_normal((5, 7))
+    out, _ = poisoned.linear_forward(*(poisoned.from_numpy(x.astype(np.float32)) for x in (a, w)))
+    assert poisoned.mm.last != poisoned.mm.rows.describe()
+    assert_close(poisoned.to_numpy(out), a @ w.T)
 
 
 def test_advance(gpu):

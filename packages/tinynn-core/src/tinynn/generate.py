@@ -14,6 +14,10 @@ length.
   embeddings, so no cached key stays valid: each token runs the whole window again. That is exactly what
   `use_cache=False` (`tinynn generate --no-cache`) does for every token, so both give the same text.
 
+A model keeps its last Decoder: a later call with the same batch, sampling and parameter arrays restarts it
+on the new prompt, so the steps it recorded replay from the first token (a program sampling in a loop, e.g.
+during training, pays the eager warm-up and the recording once).
+
     >>> tokens = model.generate(prompt[None, :], 200, temperature=0.8, top_k=20, seed=1)  # (1, T + 200)
     >>> for ids in model.stream(prompt[None, :], 200): print(ids[0])                       # as they come
 """
@@ -69,47 +73,66 @@ class LayerCache:
 
 
 class Decoder:
-    """B sequences growing one token per `step()`; the host copy `n` of their length decides the kind of step."""
+    """B sequences growing one token per `step()`; the host copy `n` of their length decides the kind of step.
+    `restart` begins new sequences of the same batch on the same arrays, so the steps recorded for the last ones
+    replay from the first token (`_decoder` does that for repeated calls)."""
 
     def __init__(self, model, prompt: np.ndarray, temperature=1.0, top_k=None, seed=0, use_cache=True):
-        prompt = np.asarray(prompt)
-        if prompt.ndim != 2 or prompt.shape[1] == 0:
-            raise TinynnError(f"the prompt must be token ids shaped (batch, length >= 1), got shape {prompt.shape}")
-        if prompt.min() < 0 or prompt.max() >= model.config.vocab_size:
-            raise TinynnError(f"the prompt holds token ids outside 0..{model.config.vocab_size - 1}")
         self.model = model
         self.modules = list(model.modules())
         self.backend = be = model.wte.weight.backend
         self.block_size = block = model.config.block_size
-        batch, self.n = prompt.shape
-        ring = np.zeros((batch, block + READ_EVERY), np.int32)
-        index = np.arange(max(0, self.n - ring.shape[1]), self.n)
-        ring[:, index % ring.shape[1]] = prompt[:, index]
-        self.tokens = be.from_numpy(ring)
-        self.length = be.from_numpy(np.array([self.n], np.int32))
+        batch = prompt.shape[0]
+        self.settings = _settings(model, batch, temperature, top_k, seed, use_cache)
+        self.parameters = [p.data for p in model.parameters()]  # the arrays the recorded steps read
+        self.tokens = be.from_numpy(np.zeros((batch, block + READ_EVERY), np.int32))
+        self.length = be.from_numpy(np.zeros(1, np.int32))
         self.ids = be.from_numpy(np.zeros(batch, np.int32))
         self.sampling = {"temperature": float(temperature), "top_k": top_k or model.config.vocab_size,
                          "seed": int(seed)}
         c = model.config
         self.cache = [LayerCache(be, (batch, block, c.n_embd), self.length) for _ in range(c.n_layer)] \
             if use_cache else None
+        # the modules run (in inference mode) only when a step does: a replay runs no Python module code, so
+        # a replayed token skips the mode switching too
+        self._decode = be.capture(lambda: self._inferring(self._decode_step))
+        self._window = be.capture(lambda: self._inferring(lambda: self._window_step(block)))
+        self.busy = False  # a stream is reading from it: not to be restarted under it
+        self.restart(prompt)
+
+    def restart(self, prompt: np.ndarray) -> None:
+        """New sequences from prompt (B, T): the ring and the length rewritten; the next step fills the cache
+        (rows past the new length are never read)."""
+        batch, self.n = prompt.shape
+        ring = np.zeros((batch, self.block_size + READ_EVERY), np.int32)
+        index = np.arange(max(0, self.n - ring.shape[1]), self.n)
+        ring[:, index % ring.shape[1]] = prompt[:, index]
+        self.backend.write_(self.tokens, ring)
+        self.backend.write_(self.length, np.array([self.n], np.int32))
         self.prefilled = False
-        self._decode = be.capture(self._decode_step)
-        self._window = be.capture(lambda: self._window_step(block))
+
+    def records(self, model, settings: tuple) -> bool:
+        """Whether its recorded steps did this work: the same model, settings and parameter arrays."""
+        arrays = [p.data for p in model.parameters()]
+        return self.model is model and self.settings == settings and len(arrays) == len(self.parameters) \
+            and all(a is b for a, b in zip(arrays, self.parameters))
 
     def step(self) -> None:
         """Draw every sequence's next token, on the backend: nothing is read back."""
-        with _inference(self.modules):
-            if self.n > self.block_size:
-                self._window()
-            elif self.cache is None:
-                self._window_step(self.n)  # the window still grows: a new shape every step, so no replay
-            elif self.prefilled:
-                self._decode()
-            else:
-                self._draw(self.model.prefill(self._embed(self.n), self.cache))
-                self.prefilled = True
+        if self.n > self.block_size:
+            self._window()
+        elif self.cache is None:
+            self._inferring(lambda: self._window_step(self.n))  # a window still growing: a new shape every step
+        elif self.prefilled:
+            self._decode()
+        else:
+            self._inferring(lambda: self._draw(self.model.prefill(self._embed(self.n), self.cache)))
+            self.prefilled = True
         self.n += 1
+
+    def _inferring(self, fn) -> None:
+        with _inference(self.modules):
+            fn()
 
     def last_tokens(self, count: int) -> np.ndarray:
         """The last `count` tokens of each sequence, (B, count), count <= READ_EVERY: one read-back."""
@@ -133,6 +156,36 @@ class Decoder:
         self._draw(self.model.window(self._embed(count)))
 
 
+def _settings(model, batch, temperature, top_k, seed, use_cache) -> tuple:
+    """What a Decoder's recorded steps bake in besides the arrays they read (sampling goes in as kernel
+    parameters)."""
+    return batch, float(temperature), top_k or model.config.vocab_size, int(seed), bool(use_cache), \
+        model.wte.weight.backend
+
+
+def _prompt(model, prompt) -> np.ndarray:
+    prompt = np.asarray(prompt)
+    if prompt.ndim != 2 or prompt.shape[1] == 0:
+        raise TinynnError(f"the prompt must be token ids shaped (batch, length >= 1), got shape {prompt.shape}")
+    if prompt.min() < 0 or prompt.max() >= model.config.vocab_size:
+        raise TinynnError(f"the prompt holds token ids outside 0..{model.config.vocab_size - 1}")
+    return prompt
+
+
+def _decoder(model, idx, temperature, top_k, seed, use_cache) -> Decoder:
+    """A Decoder on idx: the model's last one, restarted, when no stream is reading from it and it recorded
+    the same work (then its steps replay from the first token: no eager warm-up calls, no new recording,
+    which a program sampling in a loop would otherwise pay on every call); else a new one, kept as the last."""
+    prompt = _prompt(model, idx)
+    last = getattr(model, "_last_decoder", None)
+    settings = _settings(model, prompt.shape[0], temperature, top_k, seed, use_cache)
+    if last is not None and not last.busy and last.records(model, settings):
+        last.restart(prompt)
+        return last
+    model._last_decoder = Decoder(model, prompt, temperature, top_k, seed, use_cache)
+    return model._last_decoder
+
+
 @contextlib.contextmanager
 def _inference(modules):
     """Dropout off and no graph for one step; the modules' modes are restored after it, so a paused stream
@@ -154,16 +207,21 @@ def stream(model, idx, max_new_tokens: int, temperature=1.0, top_k=None, seed=0,
     come out together: on a GPU a read-back per token would stall the device on every token. Bad arguments
     fail here, not at the first token."""
     check(max_new_tokens, temperature, top_k, seed)
-    decoder = Decoder(model, idx, temperature, top_k, seed, use_cache)
+    decoder = _decoder(model, idx, temperature, top_k, seed, use_cache)
+    decoder.busy = True  # until the iterator ends or is closed; one never started keeps it (a new one is made)
 
     def tokens():
-        unread, last_read = 0, time.perf_counter()
-        for made in range(1, max_new_tokens + 1):
-            decoder.step()
-            unread += 1
-            if made == max_new_tokens or unread == READ_EVERY or time.perf_counter() - last_read >= STREAM_INTERVAL:
-                yield from decoder.last_tokens(unread).T
-                unread, last_read = 0, time.perf_counter()
+        try:
+            unread, last_read = 0, time.perf_counter()
+            for made in range(1, max_new_tokens + 1):
+                decoder.step()
+                unread += 1
+                if made == max_new_tokens or unread == READ_EVERY or \
+                        time.perf_counter() - last_read >= STREAM_INTERVAL:
+                    yield from decoder.last_tokens(unread).T
+                    unread, last_read = 0, time.perf_counter()
+        finally:
+            decoder.busy = False
     return tokens()
 
 
@@ -171,7 +229,7 @@ def generate(model, idx, max_new_tokens: int, temperature=1.0, top_k=None, seed=
     """idx (B, T) extended by max_new_tokens drawn tokens -> (B, T + max_new_tokens); the tokens are read
     back once per READ_EVERY."""
     check(max_new_tokens, temperature, top_k, seed)
-    decoder = Decoder(model, idx, temperature, top_k, seed, use_cache)
+    decoder = _decoder(model, idx, temperature, top_k, seed, use_cache)
     pieces = [np.asarray(idx, dtype=np.int64)]
     while decoder.n < pieces[0].shape[1] + max_new_tokens:
         count = min(READ_EVERY, pieces[0].shape[1] + max_new_tokens - decoder.n)

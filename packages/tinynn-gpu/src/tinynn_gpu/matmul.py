@@ -122,7 +122,7 @@ class MatmulSelector:
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = epilogue(op(a) @ op(b)) with this shape's variant; True: the epilogue was applied."""
-        if not self.forced and self.rows.fits(batch, m, transpose_a, transpose_b, epilogue):  # decoding
+        if not self.forced and self.rows.fits(batch, m, k, transpose_a, transpose_b, epilogue):  # decoding
             self.last = self.rows.describe()
             return self.rows.record(a, b, out, m, n, k, epilogue)
         key = f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"

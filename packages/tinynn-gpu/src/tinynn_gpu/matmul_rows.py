@@ -1,12 +1,12 @@
 """The matmul for a few rows (kernels/matmul_rows.wgsl): `out = a @ b.T` and the blocked matmul's epilogue
-(bias, GELU, residual; not its row sums) with a (M, K), M <= 16,
-and b (N, K) a weight as `Linear` stores it. That is every matmul of a decode step (one row per sequence),
-where the tiled kernels leave the GPU mostly idle. `MatmulSelector` sends such matmuls here.
+(bias, GELU, residual; not its row sums) with a (M, K), M <= 16, K a multiple of 4 (read as vec4), and b (N, K)
+a weight as `Linear` stores it. That is every matmul of a decode step (one row per sequence), where the tiled
+kernels leave the GPU mostly idle. `MatmulSelector` sends such matmuls here.
 """
 from __future__ import annotations
 
 MAX_ROWS = 16  # the kernel's register array
-COLUMNS = 8  # output columns per workgroup
+COLUMNS = 4  # output columns per workgroup
 
 
 class RowsMatmul:
@@ -15,8 +15,9 @@ class RowsMatmul:
         self.unused_read, self.unused_pre = runtime.empty((1,)), runtime.empty((1,))  # an unused slot's binding
 
     @staticmethod
-    def fits(batch, m, transpose_a, transpose_b, epilogue) -> bool:
-        return batch == 1 and m <= MAX_ROWS and not transpose_a and transpose_b and epilogue.row_sums is None
+    def fits(batch, m, k, transpose_a, transpose_b, epilogue) -> bool:
+        return batch == 1 and m <= MAX_ROWS and k % 4 == 0 and not transpose_a and transpose_b and \
+            epilogue.row_sums is None
 
     def describe(self) -> str:
         return f"rows (M <= {MAX_ROWS})"
