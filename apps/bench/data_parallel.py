@@ -11,7 +11,7 @@ of it per optimizer step, so the global batch is batch_size * accum * ranks. Ran
 "in_step_ms" is measured inside the timed steps: the read-back includes waiting for the GPU to finish the
 forward and backward, the Allreduce waiting for the slowest rank; "writes" are all of a step's uploads
 (inputs, learning rate, gradients). "isolated_ms" times each piece alone on an idle GPU after the run, 20
-times: the transfer and the Allreduce themselves.
+times: the transfer and the Allreduce themselves, the step's persistent Allreduce and a plain one.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import json
 import os
 import time
 from collections import Counter
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -63,7 +62,7 @@ def main() -> None:
     backend.to_numpy = timed(seconds, "read_back", backend.to_numpy)
     backend.write_ = timed(seconds, "writes", backend.write_)
     if step.world is not None:
-        step.world = SimpleNamespace(size=world.size, allreduce_=timed(seconds, "allreduce", world.allreduce_))
+        step._sum = timed(seconds, "allreduce", step._sum)
 
     for _ in range(8):  # warm-up: autotuning, caches, both halves captured
         step(x, x, 3e-4).item()
@@ -80,9 +79,10 @@ def main() -> None:
     isolated = {}
     if step.world is not None:
         flat = step._pack()  # the packed gradients, already on the GPU
-        host = backend.to_numpy(flat.data)
-        pieces = {"read_back": lambda: backend.to_numpy(flat.data),
-                  "allreduce": lambda: world.allreduce_(host),
+        host = step.host
+        pieces = {"read_back": lambda: backend.to_numpy(flat.data, out=host),
+                  "allreduce": step._sum,  # the persistent one the step uses
+                  "plain_allreduce": lambda: world.allreduce_(host),
                   "write": lambda: (backend.write_(step.flat.data, host), backend.sync())}
         for name, fn in pieces.items():
             world.comm.Barrier()

@@ -88,8 +88,9 @@ class Backend:
         """A new array of this backend holding a copy of x."""
         raise NotImplementedError
 
-    def to_numpy(self, a) -> np.ndarray:
-        """A NumPy copy of a (on a GPU: the host waits for the work that writes a)."""
+    def to_numpy(self, a, out: np.ndarray | None = None) -> np.ndarray:
+        """A NumPy copy of a (on a GPU: the host waits for the work that writes a); with `out` (a's shape and
+        dtype), written into out and returned: a host buffer reused every step (data-parallel training's)."""
         raise NotImplementedError
 
     def is_array(self, a) -> bool:

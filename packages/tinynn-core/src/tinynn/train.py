@@ -75,6 +75,8 @@ class TrainStep:
             self.params = self.optimizer.params
             shapes = [()] + [p.shape for p in self.params]  # the loss, then every gradient
             self.flat = Tensor(be.full((sum(math.prod(s) for s in shapes),), 0.0), be)
+            self.host = np.zeros(self.flat.shape, np.float32)  # read back into, summed and written from
+            self._sum = self.world.summation(self.host)
             self._pack = be.capture(self._packed_gradients, key=self._backward_key, copy_result=False)  # read at once
             self._update = be.capture(lambda: self._unpacked_update(shapes), key=self._guard_key)
 
@@ -136,13 +138,13 @@ class TrainStep:
         if self.world is None:
             self.optimizer.prepare_step()
             return self._run()
-        flat = be.to_numpy(self._pack().data)  # the step's one read-back (and its host sync)
-        self.world.allreduce_(flat)  # each rank's share carries its 1/ranks: the sum is the global mean
-        be.write_(self.flat.data, flat)  # the step's one gradient write
+        be.to_numpy(self._pack().data, out=self.host)  # the step's one read-back (and its host sync)
+        self._sum()  # each rank's share carries its 1/ranks: the sum is the global mean
+        be.write_(self.flat.data, self.host)  # the step's one gradient write
         self.optimizer.prepare_step()
         self._update()
         cpu = backends.reference()
-        return Tensor(cpu.from_numpy(flat[0]), cpu)
+        return Tensor(cpu.from_numpy(self.host[0]), cpu)
 
 
 def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: int, seed: int) -> float:

@@ -91,10 +91,13 @@ class WgpuBackend(DecodeOps, Backend):
         except TooLarge:
             return GpuArray(None, x.shape, x.dtype, host=np.array(x))  # too large to bind: ops fall back
 
-    def to_numpy(self, a):
-        if a.buffer is None:
+    def to_numpy(self, a, out=None):
+        if a.buffer is not None:
+            return self.rt.read(a, out)
+        if out is None:
             return np.array(a.host)
-        return self.rt.read(a)
+        out[...] = a.host
+        return out
 
     def is_array(self, a):
         return isinstance(a, GpuArray)

@@ -271,13 +271,15 @@ class Runtime:
             self.tape.events.append(("write", arr.buffer, data.tobytes()))
             self.tape.hold(arr)
 
-    def read(self, arr: GpuArray) -> np.ndarray:
-        """Copy an array back to the host: the one place the host waits for the GPU."""
+    def read(self, arr: GpuArray, out: np.ndarray | None = None) -> np.ndarray:
+        """Copy an array back to the host (into `out` when given): the one place the host waits for the GPU."""
         nbytes = arr.nbytes
         if self.tape is not None:
             self.tape.broken = "the step reads a value back"
+        if out is None:
+            out = np.empty(arr.shape, arr.dtype)
         if nbytes == 0:
-            return np.zeros(arr.shape, arr.dtype)
+            return out
         flags_at = _round4(nbytes)  # the kernels' error flags come back behind the data
         size = _bucket(flags_at + 4)
         staging = self.staging.get(size)
@@ -291,7 +293,7 @@ class Runtime:
         staging.map_sync(wgpu.MapMode.READ, 0, flags_at + 4)
         mapped = staging.read_mapped(0, flags_at + 4, copy=False)  # copied once, below, before unmap
         flags = int.from_bytes(mapped[flags_at:], "little")
-        out = np.frombuffer(mapped, dtype=arr.dtype, count=arr.size).reshape(arr.shape).copy()
+        out[...] = np.frombuffer(mapped, dtype=arr.dtype, count=arr.size).reshape(arr.shape)
         del mapped
         staging.unmap()
         self.counters["host_syncs"] += 1
