@@ -5,9 +5,9 @@ the whole job when one rank fails.
     mpiexec -n 2 tinynn train --config apps/chargpt/lesson.json
 
 Every rank builds the same model from the same seed and draws the same global batch; rank r trains on rows
-r::N of it. Once per optimizer step the ranks sum their gradients with one Allreduce (train.py's TrainStep
-packs them into one flat array for it). Rank 0 alone writes checkpoints, the progress bar, evaluations and
-the sample.
+r::N of it. Once per optimizer step the ranks sum their gradients (train.py's TrainStep packs them into one
+flat array, summed in a few parts, each by a persistent Allreduce: `World.summation`). Rank 0 alone writes
+checkpoints, the progress bar, evaluations and the sample.
 
 MPI is detected from the launcher's environment (PMI_RANK, OMPI_COMM_WORLD_RANK, ...). Outside a launch,
 `world()` is a world of one and mpi4py is never imported.
@@ -35,6 +35,7 @@ class World:
     rank: int = 0
     size: int = 1
     comm: object = None  # mpi4py's COMM_WORLD, or None outside MPI
+    threaded: bool = False  # MPI may be called from another thread than the main one (one thread at a time)
 
     @property
     def is_root(self) -> bool:
@@ -129,7 +130,7 @@ def _connect(var: str) -> World:
     os.environ.setdefault(ADAPTER_VAR, str(local_rank))
     sys.excepthook = _abort_after(sys.excepthook)
     atexit.register(_free_open_requests)  # runs before mpi4py's MPI_Finalize, registered earlier (at import)
-    return World(comm.Get_rank(), comm.Get_size(), comm)
+    return World(comm.Get_rank(), comm.Get_size(), comm, threaded=MPI.Query_thread() >= MPI.THREAD_SERIALIZED)
 
 
 def fail(message: str, code: int) -> int:

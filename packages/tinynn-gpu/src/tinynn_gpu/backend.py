@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 
 from tinynn.backends import Backend
-from tinynn_gpu import group_sum
+from tinynn_gpu import group_sum, host_reduce
 from tinynn_gpu.attention import Attention, unsupported_head_size
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.decode import DecodeOps
@@ -508,6 +508,11 @@ class WgpuBackend(DecodeOps, Backend):
         arrays = [self._empty(shape, flat.dtype) for shape in shapes]
         self.packing.copy("unpack", _buf(flat), arrays)
         return arrays
+
+    def reduce_on_host_(self, src, dst, host, parts, in_thread=False):
+        if not in_thread or src.buffer is None or dst.buffer is None:
+            return super().reduce_on_host_(src, dst, host, parts)
+        host_reduce.reduce_on_host_(self.rt, src, dst, host, parts)
 
 
 def _buf(a: GpuArray) -> GpuArray:
