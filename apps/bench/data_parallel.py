@@ -74,6 +74,7 @@ def main() -> None:
         step(x, x, 3e-4).item()
     backend.sync()  # a data-parallel step's update may still be running
     per_step = (time.perf_counter() - t0) / args.steps
+    in_step = {k: v / args.steps * 1e3 for k, v in seconds.items()}  # before the isolated pieces add to them
 
     isolated = {}
     if step.world is not None:
@@ -104,7 +105,7 @@ def main() -> None:
             "config": {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")},
             "global_batch": rows * world.size, "ms_per_step": per_step * 1e3, "tokens_per_s": tokens / per_step,
             "flat_mb": 4 * sum(p.size for p in opt.params) / 1e6,
-            "in_step_ms": {k: v / args.steps * 1e3 for k, v in seconds.items()}, "isolated_ms": isolated}))
+            "in_step_ms": in_step, "isolated_ms": isolated}))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 caller's function (data-parallel training: an MPI sum over the ranks) and written back, pipelined. A thread
 of its own runs the functions, in order, while this one reads the next parts back and writes the reduced
 ones: the read-back's copy out of the mapped staging buffer, the MPI sum and the write's copy into wgpu's
-staging buffer are host copies, and each runs at about 5 GB/s on one thread of the H200 machine, so they
-pay overlapped. There, 43 MB read back, summed over two ranks and written took 31 ms one after the other
-and 18 ms in 8 pipelined parts (mpi4py, wgpu's C calls and NumPy's copies release the GIL)."""
+staging buffer are host copies, and a thread of the H200 machine copies at about 5 GB/s, so they pay
+overlapped. There, a mid-sized GPT's 43 MB of gradients read back, summed over two ranks and written took
+24-31 ms one part after the other, 16-21 ms in 8 pipelined parts (apps/bench/data_parallel.py). mpi4py's
+waits, wgpu's C calls and NumPy's copies release the GIL."""
 from __future__ import annotations
 
 import queue
