@@ -8,10 +8,11 @@ of it per optimizer step, so the global batch is batch_size * accum * ranks. Ran
     mpiexec -n 2 python apps/bench/data_parallel.py --config apps/bench/mid.json --device gpu    # 2 ranks
     mpiexec -n 2 python apps/bench/data_parallel.py --config apps/bench/mid.json --device gpu --accum 4
 
-"in_step_ms" is measured inside the timed steps: the read-back includes waiting for the GPU to finish the
-forward and backward, the Allreduce waiting for the slowest rank; "writes" are all of a step's uploads
-(inputs, learning rate, gradients). "isolated_ms" times each piece alone on an idle GPU after the run, 20
-times: the transfer and the Allreduce themselves.
+"in_step_ms" is measured inside the timed steps: "round_trip" (the gradients read back, summed over the
+ranks and written, in the step's pipelined parts) and "read_back" (one process's loss) include waiting for
+the GPU to finish the forward and backward, and for the slowest rank. "isolated_ms" times each piece alone on
+an idle GPU after the run, 20 times: the whole read-back, the step's persistent Allreduces one after the
+other, one plain Allreduce of the whole, the write, and the round trip without and with the pipelining.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import json
 import os
 import time
 from collections import Counter
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -61,9 +61,7 @@ def main() -> None:
 
     seconds = Counter()
     backend.to_numpy = timed(seconds, "read_back", backend.to_numpy)
-    backend.write_ = timed(seconds, "writes", backend.write_)
-    if step.world is not None:
-        step.world = SimpleNamespace(size=world.size, allreduce_=timed(seconds, "allreduce", world.allreduce_))
+    backend.reduce_on_host_ = timed(seconds, "round_trip", backend.reduce_on_host_)
 
     for _ in range(8):  # warm-up: autotuning, caches, both halves captured
         step(x, x, 3e-4).item()
@@ -76,14 +74,22 @@ def main() -> None:
         step(x, x, 3e-4).item()
     backend.sync()  # a data-parallel step's update may still be running
     per_step = (time.perf_counter() - t0) / args.steps
+    in_step = {k: v / args.steps * 1e3 for k, v in seconds.items()}  # before the isolated pieces add to them
 
     isolated = {}
     if step.world is not None:
         flat = step._pack()  # the packed gradients, already on the GPU
-        host = backend.to_numpy(flat.data)
-        pieces = {"read_back": lambda: backend.to_numpy(flat.data),
-                  "allreduce": lambda: world.allreduce_(host),
-                  "write": lambda: (backend.write_(step.flat.data, host), backend.sync())}
+        host, dst = step.host, step.flat.data
+
+        def round_trip(in_thread):
+            backend.reduce_on_host_(flat.data, dst, host, step.parts, in_thread=in_thread)
+            backend.sync()
+        pieces = {"read_back": lambda: backend.to_numpy(flat.data, out=host),
+                  "allreduce": lambda: [sum_part() for _, _, sum_part in step.parts],  # the step's persistent ones
+                  "plain_allreduce": lambda: world.allreduce_(host),
+                  "write": lambda: (backend.write_(dst, host), backend.sync()),
+                  "round_trip_serial": lambda: round_trip(False),
+                  "round_trip": lambda: round_trip(world.threaded)}
         for name, fn in pieces.items():
             world.comm.Barrier()
             t0 = time.perf_counter()
@@ -99,7 +105,7 @@ def main() -> None:
             "config": {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size")},
             "global_batch": rows * world.size, "ms_per_step": per_step * 1e3, "tokens_per_s": tokens / per_step,
             "flat_mb": 4 * sum(p.size for p in opt.params) / 1e6,
-            "in_step_ms": {k: v / args.steps * 1e3 for k, v in seconds.items()}, "isolated_ms": isolated}))
+            "in_step_ms": in_step, "isolated_ms": isolated}))
 
 
 if __name__ == "__main__":

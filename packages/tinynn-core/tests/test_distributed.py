@@ -69,6 +69,33 @@ def test_two_ranks_equal_one_process_on_the_global_batch(mpiexec, workdir, backe
     assert parallel["history"]["val_step"] == [10, 20]
 
 
+@pytest.mark.parametrize("in_thread", [False, True])
+def test_reduce_on_host_reduces_every_part_in_order(backend, in_thread):
+    """The data-parallel round trip (pipelined on a GPU): read back, each part reduced in place, written."""
+    values = np.random.default_rng(0).standard_normal(1001).astype(np.float32)
+    src, dst = backend.from_numpy(values), backend.from_numpy(np.full(1001, np.nan, np.float32))
+    host, order, ends = np.zeros(1001, np.float32), [], [0, 1, 400, 1001]
+
+    def doubling(i, start, stop):
+        def fn():
+            order.append(i)
+            host[start:stop] *= 2
+        return fn
+    parts = [(a, b, doubling(i, a, b)) for i, (a, b) in enumerate(zip(ends[:-1], ends[1:]))]
+    backend.reduce_on_host_(src, dst, host, parts, in_thread=in_thread)
+    np.testing.assert_array_equal(backend.to_numpy(dst), 2 * values)
+    np.testing.assert_array_equal(host, 2 * values)
+    assert order == [0, 1, 2]
+
+
+def test_a_part_that_fails_raises_in_the_caller(backend):
+    def fail():
+        raise RuntimeError("part 1 failed")
+    src, host = backend.from_numpy(np.ones(10, np.float32)), np.zeros(10, np.float32)
+    with pytest.raises(RuntimeError, match="part 1 failed"):
+        backend.reduce_on_host_(src, src, host, [(0, 5, lambda: None), (5, 10, fail)], in_thread=True)
+
+
 def test_a_data_parallel_run_resumes_exactly(mpiexec, workdir):
     # warmup over all 20 steps: the learning rate then does not depend on --max-steps
     config = write_config(workdir / "c.json", out_dir="dp", warmup_steps=20)

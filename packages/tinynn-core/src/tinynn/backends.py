@@ -88,8 +88,9 @@ class Backend:
         """A new array of this backend holding a copy of x."""
         raise NotImplementedError
 
-    def to_numpy(self, a) -> np.ndarray:
-        """A NumPy copy of a (on a GPU: the host waits for the work that writes a)."""
+    def to_numpy(self, a, out: np.ndarray | None = None) -> np.ndarray:
+        """A NumPy copy of a (on a GPU: the host waits for the work that writes a); with `out` (a's shape and
+        dtype), written into out and returned: a host buffer reused every step (data-parallel training's)."""
         raise NotImplementedError
 
     def is_array(self, a) -> bool:
@@ -279,6 +280,16 @@ class Backend:
     @reference_fallback
     def unpack(self, flat, shapes: list):
         """pack's inverse: a list of fresh arrays, one per shape, holding consecutive pieces of `flat`."""
+
+    def reduce_on_host_(self, src, dst, host: np.ndarray, parts: list, in_thread: bool = False) -> None:
+        """The flat array src read back into `host`, reduced there and written into dst (src's shape): each
+        of `parts`, (start, stop, fn), has fn() reduce host[start:stop] in place. A GPU backend overlaps the
+        parts' transfers with the fns, which then run in a thread of their own where in_thread (one at a
+        time, in order; the data-parallel step's MPI sums)."""
+        self.to_numpy(src, out=host)
+        for _, _, fn in parts:
+            fn()
+        self.write_(dst, host)
 
     # --- generation: decoding with a KV cache. The sequence state lives in backend arrays (a ring of token
     # ids and its length), so a decode step reads no host value and a GPU backend can replay it. ---

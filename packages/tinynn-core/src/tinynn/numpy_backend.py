@@ -65,8 +65,11 @@ class NumpyBackend(Backend):
     def from_numpy(self, x):
         return np.array(x, copy=True)
 
-    def to_numpy(self, a):
-        return np.array(a, copy=True)
+    def to_numpy(self, a, out=None):
+        if out is None:
+            return np.array(a, copy=True)
+        out[...] = a
+        return out
 
     def is_array(self, a):
         return isinstance(a, np.ndarray)

@@ -24,6 +24,7 @@ from tinynn.rundir import Keeper, RunDir
 from tinynn.tensor import Tensor, no_grad
 
 CHECKPOINT_NAME = "ckpt.safetensors"
+REDUCE_PARTS = 8  # the flat gradients' parts, pipelined on a GPU (tinynn_gpu/host_reduce.py); 4 to 16 did alike
 
 
 @dataclass
@@ -48,8 +49,9 @@ class TrainStep:
 
     With a `world` of several MPI ranks (distributed.py) each rank passes its rows of the global batch and
     its backward starts from 1/(k * ranks). The step then runs in two captured halves around one host round
-    trip: the loss and every gradient packed into one flat array, read back once, summed over the ranks by
-    one Allreduce, written back once, unpacked into the gradients the optimizer (and its clipping) reads.
+    trip: the loss and every gradient packed into one flat array, read back, summed over the ranks (a
+    persistent Allreduce per part: a GPU backend overlaps one part's sum with the others' transfers),
+    written back, unpacked into the gradients the optimizer (and its clipping) reads.
     The returned loss is then the global batch's mean, already on the host.
     """
 
@@ -75,6 +77,9 @@ class TrainStep:
             self.params = self.optimizer.params
             shapes = [()] + [p.shape for p in self.params]  # the loss, then every gradient
             self.flat = Tensor(be.full((sum(math.prod(s) for s in shapes),), 0.0), be)
+            self.host = np.zeros(self.flat.shape, np.float32)  # read back into, summed and written from
+            ends = np.linspace(0, self.host.size, min(REDUCE_PARTS, self.host.size) + 1).astype(int).tolist()
+            self.parts = [(a, b, self.world.summation(self.host[a:b])) for a, b in zip(ends[:-1], ends[1:])]
             self._pack = be.capture(self._packed_gradients, key=self._backward_key, copy_result=False)  # read at once
             self._update = be.capture(lambda: self._unpacked_update(shapes), key=self._guard_key)
 
@@ -136,13 +141,13 @@ class TrainStep:
         if self.world is None:
             self.optimizer.prepare_step()
             return self._run()
-        flat = be.to_numpy(self._pack().data)  # the step's one read-back (and its host sync)
-        self.world.allreduce_(flat)  # each rank's share carries its 1/ranks: the sum is the global mean
-        be.write_(self.flat.data, flat)  # the step's one gradient write
+        # the step's read-back (and its host sync), sum over the ranks and write, in pipelined parts; each
+        # rank's share carries its 1/ranks, so the sum is the global mean
+        be.reduce_on_host_(self._pack().data, self.flat.data, self.host, self.parts, in_thread=self.world.threaded)
         self.optimizer.prepare_step()
         self._update()
         cpu = backends.reference()
-        return Tensor(cpu.from_numpy(flat[0]), cpu)
+        return Tensor(cpu.from_numpy(self.host[0]), cpu)
 
 
 def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: int, seed: int) -> float:

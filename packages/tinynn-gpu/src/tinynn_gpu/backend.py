@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 
 from tinynn.backends import Backend
-from tinynn_gpu import group_sum
+from tinynn_gpu import group_sum, host_reduce
 from tinynn_gpu.attention import Attention, unsupported_head_size
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.decode import DecodeOps
@@ -91,10 +91,13 @@ class WgpuBackend(DecodeOps, Backend):
         except TooLarge:
             return GpuArray(None, x.shape, x.dtype, host=np.array(x))  # too large to bind: ops fall back
 
-    def to_numpy(self, a):
-        if a.buffer is None:
+    def to_numpy(self, a, out=None):
+        if a.buffer is not None:
+            return self.rt.read(a, out)
+        if out is None:
             return np.array(a.host)
-        return self.rt.read(a)
+        out[...] = a.host
+        return out
 
     def is_array(self, a):
         return isinstance(a, GpuArray)
@@ -505,6 +508,11 @@ class WgpuBackend(DecodeOps, Backend):
         arrays = [self._empty(shape, flat.dtype) for shape in shapes]
         self.packing.copy("unpack", _buf(flat), arrays)
         return arrays
+
+    def reduce_on_host_(self, src, dst, host, parts, in_thread=False):
+        if not in_thread or src.buffer is None or dst.buffer is None:
+            return super().reduce_on_host_(src, dst, host, parts)
+        host_reduce.reduce_on_host_(self.rt, src, dst, host, parts)
 
 
 def _buf(a: GpuArray) -> GpuArray:

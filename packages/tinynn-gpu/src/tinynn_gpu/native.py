@@ -79,10 +79,10 @@ class NativeCalls:
         finally:
             lib.wgpuCommandBufferRelease(command_buffer)
 
-    def write(self, buffer, data) -> None:
-        """queue.write_buffer of `data` (bytes or a contiguous array) at the start of a buffer handle."""
+    def write(self, buffer, data, offset: int = 0) -> None:
+        """queue.write_buffer of `data` (bytes or a contiguous array) at a byte offset of a buffer handle."""
         view = self._ffi.from_buffer(data)
-        self._checked.wgpuQueueWriteBuffer(self._queue, buffer, 0, view, len(view))
+        self._checked.wgpuQueueWriteBuffer(self._queue, buffer, offset, view, len(view))
 
     def record(self, compute_pass, runs) -> None:
         """The replay's inner loop: runs of (pipeline, [(bind group, x, y, z), ...]) handles."""
