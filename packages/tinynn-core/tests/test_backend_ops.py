@@ -134,6 +134,8 @@ def test_layernorm(backend, rng):
     for weight, bias in ((w, b), (w, None), (None, None)):
         _, mean, rstd = check(backend, "layernorm_forward", x, weight, bias, 1e-5)
         check(backend, "layernorm_backward", randn(rng, *x.shape), x, weight, mean, rstd, has_bias=bias is not None)
+        check(backend, "layernorm_backward", randn(rng, *x.shape), x, weight, mean, rstd, has_bias=bias is not None,
+              g_add=randn(rng, *x.shape))
 
 
 def test_cross_entropy(backend, rng):

@@ -26,7 +26,7 @@ ENTRY_POINT_GROUP = "tinynn.backends"
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
-INTERFACE_VERSION = 1
+INTERFACE_VERSION = 2  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre
 DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -190,9 +190,11 @@ class Backend:
         -> (y, pre): pre is the activation's input, kept for the backward (None without an activation)."""
 
     @reference_fallback
-    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         """Gradients (g_x, g_weight, g_bias or None) of linear_forward given g = dL/dy (the residual's gradient
-        is g itself); `pre` and `activation` as the forward returned and took them."""
+        is g itself); `pre` and `activation` as the forward returned and took them. With x_activation, x is
+        x_activation(x_pre), the previous layer's fused activation (an MLP's GELU), and g_x is the gradient
+        of x_pre: the activation's derivative applied as g_x is computed, not by a pass of its own."""
 
     # --- fused neural-network ops (over the last axis) ---
     @reference_fallback
@@ -216,8 +218,10 @@ class Backend:
         """LayerNorm over the last axis -> (y, mean, rstd); weight and bias (C,) may each be None."""
 
     @reference_fallback
-    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True):
-        """Gradients (g_x, g_weight or None, g_bias or None) from the forward's saved mean and rstd."""
+    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
+        """Gradients (g_x, g_weight or None, g_bias or None) from the forward's saved mean and rstd. g_add (x's
+        shape), when given, is x's gradient from its other uses, added into g_x in the same pass: in a pre-norm
+        block x also feeds the residual stream, whose gradient would otherwise cost an add of its own."""
 
     @reference_fallback
     def cross_entropy_forward(self, logits, targets, ignore_index: int):

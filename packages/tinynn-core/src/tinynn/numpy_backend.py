@@ -191,10 +191,13 @@ class NumpyBackend(Backend):
             y = y + residual
         return y, (pre if activation else None)
 
-    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         if activation is not None:
             g = self.unary_backward(activation, pre, None, g)  # GELU's gradient needs only its input
-        return g @ weight, g.T @ x, (g.sum(axis=0) if has_bias else None)
+        g_x = g @ weight
+        if x_activation is not None:
+            g_x = self.unary_backward(x_activation, x_pre, None, g_x)
+        return g_x, g.T @ x, (g.sum(axis=0) if has_bias else None)
 
     # --- fused neural-network ops (over the last axis) ---
     def softmax_forward(self, x, causal=False, scale=1.0):
@@ -225,7 +228,7 @@ class NumpyBackend(Backend):
             y = y + bias
         return y.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
 
-    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True):
+    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
         xhat = (x - mean[..., None]) * rstd[..., None]
         batch_axes = tuple(range(x.ndim - 1))
         g_weight = (g * xhat).sum(axis=batch_axes) if weight is not None else None
@@ -233,6 +236,8 @@ class NumpyBackend(Backend):
         g_xhat = g * weight if weight is not None else g
         g_x = rstd[..., None] * (g_xhat - g_xhat.mean(axis=-1, keepdims=True)
                                  - xhat * (g_xhat * xhat).mean(axis=-1, keepdims=True))
+        if g_add is not None:
+            g_x = g_x + g_add
         return g_x.astype(x.dtype), g_weight, g_bias
 
     def cross_entropy_forward(self, logits, targets, ignore_index):

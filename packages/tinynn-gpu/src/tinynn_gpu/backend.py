@@ -38,12 +38,15 @@ INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_b
              "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
              "cross_entropy_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
              "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
-FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
+FLOAT32 = np.dtype(np.float32)
+# rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
+# and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
+LAYERNORM_SPLIT_ROWS = 2048  # compared as a dtype: comparing with the type np.float32 converts it each time
 
 
 class WgpuBackend(DecodeOps, Backend):
     name = "gpu"
-    interface_version = 1  # tinynn.backends.INTERFACE_VERSION when these ops were written
+    interface_version = 2  # tinynn.backends.INTERFACE_VERSION when these ops were written
     is_gpu = True
 
     def __init__(self, ctx):
@@ -57,6 +60,9 @@ class WgpuBackend(DecodeOps, Backend):
         self.attention = Attention(self.rt)
         self.packing = Packing(self.rt)
         self._constants = {}
+        # bound in place of an absent optional array (a kernel never touches it then); distinct buffers, because
+        # one buffer may not fill two writable bindings of a dispatch, nor a readable and a writable one
+        self.unused = [self.rt.empty((1,)) for _ in range(4)]
 
     @property
     def counters(self):
@@ -304,10 +310,12 @@ class WgpuBackend(DecodeOps, Backend):
                                                           None if residual is None else _buf(residual)))
         return y, pre
 
-    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
+        if x_activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {x_activation!r}")
         if activation is not None:
             g = self.unary_backward(activation, pre, pre, g)
-        g_x = self._matmul(g, weight, False, False, Epilogue())
+        g_x = self._matmul(g, weight, False, False, Epilogue(activation_grad=x_activation, pre=x_pre))
         g_bias = self._empty((weight.shape[0],)) if has_bias else None
         g_weight = self._matmul(g, x, True, False, Epilogue(row_sums=g_bias))  # g.T @ x; g_bias = g's column sums
         return g_x, g_weight, g_bias
@@ -331,6 +339,8 @@ class WgpuBackend(DecodeOps, Backend):
                           shared_b, epilogue):
             return out
         # a kernel without an epilogue (the lesson's): the same steps as separate ops
+        if epilogue.activation_grad is not None:
+            out = self.unary_backward(epilogue.activation_grad, epilogue.pre, epilogue.pre, out)
         if epilogue.row_sums is not None:
             sums = self.sum(a, (a.ndim - 2 if transpose_a else a.ndim - 1,))
             self._copy(sums, epilogue.row_sums)
@@ -388,26 +398,26 @@ class WgpuBackend(DecodeOps, Backend):
                    module="layernorm")
         return y, mean, rstd
 
-    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True):
+    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
         c = x.shape[-1]
         rows = math.prod(x.shape[:-1])
         w = weight if weight is not None else self._constant(1.0, c)
         gx = self._empty(x.shape)
-        common = {0: _buf(x), 1: _buf(w), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g)}
-        self._rows("layernorm_backward_main", x.shape, {**common, 4: gx}, {"rows": rows, "cols": c}, module="layernorm")
-        g_weight = g_bias = None
-        if weight is not None or has_bias:
-            chunk = 32
-            chunks = -(-rows // chunk)
-            partials, gw, gb = self._empty((2, chunks, c)), self._empty((c,)), self._empty((c,))
-            params = {"rows": rows, "cols": c, "chunk": chunk, "chunks": chunks}
-            self.rt.dispatch("layernorm", "layernorm_param_grads_main", groups(chunks * c),
-                             {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 9: partials}, params)
-            self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", -(-c // 32),
-                             {9: partials, 4: gw, 8: gb}, params)
-            g_weight = gw if weight is not None else None
-            g_bias = gb if has_bias else None
-        return gx, g_weight, g_bias
+        wanted = weight is not None or has_bias
+        splits = -(-rows // LAYERNORM_SPLIT_ROWS) if wanted else 1
+        gw, gb = (self._empty((c,)), self._empty((c,))) if wanted else self.unused[1:3]
+        partials = self._empty((2 * splits * c,)) if splits > 1 else self.unused[3]
+        params = {"rows": rows, "cols": c, "has_g_add": int(g_add is not None),
+                  "param_groups": -(-c // 8) * splits if wanted else 0, "split_rows": LAYERNORM_SPLIT_ROWS,
+                  "splits": splits}
+        self.rt.dispatch("layernorm", "layernorm_backward_main", params["param_groups"] + rows,
+                         {0: _buf(x), 1: _buf(w), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g),
+                          8: self.unused[0] if g_add is None else _buf(g_add), 4: gx, 9: partials, 10: gw, 11: gb},
+                         params)
+        if splits > 1:
+            self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", groups(c),
+                             {9: partials, 10: gw, 11: gb}, params)
+        return gx, (gw if weight is not None else None), (gb if has_bias else None)
 
     def cross_entropy_forward(self, logits, targets, ignore_index):
         _check_dtypes("cross_entropy_forward", logits, targets)
