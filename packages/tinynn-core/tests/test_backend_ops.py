@@ -6,6 +6,7 @@ import pytest
 
 import tinynn
 from tinynn import backends
+from tinynn import functional as F
 from tinynn.errors import TinynnError
 from helpers import relative_error
 
@@ -149,6 +150,24 @@ def test_embedding(backend, rng):
     w, idx = randn(rng, 13, 24), rng.integers(0, 13, (3, 9))
     check(backend, "embedding_forward", w, idx)
     check(backend, "embedding_backward", randn(rng, 3, 9, 24), idx, 13)
+    check(backend, "embedding_with_positions_forward", w, randn(rng, 12, 24), idx)  # 12 positions, T = 9
+    check(backend, "embedding_with_positions_backward", randn(rng, 3, 9, 24), idx, 13, 12)
+
+
+def test_embedding_with_positions_is_the_sum_of_two_embeddings(backend, rng):
+    """The fused op's value and gradients are those of wte(idx) + wpe(0..T-1) op by op; too many positions are
+    refused."""
+    idx, tables, results = rng.integers(0, 13, (3, 9)), (randn(rng, 13, 8), randn(rng, 12, 8)), []
+    for fused in (True, False):
+        wte, wpe = (tinynn.tensor(t, requires_grad=True, backend=backend) for t in tables)
+        y = F.embedding_with_positions(wte, wpe, idx) if fused else \
+            F.embedding(wte, idx) + F.embedding(wpe, np.arange(9))
+        (y * y).sum().backward()
+        results.append((y.numpy(), wte.grad.numpy(), wpe.grad.numpy()))
+    for fused, plain in zip(*results):
+        assert relative_error(fused, plain) <= RTOL
+    with pytest.raises(ValueError, match="positions"):
+        F.embedding_with_positions(wte, wpe, np.zeros((2, 13), np.int64))
 
 
 def test_dropout_mask(backend):
@@ -265,6 +284,9 @@ def test_embedding_ids_out_of_range_are_an_error(backend, bad, rng):
     with pytest.raises(TinynnError, match="embedding: an id is outside"):
         backend.to_numpy(backend.embedding_backward(backend.from_numpy(randn(rng, 2, 2, 8)),
                                                     backend.from_numpy(idx), 13))
+    with pytest.raises(TinynnError, match="embedding: an id is outside"):
+        backend.to_numpy(backend.embedding_with_positions_forward(w, backend.from_numpy(randn(rng, 2, 8)),
+                                                                  backend.from_numpy(idx)))
     check(backend, "embedding_forward", randn(rng, 13, 8), np.array([0, 12]))  # the error does not linger
 
 

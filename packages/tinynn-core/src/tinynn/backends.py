@@ -26,7 +26,7 @@ ENTRY_POINT_GROUP = "tinynn.backends"
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
-INTERFACE_VERSION = 2  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre
+INTERFACE_VERSION = 2  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre, embedding_with_positions
 DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -239,6 +239,16 @@ class Backend:
     @reference_fallback
     def embedding_backward(self, g, idx, num_embeddings: int):
         """Gradient of embedding_forward for the weight: g's rows added up per id -> (num_embeddings, C)."""
+
+    @reference_fallback
+    def embedding_with_positions_forward(self, wte, wpe, idx):
+        """A GPT's input: token rows plus position rows, wte[idx] + wpe[:T] for ids idx (..., T), the positions
+        0..T-1 along idx's last axis (T <= wpe's rows) -> idx.shape + (C,)."""
+
+    @reference_fallback
+    def embedding_with_positions_backward(self, g, idx, num_embeddings: int, num_positions: int):
+        """Gradients (g_wte (num_embeddings, C), g_wpe (num_positions, C)) of embedding_with_positions_forward:
+        g's rows added up per token id, and per position over the leading axes (rows T onwards zero)."""
 
     @reference_fallback
     def attention_forward(self, qkv, n_head: int, scale: float):

@@ -357,6 +357,18 @@ def embedding(weight: Tensor, idx) -> Tensor:
                    lambda g: (be.embedding_backward(g, idx.data, weight.shape[0]),))
 
 
+def embedding_with_positions(wte: Tensor, wpe: Tensor, idx) -> Tensor:
+    """wte[idx] + wpe[:T], a GPT's input: token rows plus position rows (positions 0..T-1 along idx's last axis)
+    in one op, so the sum and its gradients (per id, and per position over the batch) cost a kernel each."""
+    be = wte.backend
+    if not isinstance(idx, Tensor):
+        idx = Tensor(be.from_numpy(np.asarray(idx, dtype=np.int64)), be)
+    if idx.ndim < 1 or idx.shape[-1] > wpe.shape[0]:
+        raise ValueError(f"embedding_with_positions: ids {idx.shape} need more than the {wpe.shape[0]} positions")
+    return _result(be.embedding_with_positions_forward(wte.data, wpe.data, idx.data), be, (wte, wpe),
+                   lambda g: be.embedding_with_positions_backward(g, idx.data, wte.shape[0], wpe.shape[0]))
+
+
 def cross_entropy(logits: Tensor, targets, ignore_index=-100) -> Tensor:
     """Mean cross entropy of integer `targets` (...) under `logits` (..., C); `ignore_index` rows skipped."""
     be = logits.backend

@@ -268,6 +268,16 @@ class NumpyBackend(Backend):
         np.add.at(out, idx.reshape(-1), g.reshape(-1, g.shape[-1]))
         return out
 
+    def embedding_with_positions_forward(self, wte, wpe, idx):
+        _check_range(idx, len(wte), EMBEDDING_RANGE)
+        return wte[idx] + wpe[:idx.shape[-1]]  # (..., T, C) + (T, C)
+
+    def embedding_with_positions_backward(self, g, idx, num_embeddings, num_positions):
+        t, c = g.shape[-2:]
+        g_wpe = np.zeros((num_positions, c), dtype=g.dtype)
+        g_wpe[:t] = g.reshape(-1, t, c).sum(axis=0)
+        return self.embedding_backward(g, idx, num_embeddings), g_wpe
+
     def attention_forward(self, qkv, n_head, scale):
         """The plain formula, with the T x T scores: the specification the fused kernels are tested against."""
         q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)

@@ -36,7 +36,8 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
 INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
              "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
-             "cross_entropy_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
+             "cross_entropy_backward", "embedding_with_positions_forward",
+             "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
              "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
 FLOAT32 = np.dtype(np.float32)
 # rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
@@ -462,6 +463,23 @@ class WgpuBackend(DecodeOps, Backend):
                           "chunks": chunks})
         out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
         return out.view((num_embeddings, c))
+
+    def embedding_with_positions_forward(self, wte, wpe, idx):
+        _check_dtypes("embedding_with_positions_forward", wte, wpe, idx)
+        v, c = wte.shape
+        out = self._empty(idx.shape + (c,))
+        self.rt.dispatch("embedding", "embedding_with_positions_forward_main", groups(out.size),
+                         {0: _buf(wte), 5: _buf(wpe), 1: _buf(idx), 2: out, 8: self.rt.error_flags},
+                         {"total": out.size, "cols": c, "rows": v, "positions": idx.shape[-1]})
+        return out
+
+    def embedding_with_positions_backward(self, g, idx, num_embeddings, num_positions):
+        _check_dtypes("embedding_with_positions_backward", g, idx)
+        t, c = g.shape[-2:]
+        g_wpe = self._empty((num_positions, c))
+        self.rt.dispatch("embedding", "position_grads_main", groups(g_wpe.size), {4: _buf(g), 2: g_wpe},
+                         {"total": g_wpe.size, "cols": c, "positions": t, "batch": g.size // max(1, t * c)})
+        return self.embedding_backward(g, idx, num_embeddings), g_wpe
 
     def attention_forward(self, qkv, n_head, scale):
         why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)

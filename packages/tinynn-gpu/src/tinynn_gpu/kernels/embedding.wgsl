@@ -3,7 +3,7 @@
 // enough threads to fill the GPU; the launcher adds the chunks' partial tables.
 // An id outside [0, V) sets bit ID_ERROR in `errors`, which the runtime raises at the next read-back (the
 // NumPy backend raises the same error at once); its row reads as zeros meanwhile.
-// Bindings: 0:weight 1:idx 2:out 3:params 4:g 8:errors
+// Bindings: 0:weight 1:idx 2:out 3:params 4:g 5:positions 8:errors
 
 struct Params {
     total: u32,      // forward: N * C; backward: V * C (the table)
@@ -12,6 +12,7 @@ struct Params {
     positions: u32,  // backward: N
     chunk: u32,      // backward: positions per chunk
     chunks: u32,
+    batch: u32,      // position_grads_main: the sequences (N / T)
 }
 
 @group(0) @binding(0) var<storage, read> weight: array<f32>;
@@ -19,6 +20,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> g: array<f32>;
+@group(0) @binding(5) var<storage, read> positions: array<f32>;  // a GPT's position table (wpe)
 @group(0) @binding(8) var<storage, read_write> errors: array<atomic<u32>>;
 
 const ID_ERROR: u32 = 1u;  // runtime.py's KERNEL_ERRORS
@@ -39,6 +41,35 @@ fn embedding_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     var value = 0.0;
     if (in_range(id)) { value = weight[u32(id) * cols + i % cols]; }
     out[i] = value;
+}
+
+// out = weight[idx] + positions[:T], a GPT's input: ids (..., T), `positions` here T.
+@compute @workgroup_size(256)
+fn embedding_with_positions_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                                         @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(wg, nwg, lid);
+    let cols = params.cols;
+    if (i >= params.total) { return; }
+    let n = i / cols;
+    let id = idx[n];
+    var value = 0.0;
+    if (in_range(id)) { value = weight[u32(id) * cols + i % cols]; }
+    out[i] = value + positions[(n % params.positions) * cols + i % cols];
+}
+
+// out (P, C) = the position table's gradient: row p < T the sum over the batch of g[b, p], in batch order;
+// rows T onwards 0 (`total` = P * C, `positions` = T).
+@compute @workgroup_size(256)
+fn position_grads_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(wg, nwg, lid);
+    if (i >= params.total) { return; }
+    let row_stride = params.positions * params.cols;
+    var acc = 0.0;
+    if (i < row_stride) {
+        for (var b = 0u; b < params.batch; b = b + 1u) { acc = acc + g[b * row_stride + i]; }
+    }
+    out[i] = acc;
 }
 
 // out is (chunks, V, C). The threads of column 0 of row 0 also check their chunk's ids.
