@@ -181,7 +181,7 @@ def test_norm_and_clip(backend, rng):
     norm = check(backend, "global_norm", arrays)
     assert norm.shape == ()
     for max_norm in (0.5, 1e3):
-        check(backend, "clip_coefficient", norm.astype(np.float32), max_norm)
+        check(backend, "global_norm_and_clip", arrays, max_norm)
 
 
 @pytest.mark.parametrize("clip", [None, 0.5])

@@ -144,7 +144,7 @@ sizes = st.one_of(st.integers(1, 600), st.sampled_from([ADAMW_CHUNK - 1, ADAMW_C
 @FEW
 @given(shapes=st.lists(sizes, min_size=1, max_size=12), seed=st.integers(0, 2**31))
 def test_global_norm_and_adamw_over_many_tensors(group_sum_path, shapes, seed):
-    """More tensors than one dispatch's slots on lavapipe (7), sizes across the chunk boundaries."""
+    """More tensors than one AdamW dispatch's slots on lavapipe (7), sizes across the chunk boundaries."""
     gpu, g = group_sum_path, np.random.default_rng(seed)
     params, grads, ms, vs = ([g.standard_normal(n).astype(np.float32) for n in shapes] for _ in range(4))
     vs = [np.abs(v) for v in vs]
@@ -152,7 +152,9 @@ def test_global_norm_and_adamw_over_many_tensors(group_sum_path, shapes, seed):
     want = np.sqrt(sum((a.astype(np.float64) ** 2).sum() for a in grads))
     assert rel_err(gpu.to_numpy(norm), want) <= RTOL
     hyper = np.array([1e-2, 0.1, 0.01], np.float32)
-    scale = gpu.clip_coefficient(norm, 1.0)
+    (norm, scale), count = dispatches(gpu, lambda: gpu.global_norm_and_clip([gpu.from_numpy(a) for a in grads], 1.0))
+    assert rel_err(gpu.to_numpy(norm), want) <= RTOL
+    assert count == -(-len(grads) // gpu.multi.square_slots) + 1  # the sums of squares, then one finish for both
     on_gpu = [[gpu.from_numpy(a) for a in kind] for kind in (params, grads, ms, vs)]
     gpu.adamw_update_(*on_gpu, gpu.from_numpy(hyper), beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
                       grad_scale=scale)

@@ -26,7 +26,8 @@ ENTRY_POINT_GROUP = "tinynn.backends"
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
-INTERFACE_VERSION = 2  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre, embedding_with_positions
+INTERFACE_VERSION = 2  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre,
+# embedding_with_positions, global_norm_and_clip (for clip_coefficient)
 DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -270,8 +271,9 @@ class Backend:
         """The Euclidean norm of all the arrays together, as a scalar array (no host sync)."""
 
     @reference_fallback
-    def clip_coefficient(self, norm, max_norm: float):
-        """min(1, max_norm / (norm + 1e-6)) as a scalar array: the factor that clips gradients to max_norm."""
+    def global_norm_and_clip(self, arrays: list, max_norm: float):
+        """(norm, coefficient): global_norm(arrays) and min(1, max_norm / (norm + 1e-6)), the factor that clips
+        the gradients to max_norm, as scalar arrays from the same pass."""
 
     @reference_fallback
     def adamw_update_(self, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, hyper, *,

@@ -305,8 +305,9 @@ class NumpyBackend(Backend):
         total = sum(float((a.astype(np.float64) ** 2).sum()) for a in arrays)
         return np.asarray(math.sqrt(total), dtype=arrays[0].dtype)
 
-    def clip_coefficient(self, norm, max_norm):
-        return np.asarray(min(1.0, max_norm / (float(norm) + 1e-6)), dtype=norm.dtype)
+    def global_norm_and_clip(self, arrays, max_norm):
+        norm = self.global_norm(arrays)
+        return norm, np.asarray(min(1.0, max_norm / (float(norm) + 1e-6)), dtype=norm.dtype)
 
     def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
                       grad_scale=None):

@@ -79,9 +79,9 @@ class Optimizer:
         if not with_grad:
             return None
         be = with_grad[0].backend
-        norm = be.global_norm([p.grad.data for p in with_grad])
+        norm, coefficient = be.global_norm_and_clip([p.grad.data for p in with_grad], self.max_grad_norm)
         self.last_grad_norm = Tensor(norm, be)
-        return be.clip_coefficient(norm, self.max_grad_norm)
+        return coefficient
 
     def state_dict(self) -> dict[str, np.ndarray]:
         out = {"steps": np.asarray([self.steps])}

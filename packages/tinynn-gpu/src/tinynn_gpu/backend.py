@@ -500,15 +500,19 @@ class WgpuBackend(DecodeOps, Backend):
 
     # --- optimizer ---
     def global_norm(self, arrays):
+        return self._norm(arrays, None)[0]
+
+    def global_norm_and_clip(self, arrays, max_norm):
+        return self._norm(arrays, max_norm)
+
+    def _norm(self, arrays, max_norm):
+        """The norm and, given max_norm, the clip coefficient: the sums of squares, then one finish for both."""
         partials, count = self.multi.sum_squares([_buf(a) for a in arrays], lambda n: self._empty((n,)))
         norm = self._empty(())
-        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, {"count": count})
-        return norm
-
-    def clip_coefficient(self, norm, max_norm):
-        out = self._empty(())
-        self.rt.dispatch("norm", "clip_coefficient_main", 1, {0: _buf(norm), 2: out}, {"max_norm": max_norm})
-        return out
+        coefficient = self._empty(()) if max_norm is not None else self.unused[1]
+        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm, 4: coefficient},
+                         {"count": count, "clip": int(max_norm is not None), "max_norm": max_norm or 0.0})
+        return norm, (coefficient if max_norm is not None else None)
 
     def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
                       grad_scale=None):

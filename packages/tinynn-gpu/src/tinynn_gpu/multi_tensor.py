@@ -1,5 +1,6 @@
 """Multi-tensor optimizer kernels, generated from kernels/multi_tensor.wgsl for as many tensors per dispatch
-as the device's storage-binding count allows (at most 64): AdamW and the gradient norm's sums of squares."""
+as the device's storage-binding count allows (at most 64): AdamW (4 bindings a tensor) and the gradient
+norm's sums of squares (1: lavapipe's 32 storage bindings take 7 tensors for AdamW, 30 for the norm)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,12 +14,19 @@ ADAMW_CHUNK = WG * 8  # elements per workgroup: enough work to hide the slot loo
 SQUARES_CHUNK = WG * 64  # larger: fewer partials for norm_finish_main's single workgroup to add
 
 
-def generate(slots: int, subgroups: bool) -> str:
+def generate(slots: int, square_slots: int, subgroups: bool) -> str:
+    """AdamW over `slots` tensors (4 bindings each), the sums of squares over `square_slots` (their gradients
+    only: 1 binding each, so more of them fit a dispatch)."""
     bindings, adamw, squares, adamw_cases, squares_cases = [], [], [], [], []
-    for i in range(slots):
+    for i in range(max(slots, square_slots)):
         b = 5 + 4 * i
+        bindings.append(f"@group(0) @binding({b + 1}) var<storage, read> grad_{i}: array<f32>;")
+        if i < square_slots:
+            squares.append(_squares_function(i))
+            squares_cases.append(f"            case {i}u: {{ s = squares_{i}(work.lo, work.hi, lanes.lid); }}")
+        if i >= slots:
+            continue
         bindings += [f"@group(0) @binding({b}) var<storage, read_write> param_{i}: array<f32>;",
-                     f"@group(0) @binding({b + 1}) var<storage, read> grad_{i}: array<f32>;",
                      f"@group(0) @binding({b + 2}) var<storage, read_write> m_{i}: array<f32>;",
                      f"@group(0) @binding({b + 3}) var<storage, read_write> v_{i}: array<f32>;"]
         adamw.append(
@@ -32,22 +40,24 @@ def generate(slots: int, subgroups: bool) -> str:
             f"        let p = param_{i}[j] * (1.0 - step[0] * params.weight_decay);\n"
             f"        param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + params.eps);\n"
             f"    }}\n}}")
-        squares.append(
-            f"fn squares_{i}(lo: u32, hi: u32, lid: u32) -> f32 {{\n"
-            f"    var s = vec4<f32>(0.0);\n"
-            f"    var j = lo + lid;\n"
-            f"    for (; j + 768u < hi; j = j + 1024u) {{\n"
-            f"        let x = vec4<f32>(grad_{i}[j], grad_{i}[j + 256u], grad_{i}[j + 512u], grad_{i}[j + 768u]);\n"
-            f"        s = s + x * x;\n"
-            f"    }}\n"
-            f"    for (; j < hi; j = j + 256u) {{ let x = grad_{i}[j]; s.x = s.x + x * x; }}\n"
-            f"    return (s.x + s.y) + (s.z + s.w);\n}}")
         adamw_cases.append(f"        case {i}u: {{ adamw_{i}(work.lo, work.hi, lanes.lid); }}")
-        squares_cases.append(f"            case {i}u: {{ s = squares_{i}(work.lo, work.hi, lanes.lid); }}")
     return kernel_source("multi_tensor", {
         "GROUP_SUM": group_sum.snippet(subgroups), "BINDINGS": "\n".join(bindings),
         "ADAMW_FUNCTIONS": "\n\n".join(adamw), "SQUARES_FUNCTIONS": "\n\n".join(squares),
         "ADAMW_CASES": "\n".join(adamw_cases), "SQUARES_CASES": "\n".join(squares_cases)})
+
+
+def _squares_function(i: int) -> str:
+    return (
+        f"fn squares_{i}(lo: u32, hi: u32, lid: u32) -> f32 {{\n"
+        f"    var s = vec4<f32>(0.0);\n"
+        f"    var j = lo + lid;\n"
+        f"    for (; j + 768u < hi; j = j + 1024u) {{\n"
+        f"        let x = vec4<f32>(grad_{i}[j], grad_{i}[j + 256u], grad_{i}[j + 512u], grad_{i}[j + 768u]);\n"
+        f"        s = s + x * x;\n"
+        f"    }}\n"
+        f"    for (; j < hi; j = j + 256u) {{ let x = grad_{i}[j]; s.x = s.x + x * x; }}\n"
+        f"    return (s.x + s.y) + (s.z + s.w);\n}}")
 
 
 def _chunks(items, size):
@@ -58,12 +68,13 @@ class MultiTensor:
     def __init__(self, runtime):
         self.rt = runtime
         limits = runtime.ctx.limits
-        bindings = min(limits.get("max-storage-buffers-per-shader-stage", 8) - 4,  # step, scale, partials, table
-                       limits.get("max-bindings-per-bind-group", 1000) - 5)  # those and the uniform
-        self.slots = max(1, min(MAX_SLOTS, bindings // 4))
+        storage = limits.get("max-storage-buffers-per-shader-stage", 8)
+        bindings = limits.get("max-bindings-per-bind-group", 1000) - 5  # the shared ones and the uniform
+        self.slots = max(1, min(MAX_SLOTS, (storage - 4) // 4, bindings // 4))  # + step, scale, partials, table
+        self.square_slots = max(1, min(MAX_SLOTS, storage - 2, bindings // 4))  # + partials, table
         # the kernels name every slot's bindings, so a group smaller than `slots` binds these in the gaps
         # (distinct buffers: two writable bindings may not share one); their tables give them no work
-        self.unused = [runtime.empty((1,)) for _ in range(4 * self.slots)]
+        self.unused = [runtime.empty((1,)) for _ in range(4 * max(self.slots, self.square_slots))]
         self._shaders = {}  # uses subgroups -> Shader
         self._tables = {}  # a group's table, uploaded once: a training step reuses the same groups
 
@@ -71,8 +82,8 @@ class MultiTensor:
         """The kernels' shader, compiled on first use with the device's group_sum."""
         subgroups = group_sum.uses_subgroups(self.rt.ctx)
         if subgroups not in self._shaders:
-            name = f"multi_tensor x{self.slots} [{'subgroup' if subgroups else 'workgroup'}]"
-            self._shaders[subgroups] = self.rt.shader(generate(self.slots, subgroups), name)
+            name = f"multi_tensor x{self.slots}/{self.square_slots} [{'subgroup' if subgroups else 'workgroup'}]"
+            self._shaders[subgroups] = self.rt.shader(generate(self.slots, self.square_slots, subgroups), name)
         return self._shaders[subgroups]
 
     def _or_unused(self, tensors, i, k):
@@ -108,13 +119,13 @@ class MultiTensor:
         """Record per-workgroup sums of squares of all arrays; returns (partials, how many it filled).
         partials_of(n) allocates the partials array once n is known."""
         module = self._module()
-        groups = _chunks(list(arrays), self.slots)
+        groups = _chunks(list(arrays), self.square_slots)
         tables = [self.table(group, SQUARES_CHUNK) for group in groups]
         partials = partials_of(max(1, sum(workgroups for _, workgroups in tables)))
         first = 0
         for group, (table, workgroups) in zip(groups, tables):
             bindings = {2: partials, 4: table}
-            bindings.update({6 + 4 * i: self._or_unused(group, i, 1) for i in range(self.slots)})
+            bindings.update({6 + 4 * i: self._or_unused(group, i, 1) for i in range(self.square_slots)})
             self.rt.dispatch(module, "sum_squares_main", workgroups, bindings,
                              {"chunk": SQUARES_CHUNK, "workgroups": workgroups,
                               "first_partial": first})
