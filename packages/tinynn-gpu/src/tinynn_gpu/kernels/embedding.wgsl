@@ -1,9 +1,10 @@
 // Embedding lookup and its gradient. The backward gives each (chunk of positions, row v, column c) one
 // thread that sums the gradients of the chunk's positions whose index is v: no atomics, a fixed order, and
-// enough threads to fill the GPU; the launcher adds the chunks' partial tables.
+// enough threads to fill the GPU; the launcher adds the chunks' partial tables. A GPT's input, token plus
+// position rows, has its own forward, and a finish that adds those tables beside the position gradient.
 // An id outside [0, V) sets bit ID_ERROR in `errors`, which the runtime raises at the next read-back (the
 // NumPy backend raises the same error at once); its row reads as zeros meanwhile.
-// Bindings: 0:weight 1:idx 2:out 3:params 4:g 5:positions 8:errors
+// Bindings: 0:weight 1:idx 2:out 3:params 4:g 5:positions 6:partials 7:tokens 8:errors
 
 struct Params {
     total: u32,      // forward: N * C; backward: V * C (the table)
@@ -12,7 +13,7 @@ struct Params {
     positions: u32,  // backward: N
     chunk: u32,      // backward: positions per chunk
     chunks: u32,
-    batch: u32,      // position_grads_main: the sequences (N / T)
+    batch: u32,      // embedding_with_positions_finish_main: the sequences (N / T)
 }
 
 @group(0) @binding(0) var<storage, read> weight: array<f32>;
@@ -21,6 +22,8 @@ struct Params {
 @group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> g: array<f32>;
 @group(0) @binding(5) var<storage, read> positions: array<f32>;  // a GPT's position table (wpe)
+@group(0) @binding(6) var<storage, read> partials: array<f32>;
+@group(0) @binding(7) var<storage, read_write> tokens: array<f32>;
 @group(0) @binding(8) var<storage, read_write> errors: array<atomic<u32>>;
 
 const ID_ERROR: u32 = 1u;  // runtime.py's KERNEL_ERRORS
@@ -57,19 +60,28 @@ fn embedding_with_positions_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @
     out[i] = value + positions[(n % params.positions) * cols + i % cols];
 }
 
-// out (P, C) = the position table's gradient: row p < T the sum over the batch of g[b, p], in batch order;
-// rows T onwards 0 (`total` = P * C, `positions` = T).
+// embedding_with_positions' backward after embedding_backward_main: threads [0, total) add up the token
+// gradient's partial tables (chunks, V, C) into `tokens` (`total` = V * C; 0 when one chunk is the whole
+// gradient); the next P * C threads write the position gradient out (P, C) (`rows` = P, `positions` = T):
+// row p < T the sum over the batch of g[b, p], in batch order, rows T onwards 0.
 @compute @workgroup_size(256)
-fn position_grads_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                       @builtin(local_invocation_index) lid: u32) {
+fn embedding_with_positions_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                                        @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
-    if (i >= params.total) { return; }
+    if (i < params.total) {
+        var sum = 0.0;
+        for (var chunk = 0u; chunk < params.chunks; chunk = chunk + 1u) { sum = sum + partials[chunk * params.total + i]; }
+        tokens[i] = sum;
+        return;
+    }
+    let j = i - params.total;
+    if (j >= params.rows * params.cols) { return; }
     let row_stride = params.positions * params.cols;
     var acc = 0.0;
-    if (i < row_stride) {
-        for (var b = 0u; b < params.batch; b = b + 1u) { acc = acc + g[b * row_stride + i]; }
+    if (j < row_stride) {
+        for (var b = 0u; b < params.batch; b = b + 1u) { acc = acc + g[b * row_stride + j]; }
     }
-    out[i] = acc;
+    out[j] = acc;
 }
 
 // out is (chunks, V, C). The threads of column 0 of row 0 also check their chunk's ids.
