@@ -142,8 +142,10 @@ def test_layernorm(backend, rng):
 def test_cross_entropy(backend, rng):
     logits, targets = randn(rng, 37, 11), rng.integers(0, 11, 37)
     targets[3] = -100
-    _, probs = check(backend, "cross_entropy_forward", logits, targets, -100)
-    check(backend, "cross_entropy_backward", probs, targets, np.asarray(0.7, np.float32), -100)
+    _, probs, count = check(backend, "cross_entropy_forward", logits, targets, -100)
+    assert count == 36
+    for given in (None, count):
+        check(backend, "cross_entropy_backward", probs, targets, np.asarray(0.7, np.float32), -100, count=given)
 
 
 def test_embedding(backend, rng):
@@ -299,6 +301,7 @@ def test_cross_entropy_targets_out_of_range_are_an_error(backend, bad, rng):
     with pytest.raises(TinynnError, match="cross_entropy: a target is outside"):
         probs = backend.from_numpy(np.full((5, 11), 1 / 11, np.float32))
         backend.to_numpy(backend.cross_entropy_backward(probs, backend.from_numpy(targets),
-                                                        backend.from_numpy(np.float32(1.0) * np.ones(())), -100))
+                                                        backend.from_numpy(np.float32(1.0) * np.ones(())), -100,
+                                                        backend.from_numpy(np.float32(4.0) * np.ones(()))))
     targets[-1] = -100
     check(backend, "cross_entropy_forward", logits, targets, -100)  # ignore_index itself is fine

@@ -27,7 +27,7 @@ ENTRY_POINT_GROUP = "tinynn.backends"
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
 INTERFACE_VERSION = 2  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre,
-# embedding_with_positions, global_norm_and_clip (for clip_coefficient)
+# embedding_with_positions, global_norm_and_clip (for clip_coefficient), cross_entropy's count
 DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -227,11 +227,13 @@ class Backend:
     @reference_fallback
     def cross_entropy_forward(self, logits, targets, ignore_index: int):
         """Mean negative log-likelihood of integer `targets` (N,) under `logits` (N, C), rows whose target is
-        `ignore_index` left out -> (loss scalar, probs (N, C) kept for the backward)."""
+        `ignore_index` left out -> (loss scalar, probs (N, C) and count, the number of valid targets as a
+        scalar array: what the backward needs)."""
 
     @reference_fallback
-    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index: int):
-        """Gradient of the loss with respect to the logits, scaled by the scalar array g_loss."""
+    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index: int, count=None):
+        """Gradient of the loss with respect to the logits, scaled by the scalar array g_loss; count as the
+        forward returned it (counted here when None)."""
 
     @reference_fallback
     def embedding_forward(self, weight, idx):

@@ -378,8 +378,8 @@ def cross_entropy(logits: Tensor, targets, ignore_index=-100) -> Tensor:
         raise ValueError(f"cross_entropy: targets {targets.shape} do not match logits {logits.shape}")
     flat = reshape(logits, (-1, logits.shape[-1]))  # (N, C)
     t = be.reshape(targets.data, (flat.shape[0],))
-    loss, probs = be.cross_entropy_forward(flat.data, t, ignore_index)
-    return _result(loss, be, (flat,), lambda g: (be.cross_entropy_backward(probs, t, g, ignore_index),))
+    loss, probs, count = be.cross_entropy_forward(flat.data, t, ignore_index)
+    return _result(loss, be, (flat,), lambda g: (be.cross_entropy_backward(probs, t, g, ignore_index, count),))
 
 
 def dropout(x: Tensor, p: float, training=True) -> Tensor:

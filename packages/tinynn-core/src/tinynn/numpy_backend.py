@@ -248,15 +248,16 @@ class NumpyBackend(Backend):
         picked = probs[np.arange(len(targets)), np.where(valid, targets, 0)]
         with np.errstate(invalid="ignore", divide="ignore"):  # no valid target: nan, like PyTorch
             loss = -np.log(picked[valid]).sum() / valid.sum()
-        return np.asarray(loss, dtype=logits.dtype), probs
+        return np.asarray(loss, dtype=logits.dtype), probs, np.asarray(valid.sum(), dtype=logits.dtype)
 
-    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index):
+    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index, count=None):
         _check_range(targets, probs.shape[-1], TARGET_RANGE, ignore_index)
         valid = targets != ignore_index
+        count = valid.sum() if count is None else float(count)
         g = probs.copy()
         g[np.arange(len(targets)), np.where(valid, targets, 0)] -= valid
         g[~valid] = 0
-        return (g * (g_loss / max(valid.sum(), 1))).astype(probs.dtype)
+        return (g * (g_loss / max(count, 1))).astype(probs.dtype)
 
     def embedding_forward(self, weight, idx):
         _check_range(idx, len(weight), EMBEDDING_RANGE)

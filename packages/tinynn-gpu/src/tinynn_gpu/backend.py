@@ -423,22 +423,25 @@ class WgpuBackend(DecodeOps, Backend):
     def cross_entropy_forward(self, logits, targets, ignore_index):
         _check_dtypes("cross_entropy_forward", logits, targets)
         n, c = logits.shape
-        probs, rows, loss = self._empty((n, c)), self._empty((n, 2)), self._empty(())
+        probs, rows, loss, count = self._empty((n, c)), self._empty((n, 2)), self._empty(()), self._empty(())
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
         bindings = {0: _buf(logits), 1: _buf(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
         self.rt.dispatch("cross_entropy", "cross_entropy_forward_rows_main", n, bindings, params)
-        self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss}, params)
-        return loss, probs
+        self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss, 9: count}, params)
+        return loss, probs, count
 
-    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index):
-        _check_dtypes("cross_entropy_backward", probs, g_loss, targets)
+    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index, count=None):
+        _check_dtypes("cross_entropy_backward", probs, g_loss, *([] if count is None else [count]), targets)
         n, c = probs.shape
-        grad, count = self._empty((n, c)), self._empty(())
+        grad = self._empty((n, c))
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
-        self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1,
-                         {1: _buf(targets), 5: count, 8: self.rt.error_flags}, params)
+        if count is None:
+            count = self._empty(())
+            self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1,
+                             {1: _buf(targets), 9: count}, params)
         self.rt.dispatch("cross_entropy", "cross_entropy_backward_main", groups(n * c),
-                         {1: _buf(targets), 2: _buf(probs), 5: count, 6: _buf(g_loss), 7: grad}, params)
+                         {1: _buf(targets), 2: _buf(probs), 9: _buf(count), 6: _buf(g_loss), 7: grad,
+                          8: self.rt.error_flags}, params)
         return grad
 
     def embedding_forward(self, weight, idx):
