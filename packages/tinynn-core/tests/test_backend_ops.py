@@ -289,6 +289,9 @@ def test_embedding_ids_out_of_range_are_an_error(backend, bad, rng):
     with pytest.raises(TinynnError, match="embedding: an id is outside"):
         backend.to_numpy(backend.embedding_with_positions_forward(w, backend.from_numpy(randn(rng, 2, 8)),
                                                                   backend.from_numpy(idx)))
+    with pytest.raises(TinynnError, match="embedding: an id is outside"):
+        backend.to_numpy(backend.embedding_with_positions_backward(backend.from_numpy(randn(rng, 2, 2, 8)),
+                                                                   backend.from_numpy(idx), 13, 2)[0])
     check(backend, "embedding_forward", randn(rng, 13, 8), np.array([0, 12]))  # the error does not linger
 
 

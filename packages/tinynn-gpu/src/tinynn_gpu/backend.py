@@ -455,13 +455,6 @@ class WgpuBackend(DecodeOps, Backend):
 
     def embedding_backward(self, g, idx, num_embeddings):
         _check_dtypes("embedding_backward", g, idx)
-        partial, chunks = self._embedding_partials(g, idx, num_embeddings)
-        table = num_embeddings * g.shape[-1]
-        out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
-        return out.view((num_embeddings, g.shape[-1]))
-
-    def _embedding_partials(self, g, idx, num_embeddings):
-        """The gradient tables (chunks, V * C) of chunks of positions, and how many: one is the gradient."""
         c, n = g.shape[-1], idx.size
         table = num_embeddings * c
         chunk = max(64, -(-n // max(1, 65536 // table)))  # ~64K threads, at least 64 positions each
@@ -471,7 +464,8 @@ class WgpuBackend(DecodeOps, Backend):
                          {1: _buf(idx), 4: _buf(g), 2: partial, 8: self.rt.error_flags},
                          {"total": table, "cols": c, "rows": num_embeddings, "positions": n, "chunk": chunk,
                           "chunks": chunks})
-        return partial, chunks
+        out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
+        return out.view((num_embeddings, c))
 
     def embedding_with_positions_forward(self, wte, wpe, idx):
         _check_dtypes("embedding_with_positions_forward", wte, wpe, idx)
@@ -485,15 +479,13 @@ class WgpuBackend(DecodeOps, Backend):
     def embedding_with_positions_backward(self, g, idx, num_embeddings, num_positions):
         _check_dtypes("embedding_with_positions_backward", g, idx)
         t, c = g.shape[-2:]
-        partial, chunks = self._embedding_partials(g, idx, num_embeddings)
-        g_wte = partial if chunks == 1 else self._empty((num_embeddings * c,))
-        g_wpe = self._empty((num_positions, c))
-        table = num_embeddings * c if chunks > 1 else 0  # the tables to add up beside the positions' gradient
-        self.rt.dispatch("embedding", "embedding_with_positions_finish_main", groups(table + g_wpe.size),
-                         {4: _buf(g), 6: partial, 7: g_wte if chunks > 1 else self.unused[1], 2: g_wpe},
-                         {"total": table, "cols": c, "rows": num_positions, "positions": t, "chunks": chunks,
+        g_wte, g_wpe = self._empty((num_embeddings, c)), self._empty((num_positions, c))
+        self.rt.dispatch("embedding", "embedding_with_positions_backward_main",
+                         num_embeddings + -(-g_wpe.size // 256),
+                         {1: _buf(idx), 4: _buf(g), 7: g_wte, 2: g_wpe, 8: self.rt.error_flags},
+                         {"total": g_wpe.size, "cols": c, "rows": num_embeddings, "positions": t,
                           "batch": g.size // max(1, t * c)})
-        return g_wte.view((num_embeddings, c)), g_wpe
+        return g_wte, g_wpe
 
     def attention_forward(self, qkv, n_head, scale):
         why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)
