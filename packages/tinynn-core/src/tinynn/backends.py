@@ -27,7 +27,8 @@ ENTRY_POINT_GROUP = "tinynn.backends"
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
 INTERFACE_VERSION = 2  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre,
-# embedding_with_positions, global_norm_and_clip (for clip_coefficient), cross_entropy's count
+# embedding_with_positions, global_norm_and_clip (for clip_coefficient), cross_entropy's count, adamw_update_'s
+# weight decay per parameter
 DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -279,9 +280,10 @@ class Backend:
 
     @reference_fallback
     def adamw_update_(self, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, hyper, *,
-                      beta1: float, beta2: float, eps: float, weight_decay: float, grad_scale=None):
+                      beta1: float, beta2: float, eps: float, weight_decay: float | list, grad_scale=None):
         """AdamW in place on every parameter. hyper = [lr, 1 - beta1^t, 1 - beta2^t], the values that change
-        every step, kept in an array so a captured step reads them; grad_scale (a scalar array, or None)
+        every step, kept in an array so a captured step reads them; weight_decay one for all or one per
+        parameter (groups that differ only in it are one update); grad_scale (a scalar array, or None)
         multiplies every gradient first (the clip coefficient)."""
 
     @reference_fallback

@@ -315,9 +315,10 @@ class NumpyBackend(Backend):
         """hyper = [lr, 1 - beta1^t, 1 - beta2^t]: the values that change every step, kept in an array."""
         scale = 1.0 if grad_scale is None else float(grad_scale)
         lr, bias1, bias2 = (float(v) for v in hyper)
-        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        decays = weight_decay if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(params)
+        for p, g, m, v, decay in zip(params, grads, exp_avgs, exp_avg_sqs, decays):
             g = g * scale
-            p *= 1.0 - lr * weight_decay  # decoupled weight decay (Loshchilov & Hutter)
+            p *= 1.0 - lr * decay  # decoupled weight decay (Loshchilov & Hutter)
             m *= beta1
             m += (1.0 - beta1) * g
             v *= beta2

@@ -523,8 +523,9 @@ class WgpuBackend(DecodeOps, Backend):
     def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
                       grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)
+        decays = list(weight_decay) if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(params)
         self.multi.adamw([_buf(p) for p in params], [_buf(g) for g in grads], [_buf(m) for m in exp_avgs],
-                         [_buf(v) for v in exp_avg_sqs], _buf(hyper), _buf(scale), beta1, beta2, eps, weight_decay)
+                         [_buf(v) for v in exp_avg_sqs], _buf(hyper), _buf(scale), beta1, beta2, eps, decays)
 
     def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)

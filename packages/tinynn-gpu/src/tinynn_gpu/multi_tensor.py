@@ -30,17 +30,17 @@ def generate(slots: int, square_slots: int, subgroups: bool) -> str:
                      f"@group(0) @binding({b + 2}) var<storage, read_write> m_{i}: array<f32>;",
                      f"@group(0) @binding({b + 3}) var<storage, read_write> v_{i}: array<f32>;"]
         adamw.append(
-            f"fn adamw_{i}(lo: u32, hi: u32, lid: u32) {{\n"
+            f"fn adamw_{i}(lo: u32, hi: u32, lid: u32, weight_decay: f32) {{\n"
             f"    for (var j = lo + lid; j < hi; j = j + 256u) {{\n"
             f"        let g = grad_{i}[j] * scale[0];\n"
             f"        let m = params.beta1 * m_{i}[j] + (1.0 - params.beta1) * g;\n"
             f"        let v = params.beta2 * v_{i}[j] + (1.0 - params.beta2) * g * g;\n"
             f"        m_{i}[j] = m;\n"
             f"        v_{i}[j] = v;\n"
-            f"        let p = param_{i}[j] * (1.0 - step[0] * params.weight_decay);\n"
+            f"        let p = param_{i}[j] * (1.0 - step[0] * weight_decay);\n"
             f"        param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + params.eps);\n"
             f"    }}\n}}")
-        adamw_cases.append(f"        case {i}u: {{ adamw_{i}(work.lo, work.hi, lanes.lid); }}")
+        adamw_cases.append(f"        case {i}u: {{ adamw_{i}(work.lo, work.hi, lanes.lid, work.weight_decay); }}")
     return kernel_source("multi_tensor", {
         "GROUP_SUM": group_sum.snippet(subgroups), "BINDINGS": "\n".join(bindings),
         "ADAMW_FUNCTIONS": "\n\n".join(adamw), "SQUARES_FUNCTIONS": "\n\n".join(squares),
@@ -90,30 +90,34 @@ class MultiTensor:
         """Slot i's tensor of kind k (0 param, 1 grad, 2 m, 3 v), or its stand-in when the group is short."""
         return tensors[i] if i < len(tensors) else self.unused[4 * i + k]
 
-    def table(self, arrays, chunk):
+    def table(self, arrays, chunk, weight_decays=None):
         """The group's table as a u32 array on the GPU (each workgroup's slot, then each slot's first
-        workgroup and size; multi_tensor.wgsl), and its workgroup count."""
+        workgroup, size and weight decay's float bits; multi_tensor.wgsl), and its workgroup count."""
         sizes = tuple(a.size for a in arrays)
-        key = (sizes, chunk)
+        decays = tuple(weight_decays or (0.0,) * len(sizes))
+        key = (sizes, chunk, decays)
         if key not in self._tables:
             counts = [-(-n // chunk) for n in sizes]
             firsts = np.concatenate([[0], np.cumsum(counts)[:-1]])
             slot_of = np.repeat(np.arange(len(sizes)), counts)  # (workgroups,)
-            table = np.concatenate([slot_of, np.stack([firsts, sizes], axis=1).reshape(-1)]).astype(np.uint32)
+            decay_bits = np.asarray(decays, np.float32).view(np.uint32)
+            per_slot = np.stack([firsts, sizes, decay_bits], axis=1).reshape(-1)
+            table = np.concatenate([slot_of, per_slot]).astype(np.uint32)
             self._tables[key] = (self.rt.upload(table), int(sum(counts)))
         return self._tables[key]
 
-    def adamw(self, params, grads, exp_avgs, exp_avg_sqs, hyper, scale, beta1, beta2, eps, weight_decay):
+    def adamw(self, params, grads, exp_avgs, exp_avg_sqs, hyper, scale, beta1, beta2, eps, weight_decays):
+        """weight_decays: one per parameter (parameter groups that differ only in it share a dispatch)."""
         module = self._module()
-        for group in _chunks(list(zip(params, grads, exp_avgs, exp_avg_sqs)), self.slots):
-            kinds = list(zip(*group))  # (params, grads, ms, vs) of this group
-            table, workgroups = self.table(kinds[0], ADAMW_CHUNK)
+        for group in _chunks(list(zip(params, grads, exp_avgs, exp_avg_sqs, weight_decays)), self.slots):
+            kinds = list(zip(*group))  # (params, grads, ms, vs, weight decays) of this group
+            table, workgroups = self.table(kinds[0], ADAMW_CHUNK, kinds[4])
             bindings = {0: hyper, 1: scale, 4: table}
             bindings.update({5 + 4 * i + k: self._or_unused(kinds[k], i, k)
                              for i in range(self.slots) for k in range(4)})
             self.rt.dispatch(module, "adamw_main", workgroups, bindings,
                              {"chunk": ADAMW_CHUNK, "workgroups": workgroups, "beta1": beta1,
-                              "beta2": beta2, "eps": eps, "weight_decay": weight_decay})
+                              "beta2": beta2, "eps": eps})
 
     def sum_squares(self, arrays, partials_of):
         """Record per-workgroup sums of squares of all arrays; returns (partials, how many it filled).
