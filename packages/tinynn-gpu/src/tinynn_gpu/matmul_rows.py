@@ -16,8 +16,7 @@ class RowsMatmul:
 
     @staticmethod
     def fits(batch, m, transpose_a, transpose_b, epilogue) -> bool:
-        return batch == 1 and m <= MAX_ROWS and not transpose_a and transpose_b and \
-            epilogue.row_sums is None and epilogue.activation_grad is None
+        return batch == 1 and m <= MAX_ROWS and not transpose_a and transpose_b and epilogue.row_sums is None
 
     def describe(self) -> str:
         return f"rows (M <= {MAX_ROWS})"
