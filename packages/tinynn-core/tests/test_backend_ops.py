@@ -6,6 +6,7 @@ import pytest
 
 import tinynn
 from tinynn import backends
+from tinynn import functional as F
 from tinynn.errors import TinynnError
 from helpers import relative_error
 
@@ -134,19 +135,41 @@ def test_layernorm(backend, rng):
     for weight, bias in ((w, b), (w, None), (None, None)):
         _, mean, rstd = check(backend, "layernorm_forward", x, weight, bias, 1e-5)
         check(backend, "layernorm_backward", randn(rng, *x.shape), x, weight, mean, rstd, has_bias=bias is not None)
+        check(backend, "layernorm_backward", randn(rng, *x.shape), x, weight, mean, rstd, has_bias=bias is not None,
+              g_add=randn(rng, *x.shape))
 
 
 def test_cross_entropy(backend, rng):
     logits, targets = randn(rng, 37, 11), rng.integers(0, 11, 37)
     targets[3] = -100
-    _, probs = check(backend, "cross_entropy_forward", logits, targets, -100)
-    check(backend, "cross_entropy_backward", probs, targets, np.asarray(0.7, np.float32), -100)
+    _, probs, count = check(backend, "cross_entropy_forward", logits, targets, -100)
+    assert count == 36
+    for given in (None, count):
+        check(backend, "cross_entropy_backward", probs, targets, np.asarray(0.7, np.float32), -100, count=given)
 
 
 def test_embedding(backend, rng):
     w, idx = randn(rng, 13, 24), rng.integers(0, 13, (3, 9))
     check(backend, "embedding_forward", w, idx)
     check(backend, "embedding_backward", randn(rng, 3, 9, 24), idx, 13)
+    check(backend, "embedding_with_positions_forward", w, randn(rng, 12, 24), idx)  # 12 positions, T = 9
+    check(backend, "embedding_with_positions_backward", randn(rng, 3, 9, 24), idx, 13, 12)
+
+
+def test_embedding_with_positions_is_the_sum_of_two_embeddings(backend, rng):
+    """The fused op's value and gradients are those of wte(idx) + wpe(0..T-1) op by op; too many positions are
+    refused."""
+    idx, tables, results = rng.integers(0, 13, (3, 9)), (randn(rng, 13, 8), randn(rng, 12, 8)), []
+    for fused in (True, False):
+        wte, wpe = (tinynn.tensor(t, requires_grad=True, backend=backend) for t in tables)
+        y = F.embedding_with_positions(wte, wpe, idx) if fused else \
+            F.embedding(wte, idx) + F.embedding(wpe, np.arange(9))
+        (y * y).sum().backward()
+        results.append((y.numpy(), wte.grad.numpy(), wpe.grad.numpy()))
+    for fused, plain in zip(*results):
+        assert relative_error(fused, plain) <= RTOL
+    with pytest.raises(ValueError, match="positions"):
+        F.embedding_with_positions(wte, wpe, np.zeros((2, 13), np.int64))
 
 
 def test_dropout_mask(backend):
@@ -160,7 +183,7 @@ def test_norm_and_clip(backend, rng):
     norm = check(backend, "global_norm", arrays)
     assert norm.shape == ()
     for max_norm in (0.5, 1e3):
-        check(backend, "clip_coefficient", norm.astype(np.float32), max_norm)
+        check(backend, "global_norm_and_clip", arrays, max_norm)
 
 
 @pytest.mark.parametrize("clip", [None, 0.5])
@@ -263,6 +286,12 @@ def test_embedding_ids_out_of_range_are_an_error(backend, bad, rng):
     with pytest.raises(TinynnError, match="embedding: an id is outside"):
         backend.to_numpy(backend.embedding_backward(backend.from_numpy(randn(rng, 2, 2, 8)),
                                                     backend.from_numpy(idx), 13))
+    with pytest.raises(TinynnError, match="embedding: an id is outside"):
+        backend.to_numpy(backend.embedding_with_positions_forward(w, backend.from_numpy(randn(rng, 2, 8)),
+                                                                  backend.from_numpy(idx)))
+    with pytest.raises(TinynnError, match="embedding: an id is outside"):
+        backend.to_numpy(backend.embedding_with_positions_backward(backend.from_numpy(randn(rng, 2, 2, 8)),
+                                                                   backend.from_numpy(idx), 13, 2)[0])
     check(backend, "embedding_forward", randn(rng, 13, 8), np.array([0, 12]))  # the error does not linger
 
 
@@ -275,6 +304,7 @@ def test_cross_entropy_targets_out_of_range_are_an_error(backend, bad, rng):
     with pytest.raises(TinynnError, match="cross_entropy: a target is outside"):
         probs = backend.from_numpy(np.full((5, 11), 1 / 11, np.float32))
         backend.to_numpy(backend.cross_entropy_backward(probs, backend.from_numpy(targets),
-                                                        backend.from_numpy(np.float32(1.0) * np.ones(())), -100))
+                                                        backend.from_numpy(np.float32(1.0) * np.ones(())), -100,
+                                                        backend.from_numpy(np.float32(4.0) * np.ones(()))))
     targets[-1] = -100
     check(backend, "cross_entropy_forward", logits, targets, -100)  # ignore_index itself is fine

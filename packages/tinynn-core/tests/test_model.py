@@ -118,6 +118,28 @@ def test_adamw_matches_the_paper(backend, rng):
     assert_close(p.numpy(), expected, rtol=1e-5, atol=1e-6)  # atol: float32 rounding where p crosses 0
 
 
+def test_adamw_updates_groups_that_differ_only_in_weight_decay_together(backend, rng):
+    """nanoGPT's two groups are one adamw_update_ call, each parameter with its group's decay; a group with
+    another learning rate is a call of its own."""
+    p0, g = rng.standard_normal((3, 4, 3)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    ps = [tinynn.tensor(x, requires_grad=True, backend=backend) for x in p0]
+    opt = AdamW([{"params": ps[:1], "weight_decay": 0.1}, {"params": ps[1:2], "weight_decay": 0.0},
+                 {"params": ps[2:], "weight_decay": 0.0, "lr": 0.05}], lr=0.1, betas=(0.9, 0.95), eps=1e-8)
+    calls, plain = [], backend.adamw_update_
+    backend.adamw_update_ = lambda *args, **kwargs: calls.append(kwargs["weight_decay"]) or plain(*args, **kwargs)
+    try:
+        for _ in range(2):
+            for p in ps:
+                p.grad = tinynn.tensor(g, backend=backend)
+            opt.step()
+    finally:
+        del backend.adamw_update_
+    assert calls == [[0.1, 0.0], [0.0]] * 2
+    for p, x, lr, decay in zip(ps, p0, (0.1, 0.1, 0.05), (0.1, 0.0, 0.0)):
+        assert_close(p.numpy(), adamw_reference(x.astype(np.float64), g, 2, lr, 0.9, 0.95, 1e-8, decay),
+                     rtol=1e-5, atol=1e-6)
+
+
 def test_sgd_momentum(backend):
     p = tinynn.tensor([1.0], requires_grad=True, backend=backend)
     opt = SGD([p], lr=0.1, momentum=0.9)

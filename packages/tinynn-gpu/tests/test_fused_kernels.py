@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tinynn import backends
+from tinynn_gpu import backend as gpu_backend
 from tinynn_gpu.multi_tensor import ADAMW_CHUNK, SQUARES_CHUNK
 
 REF = backends.reference()
@@ -49,8 +50,8 @@ def dispatches(gpu, fn):
 
 @FEW
 @given(n=dims, n_in=dims, n_out=dims, has_bias=st.booleans(), gelu=st.booleans(), has_residual=st.booleans(),
-       seed=st.integers(0, 2**31))
-def test_linear_forward_and_backward(poisoned, n, n_in, n_out, has_bias, gelu, has_residual, seed):
+       x_gelu=st.booleans(), seed=st.integers(0, 2**31))
+def test_linear_forward_and_backward(poisoned, n, n_in, n_out, has_bias, gelu, has_residual, x_gelu, seed):
     """rtol 1e-4: a drawn shape may be a single output whose terms cancel (float32 sums of ~n_in terms)."""
     gpu, g, rtol = poisoned, np.random.default_rng(seed), 1e-4
     x, w, dy = (g.standard_normal(s).astype(np.float32) for s in ((n, n_in), (n_out, n_in), (n, n_out)))
@@ -69,8 +70,12 @@ def test_linear_forward_and_backward(poisoned, n, n_in, n_out, has_bias, gelu, h
     want_y, want_pre = REF.linear_forward(f64(x), f64(w), f64(bias), f64(residual), activation)
     assert rel_err(gpu.to_numpy(y), want_y) <= rtol
     assert (pre is None) == (want_pre is None) and (pre is None or rel_err(gpu.to_numpy(pre), want_pre) <= rtol)
-    grads = gpu.linear_backward(up(dy), up(x), up(w), pre, activation, has_bias=has_bias)
-    for ours, theirs in zip(grads, REF.linear_backward(f64(dy), f64(x), f64(w), want_pre, activation, has_bias)):
+    # x_gelu: x is GELU(x_pre), the layer before's (an MLP's), its derivative applied in the g_x matmul
+    x_activation, x_pre = ("gelu", (2 * x).astype(np.float32)) if x_gelu else (None, None)
+    grads = gpu.linear_backward(up(dy), up(x), up(w), pre, activation, has_bias=has_bias, x_activation=x_activation,
+                                x_pre=up(x_pre))
+    for ours, theirs in zip(grads, REF.linear_backward(f64(dy), f64(x), f64(w), want_pre, activation, has_bias,
+                                                       x_activation, f64(x_pre))):
         assert (ours is None) == (theirs is None)
         assert ours is None or rel_err(gpu.to_numpy(ours), theirs) <= rtol
     if forward_kernel.startswith("lesson"):  # the autotuner may pick the lesson's kernel for a tiny shape: it
@@ -106,21 +111,29 @@ def test_max_lets_nan_win(group_sum_path):
 
 @FEW
 @given(rows=st.one_of(st.integers(1, 70), st.sampled_from([31, 32, 33, 1000])), cols=dims,
-       weight=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**31))
-def test_layernorm_backward(poisoned, rows, cols, weight, bias, seed):
+       weight=st.booleans(), bias=st.booleans(), add=st.booleans(), split_rows=st.sampled_from([7, 2048]),
+       seed=st.integers(0, 2**31))
+def test_layernorm_backward(poisoned, monkeypatch, rows, cols, weight, bias, add, split_rows, seed):
+    """One dispatch, or with rows in several splits (split_rows 7) a finish after it; g_add folded into g_x."""
     gpu, g = poisoned, np.random.default_rng(seed)
+    monkeypatch.setattr(gpu_backend, "LAYERNORM_SPLIT_ROWS", split_rows)
     x, dy = (g.standard_normal((rows, cols)) * 2).astype(np.float32), g.standard_normal((rows, cols)).astype(np.float32)
     w = g.standard_normal(cols).astype(np.float32) if weight else None
     b = g.standard_normal(cols).astype(np.float32) if bias else None
+    g_add = g.standard_normal((rows, cols)).astype(np.float32) if add else None
     _, mean, rstd = REF.layernorm_forward(x.astype(np.float64), w, b, 1e-5)
-    ours = gpu.layernorm_backward(gpu.from_numpy(dy), gpu.from_numpy(x), None if w is None else gpu.from_numpy(w),
-                                  gpu.from_numpy(mean.astype(np.float32)), gpu.from_numpy(rstd.astype(np.float32)),
-                                  has_bias=bias)
-    theirs = REF.layernorm_backward(dy.astype(np.float64), x.astype(np.float64), w, mean, rstd, has_bias=bias)
+    ours, count = dispatches(gpu, lambda: gpu.layernorm_backward(
+        gpu.from_numpy(dy), gpu.from_numpy(x), None if w is None else gpu.from_numpy(w),
+        gpu.from_numpy(mean.astype(np.float32)), gpu.from_numpy(rstd.astype(np.float32)), has_bias=bias,
+        g_add=None if g_add is None else gpu.from_numpy(g_add)))
+    assert count == (2 if (weight or bias) and rows > split_rows else 1)
+    theirs = REF.layernorm_backward(dy.astype(np.float64), x.astype(np.float64), w, mean, rstd, has_bias=bias,
+                                    g_add=g_add)
+    scale = np.linalg.norm(rstd[:, None] * dy * (1 if w is None else w)) + (0 if g_add is None else np.linalg.norm(g_add))
     for o, t in zip(ours, theirs):
         assert (o is None) == (t is None)
         assert o is None or rel_err(gpu.to_numpy(o), t) <= 1e-4 or o is ours[0] and \
-            np.linalg.norm(gpu.to_numpy(o) - t) <= 1e-5 * np.linalg.norm(rstd[:, None] * dy * (1 if w is None else w))
+            np.linalg.norm(gpu.to_numpy(o) - t) <= 1e-5 * scale
     # g_x is a difference of terms of size rstd * dy * w that can cancel almost to nothing (2 columns: each
     # x is the mean +- one deviation); float32 then owes accuracy to those terms, not to the small result.
 
@@ -131,7 +144,7 @@ sizes = st.one_of(st.integers(1, 600), st.sampled_from([ADAMW_CHUNK - 1, ADAMW_C
 @FEW
 @given(shapes=st.lists(sizes, min_size=1, max_size=12), seed=st.integers(0, 2**31))
 def test_global_norm_and_adamw_over_many_tensors(group_sum_path, shapes, seed):
-    """More tensors than one dispatch's slots on lavapipe (7), sizes across the chunk boundaries."""
+    """More tensors than one AdamW dispatch's slots on lavapipe (7), sizes across the chunk boundaries."""
     gpu, g = group_sum_path, np.random.default_rng(seed)
     params, grads, ms, vs = ([g.standard_normal(n).astype(np.float32) for n in shapes] for _ in range(4))
     vs = [np.abs(v) for v in vs]
@@ -139,7 +152,9 @@ def test_global_norm_and_adamw_over_many_tensors(group_sum_path, shapes, seed):
     want = np.sqrt(sum((a.astype(np.float64) ** 2).sum() for a in grads))
     assert rel_err(gpu.to_numpy(norm), want) <= RTOL
     hyper = np.array([1e-2, 0.1, 0.01], np.float32)
-    scale = gpu.clip_coefficient(norm, 1.0)
+    (norm, scale), count = dispatches(gpu, lambda: gpu.global_norm_and_clip([gpu.from_numpy(a) for a in grads], 1.0))
+    assert rel_err(gpu.to_numpy(norm), want) <= RTOL
+    assert count == -(-len(grads) // gpu.multi.square_slots) + 1  # the sums of squares, then one finish for both
     on_gpu = [[gpu.from_numpy(a) for a in kind] for kind in (params, grads, ms, vs)]
     gpu.adamw_update_(*on_gpu, gpu.from_numpy(hyper), beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
                       grad_scale=scale)
@@ -149,3 +164,22 @@ def test_global_norm_and_adamw_over_many_tensors(group_sum_path, shapes, seed):
     for kind, ours, theirs in zip("pgmv", on_gpu, expected):
         for o, t in zip(ours, theirs):
             assert rel_err(gpu.to_numpy(o), t) <= RTOL, kind
+
+
+@FEW
+@given(batch=st.integers(1, 3), t=st.one_of(st.integers(1, 40), st.just(257)), extra=st.integers(0, 3),
+       vocab=st.integers(1, 70), cols=dims, seed=st.integers(0, 2**31))
+def test_embedding_with_positions(poisoned, batch, t, extra, vocab, cols, seed):
+    """A GPT's input in one dispatch, and its two gradients in one."""
+    gpu, g = poisoned, np.random.default_rng(seed)
+    wte, wpe = g.standard_normal((vocab, cols)).astype(np.float32), g.standard_normal((t + extra, cols)).astype(np.float32)
+    idx, dy = g.integers(0, vocab, (batch, t)), g.standard_normal((batch, t, cols)).astype(np.float32)
+    y, count = dispatches(gpu, lambda: gpu.embedding_with_positions_forward(gpu.from_numpy(wte), gpu.from_numpy(wpe),
+                                                                            gpu.from_numpy(idx)))
+    assert count == 1
+    assert rel_err(gpu.to_numpy(y), REF.embedding_with_positions_forward(wte.astype(np.float64), wpe, idx)) <= RTOL
+    (g_wte, g_wpe), count = dispatches(gpu, lambda: gpu.embedding_with_positions_backward(
+        gpu.from_numpy(dy), gpu.from_numpy(idx), vocab, t + extra))
+    want_wte, want_wpe = REF.embedding_with_positions_backward(dy.astype(np.float64), idx, vocab, t + extra)
+    assert rel_err(gpu.to_numpy(g_wte), want_wte) <= RTOL and rel_err(gpu.to_numpy(g_wpe), want_wpe) <= RTOL
+    assert count == 1

@@ -38,8 +38,8 @@ def every_kernel():
                 yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
     # the workgroup-memory group_sum: Tint wants `enable subgroups;` for the subgroup form, which naga refuses
     yield "reduce", kernel_source("reduce", {"GROUP_SUM": group_sum.snippet(subgroups=False)})
-    yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, subgroups=False))
-                for n in range(1, multi_tensor.MAX_SLOTS + 1))
+    yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, min(4 * n + 2, multi_tensor.MAX_SLOTS), False))
+                for n in range(1, multi_tensor.MAX_SLOTS + 1))  # a device's AdamW and norm slots go together so
     yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))
     yield from ((f"attention hs{hs} {rows}x{cols}", attention.source(hs, rows, cols))
                 for hs in (16, 20, 64, 128) for rows, cols in attention.TILES)

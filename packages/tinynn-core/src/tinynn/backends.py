@@ -26,7 +26,9 @@ ENTRY_POINT_GROUP = "tinynn.backends"
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
-INTERFACE_VERSION = 1
+INTERFACE_VERSION = 2  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre,
+# embedding_with_positions, global_norm_and_clip (for clip_coefficient), cross_entropy's count, adamw_update_'s
+# weight decay per parameter
 DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -191,9 +193,11 @@ class Backend:
         -> (y, pre): pre is the activation's input, kept for the backward (None without an activation)."""
 
     @reference_fallback
-    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         """Gradients (g_x, g_weight, g_bias or None) of linear_forward given g = dL/dy (the residual's gradient
-        is g itself); `pre` and `activation` as the forward returned and took them."""
+        is g itself); `pre` and `activation` as the forward returned and took them. With x_activation, x is
+        x_activation(x_pre), the previous layer's fused activation (an MLP's GELU), and g_x is the gradient
+        of x_pre: the activation's derivative applied as g_x is computed, not by a pass of its own."""
 
     # --- fused neural-network ops (over the last axis) ---
     @reference_fallback
@@ -217,17 +221,21 @@ class Backend:
         """LayerNorm over the last axis -> (y, mean, rstd); weight and bias (C,) may each be None."""
 
     @reference_fallback
-    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True):
-        """Gradients (g_x, g_weight or None, g_bias or None) from the forward's saved mean and rstd."""
+    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
+        """Gradients (g_x, g_weight or None, g_bias or None) from the forward's saved mean and rstd. g_add (x's
+        shape), when given, is x's gradient from its other uses, added into g_x in the same pass: in a pre-norm
+        block x also feeds the residual stream, whose gradient would otherwise cost an add of its own."""
 
     @reference_fallback
     def cross_entropy_forward(self, logits, targets, ignore_index: int):
         """Mean negative log-likelihood of integer `targets` (N,) under `logits` (N, C), rows whose target is
-        `ignore_index` left out -> (loss scalar, probs (N, C) kept for the backward)."""
+        `ignore_index` left out -> (loss scalar, probs (N, C) and count, the number of valid targets as a
+        scalar array: what the backward needs)."""
 
     @reference_fallback
-    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index: int):
-        """Gradient of the loss with respect to the logits, scaled by the scalar array g_loss."""
+    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index: int, count=None):
+        """Gradient of the loss with respect to the logits, scaled by the scalar array g_loss; count as the
+        forward returned it (counted here when None)."""
 
     @reference_fallback
     def embedding_forward(self, weight, idx):
@@ -236,6 +244,16 @@ class Backend:
     @reference_fallback
     def embedding_backward(self, g, idx, num_embeddings: int):
         """Gradient of embedding_forward for the weight: g's rows added up per id -> (num_embeddings, C)."""
+
+    @reference_fallback
+    def embedding_with_positions_forward(self, wte, wpe, idx):
+        """A GPT's input: token rows plus position rows, wte[idx] + wpe[:T] for ids idx (..., T), the positions
+        0..T-1 along idx's last axis (T <= wpe's rows) -> idx.shape + (C,)."""
+
+    @reference_fallback
+    def embedding_with_positions_backward(self, g, idx, num_embeddings: int, num_positions: int):
+        """Gradients (g_wte (num_embeddings, C), g_wpe (num_positions, C)) of embedding_with_positions_forward:
+        g's rows added up per token id, and per position over the leading axes (rows T onwards zero)."""
 
     @reference_fallback
     def attention_forward(self, qkv, n_head: int, scale: float):
@@ -257,14 +275,16 @@ class Backend:
         """The Euclidean norm of all the arrays together, as a scalar array (no host sync)."""
 
     @reference_fallback
-    def clip_coefficient(self, norm, max_norm: float):
-        """min(1, max_norm / (norm + 1e-6)) as a scalar array: the factor that clips gradients to max_norm."""
+    def global_norm_and_clip(self, arrays: list, max_norm: float):
+        """(norm, coefficient): global_norm(arrays) and min(1, max_norm / (norm + 1e-6)), the factor that clips
+        the gradients to max_norm, as scalar arrays from the same pass."""
 
     @reference_fallback
     def adamw_update_(self, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, hyper, *,
-                      beta1: float, beta2: float, eps: float, weight_decay: float, grad_scale=None):
+                      beta1: float, beta2: float, eps: float, weight_decay: float | list, grad_scale=None):
         """AdamW in place on every parameter. hyper = [lr, 1 - beta1^t, 1 - beta2^t], the values that change
-        every step, kept in an array so a captured step reads them; grad_scale (a scalar array, or None)
+        every step, kept in an array so a captured step reads them; weight_decay one for all or one per
+        parameter (groups that differ only in it are one update); grad_scale (a scalar array, or None)
         multiplies every gradient first (the clip coefficient)."""
 
     @reference_fallback

@@ -230,24 +230,59 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tens
     Bias, activation ("gelu") and residual are each optional and fused into the matmul (one kernel on the
     GPU): a transformer's MLP input layer is linear(x, w, b, activation="gelu"), its output layers add the
     residual stream with linear(h, w, b, residual=x)."""
-    out_features = weight.shape[0]
-    if x.ndim < 1 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"linear: x {x.shape} and weight {weight.shape} do not fit")
-    if bias is not None and bias.shape != (out_features,):
-        raise ValueError(f"linear: bias {bias.shape} does not fit weight {weight.shape}")
-    if residual is not None and residual.shape != x.shape[:-1] + (out_features,):
-        raise ValueError(f"linear: residual {residual.shape} is not the output's shape "
-                         f"{x.shape[:-1] + (out_features,)}")
+    out_features = _check_linear("linear", x.shape, weight, bias, residual)
     rows = reshape(x, (-1, x.shape[-1]))  # (N, in)
-    res = None if residual is None else reshape(residual, (-1, out_features))  # (N, out)
     be = x.backend
-    y, pre = be.linear_forward(rows.data, weight.data, _data(bias), _data(res), activation)
+    res = None if residual is None else be.reshape(residual.data, (rows.shape[0], out_features))  # (N, out)
+    y, pre = be.linear_forward(rows.data, weight.data, _data(bias), res, activation)
 
     def backward(g):  # g (N, out)
         g_x, g_w, g_b = be.linear_backward(g, rows.data, weight.data, pre, activation, has_bias=bias is not None)
-        return (g_x, g_w) + ((g_b,) if bias is not None else ()) + ((g,) if residual is not None else ())
-    parents = (rows, weight) + ((bias,) if bias is not None else ()) + ((res,) if residual is not None else ())
+        return (g_x, g_w) + ((g_b,) if bias is not None else ()) + _residual_grad(be, g, residual)
+    parents = (rows, weight) + ((bias,) if bias is not None else ()) + ((residual,) if residual is not None else ())
     return reshape(_result(y, be, parents, backward), x.shape[:-1] + (out_features,))
+
+
+def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tensor, proj_bias: Tensor | None,
+        residual: Tensor | None = None) -> Tensor:
+    """A transformer's MLP, proj(gelu(fc(x))) + residual, as one node: two fused linear layers whose
+    backward applies GELU's gradient in the store of the matmul that computes its output's gradient (no
+    pass of its own). Weights (out_features, in_features); biases and residual optional."""
+    hidden = _check_linear("mlp", x.shape, fc_weight, fc_bias, None)
+    out_features = _check_linear("mlp", x.shape[:-1] + (hidden,), proj_weight, proj_bias, residual)
+    rows = reshape(x, (-1, x.shape[-1]))  # (N, in)
+    be = x.backend
+    res = None if residual is None else be.reshape(residual.data, (rows.shape[0], out_features))  # (N, out)
+    h, pre = be.linear_forward(rows.data, fc_weight.data, _data(fc_bias), None, "gelu")  # (N, hidden) each
+    y, _ = be.linear_forward(h, proj_weight.data, _data(proj_bias), res, None)
+
+    def backward(g):  # g (N, out)
+        g_pre, g_w2, g_b2 = be.linear_backward(g, h, proj_weight.data, has_bias=proj_bias is not None,
+                                               x_activation="gelu", x_pre=pre)
+        g_x, g_w1, g_b1 = be.linear_backward(g_pre, rows.data, fc_weight.data, has_bias=fc_bias is not None)
+        return tuple(v for v in (g_x, g_w1, g_b1, g_w2, g_b2) if v is not None) + _residual_grad(be, g, residual)
+    parents = tuple(t for t in (rows, fc_weight, fc_bias, proj_weight, proj_bias, residual) if t is not None)
+    return reshape(_result(y, be, parents, backward), x.shape[:-1] + (out_features,))
+
+
+def _check_linear(name, x_shape, weight, bias, residual) -> int:
+    """Refuse operands that do not fit x_shape @ weight.T + bias (+ residual); -> out_features."""
+    out_features = weight.shape[0]
+    if len(x_shape) < 1 or weight.ndim != 2 or x_shape[-1] != weight.shape[1]:
+        raise ValueError(f"{name}: x {x_shape} and weight {weight.shape} do not fit")
+    if bias is not None and bias.shape != (out_features,):
+        raise ValueError(f"{name}: bias {bias.shape} does not fit weight {weight.shape}")
+    if residual is not None and residual.shape != x_shape[:-1] + (out_features,):
+        raise ValueError(f"{name}: residual {residual.shape} is not the output's shape "
+                         f"{x_shape[:-1] + (out_features,)}")
+    return out_features
+
+
+def _residual_grad(be, g, residual) -> tuple:
+    """The residual's gradient, g in its shape. The residual itself is the parent (not a reshape of it), so
+    this gradient reaches it as soon as the linear's backward runs: before the backward of a LayerNorm that
+    also reads it, which then adds it in its own kernel (layer_norm)."""
+    return () if residual is None else (be.reshape(g, residual.shape),)
 
 
 # --- fused neural-network ops ---
@@ -304,9 +339,11 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps=1e-5) 
     be = x.backend
     y, mean_, rstd = be.layernorm_forward(x.data, _data(weight), _data(bias), eps)
 
-    def backward(g):
-        g_x, g_w, g_b = be.layernorm_backward(g, x.data, _data(weight), mean_, rstd, has_bias=bias is not None)
+    def backward(g, g_x_so_far=None):
+        g_x, g_w, g_b = be.layernorm_backward(g, x.data, _data(weight), mean_, rstd, has_bias=bias is not None,
+                                              g_add=g_x_so_far)
         return tuple(v for v in (g_x, g_w, g_b) if v is not None)
+    backward.adds_first_parent_grad = True  # x's residual-stream gradient is added in the kernel (tensor.py)
     parents = tuple(t for t in (x, weight, bias) if t is not None)
     return _result(y, be, parents, backward)
 
@@ -320,6 +357,18 @@ def embedding(weight: Tensor, idx) -> Tensor:
                    lambda g: (be.embedding_backward(g, idx.data, weight.shape[0]),))
 
 
+def embedding_with_positions(wte: Tensor, wpe: Tensor, idx) -> Tensor:
+    """wte[idx] + wpe[:T], a GPT's input: token rows plus position rows (positions 0..T-1 along idx's last axis)
+    in one op, so the sum and its gradients (per id, and per position over the batch) cost a kernel each."""
+    be = wte.backend
+    if not isinstance(idx, Tensor):
+        idx = Tensor(be.from_numpy(np.asarray(idx, dtype=np.int64)), be)
+    if idx.ndim < 1 or idx.shape[-1] > wpe.shape[0]:
+        raise ValueError(f"embedding_with_positions: ids {idx.shape} need more than the {wpe.shape[0]} positions")
+    return _result(be.embedding_with_positions_forward(wte.data, wpe.data, idx.data), be, (wte, wpe),
+                   lambda g: be.embedding_with_positions_backward(g, idx.data, wte.shape[0], wpe.shape[0]))
+
+
 def cross_entropy(logits: Tensor, targets, ignore_index=-100) -> Tensor:
     """Mean cross entropy of integer `targets` (...) under `logits` (..., C); `ignore_index` rows skipped."""
     be = logits.backend
@@ -329,8 +378,8 @@ def cross_entropy(logits: Tensor, targets, ignore_index=-100) -> Tensor:
         raise ValueError(f"cross_entropy: targets {targets.shape} do not match logits {logits.shape}")
     flat = reshape(logits, (-1, logits.shape[-1]))  # (N, C)
     t = be.reshape(targets.data, (flat.shape[0],))
-    loss, probs = be.cross_entropy_forward(flat.data, t, ignore_index)
-    return _result(loss, be, (flat,), lambda g: (be.cross_entropy_backward(probs, t, g, ignore_index),))
+    loss, probs, count = be.cross_entropy_forward(flat.data, t, ignore_index)
+    return _result(loss, be, (flat,), lambda g: (be.cross_entropy_backward(probs, t, g, ignore_index, count),))
 
 
 def dropout(x: Tensor, p: float, training=True) -> Tensor:

@@ -33,13 +33,6 @@ class GPT(Module):
         self.blocks = [Block(c.n_embd, c.n_head, c.n_layer, c.dropout, c.bias) for _ in range(c.n_layer)]
         self.ln_f = LayerNorm(c.n_embd, c.bias)
         self.lm_head = Linear(c.n_embd, c.vocab_size, c.bias)
-        self._positions = {}  # (backend, T) -> the position ids 0..T-1, uploaded once, not every step
-
-    def positions(self, backend, length: int) -> Tensor:
-        key = (backend, length)
-        if key not in self._positions:
-            self._positions[key] = Tensor(backend.from_numpy(np.arange(length)), backend)
-        return self._positions[key]
 
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets (B, T), also the mean cross entropy."""
@@ -48,7 +41,7 @@ class GPT(Module):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
-        x = self.drop(self.wte(idx) + self.wpe(self.positions(idx.backend, T)))  # (B, T, C) + (T, C)
+        x = self.drop(F.embedding_with_positions(self.wte.weight, self.wpe.weight, idx))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)

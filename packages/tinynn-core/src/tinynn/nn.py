@@ -166,7 +166,11 @@ class MLP(Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x, residual=None):
-        return _project(self.proj, self.fc(x, activation="gelu"), self.dropout, residual)
+        """proj(gelu(fc(x))) + residual as one fused op (F.mlp), unless a dropout comes before the add."""
+        if self.dropout.training and self.dropout.p > 0:
+            y = self.dropout(F.mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias))
+            return y if residual is None else residual + y
+        return F.mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias, residual)
 
 
 class Block(Module):

@@ -194,10 +194,13 @@ class NumpyBackend(Backend):
             y = y + residual
         return y, (pre if activation else None)
 
-    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         if activation is not None:
             g = self.unary_backward(activation, pre, None, g)  # GELU's gradient needs only its input
-        return g @ weight, g.T @ x, (g.sum(axis=0) if has_bias else None)
+        g_x = g @ weight
+        if x_activation is not None:
+            g_x = self.unary_backward(x_activation, x_pre, None, g_x)
+        return g_x, g.T @ x, (g.sum(axis=0) if has_bias else None)
 
     # --- fused neural-network ops (over the last axis) ---
     def softmax_forward(self, x, causal=False, scale=1.0):
@@ -228,7 +231,7 @@ class NumpyBackend(Backend):
             y = y + bias
         return y.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
 
-    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True):
+    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
         xhat = (x - mean[..., None]) * rstd[..., None]
         batch_axes = tuple(range(x.ndim - 1))
         g_weight = (g * xhat).sum(axis=batch_axes) if weight is not None else None
@@ -236,6 +239,8 @@ class NumpyBackend(Backend):
         g_xhat = g * weight if weight is not None else g
         g_x = rstd[..., None] * (g_xhat - g_xhat.mean(axis=-1, keepdims=True)
                                  - xhat * (g_xhat * xhat).mean(axis=-1, keepdims=True))
+        if g_add is not None:
+            g_x = g_x + g_add
         return g_x.astype(x.dtype), g_weight, g_bias
 
     def cross_entropy_forward(self, logits, targets, ignore_index):
@@ -246,15 +251,16 @@ class NumpyBackend(Backend):
         picked = probs[np.arange(len(targets)), np.where(valid, targets, 0)]
         with np.errstate(invalid="ignore", divide="ignore"):  # no valid target: nan, like PyTorch
             loss = -np.log(picked[valid]).sum() / valid.sum()
-        return np.asarray(loss, dtype=logits.dtype), probs
+        return np.asarray(loss, dtype=logits.dtype), probs, np.asarray(valid.sum(), dtype=logits.dtype)
 
-    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index):
+    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index, count=None):
         _check_range(targets, probs.shape[-1], TARGET_RANGE, ignore_index)
         valid = targets != ignore_index
+        count = valid.sum() if count is None else float(count)
         g = probs.copy()
         g[np.arange(len(targets)), np.where(valid, targets, 0)] -= valid
         g[~valid] = 0
-        return (g * (g_loss / max(valid.sum(), 1))).astype(probs.dtype)
+        return (g * (g_loss / max(count, 1))).astype(probs.dtype)
 
     def embedding_forward(self, weight, idx):
         _check_range(idx, len(weight), EMBEDDING_RANGE)
@@ -265,6 +271,16 @@ class NumpyBackend(Backend):
         out = np.zeros((num_embeddings, g.shape[-1]), dtype=g.dtype)
         np.add.at(out, idx.reshape(-1), g.reshape(-1, g.shape[-1]))
         return out
+
+    def embedding_with_positions_forward(self, wte, wpe, idx):
+        _check_range(idx, len(wte), EMBEDDING_RANGE)
+        return wte[idx] + wpe[:idx.shape[-1]]  # (..., T, C) + (T, C)
+
+    def embedding_with_positions_backward(self, g, idx, num_embeddings, num_positions):
+        t, c = g.shape[-2:]
+        g_wpe = np.zeros((num_positions, c), dtype=g.dtype)
+        g_wpe[:t] = g.reshape(-1, t, c).sum(axis=0)
+        return self.embedding_backward(g, idx, num_embeddings), g_wpe
 
     def attention_forward(self, qkv, n_head, scale):
         """The plain formula, with the T x T scores: the specification the fused kernels are tested against."""
@@ -293,17 +309,19 @@ class NumpyBackend(Backend):
         total = sum(float((a.astype(np.float64) ** 2).sum()) for a in arrays)
         return np.asarray(math.sqrt(total), dtype=arrays[0].dtype)
 
-    def clip_coefficient(self, norm, max_norm):
-        return np.asarray(min(1.0, max_norm / (float(norm) + 1e-6)), dtype=norm.dtype)
+    def global_norm_and_clip(self, arrays, max_norm):
+        norm = self.global_norm(arrays)
+        return norm, np.asarray(min(1.0, max_norm / (float(norm) + 1e-6)), dtype=norm.dtype)
 
     def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
                       grad_scale=None):
         """hyper = [lr, 1 - beta1^t, 1 - beta2^t]: the values that change every step, kept in an array."""
         scale = 1.0 if grad_scale is None else float(grad_scale)
         lr, bias1, bias2 = (float(v) for v in hyper)
-        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        decays = weight_decay if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(params)
+        for p, g, m, v, decay in zip(params, grads, exp_avgs, exp_avg_sqs, decays):
             g = g * scale
-            p *= 1.0 - lr * weight_decay  # decoupled weight decay (Loshchilov & Hutter)
+            p *= 1.0 - lr * decay  # decoupled weight decay (Loshchilov & Hutter)
             m *= beta1
             m += (1.0 - beta1) * g
             v *= beta2

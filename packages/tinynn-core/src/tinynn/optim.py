@@ -64,7 +64,18 @@ class Optimizer:
         groups = tuple((tuple(sorted((k, v) for k, v in g.items() if k not in ("params", "lr", "hyper"))),
                         g.get("hyper", (None, None))[1]) for g in self.groups)
         state = tuple(buf for p in self.params for buf in self.state.get(id(p), ()))
-        return (self.max_grad_norm, groups, state)
+        return (self.max_grad_norm, groups, state, tuple(len(run) for run in self._update_runs()))
+
+    def _update_runs(self) -> list[list[dict]]:
+        """The groups with parameters, in runs of neighbours that differ only in weight decay (nanoGPT's two
+        groups): a run shares its learning rate, so its per-step values, and is updated by one call."""
+        runs = []
+        for g in (g for g in self.groups if g["params"]):
+            if runs and _same_but_decay(runs[-1][0], g):
+                runs[-1].append(g)
+            else:
+                runs.append([g])
+        return runs
 
     def _buffers(self, p: Tensor, count: int) -> list:
         if id(p) not in self.state:
@@ -79,9 +90,9 @@ class Optimizer:
         if not with_grad:
             return None
         be = with_grad[0].backend
-        norm = be.global_norm([p.grad.data for p in with_grad])
+        norm, coefficient = be.global_norm_and_clip([p.grad.data for p in with_grad], self.max_grad_norm)
         self.last_grad_norm = Tensor(norm, be)
-        return be.clip_coefficient(norm, self.max_grad_norm)
+        return coefficient
 
     def state_dict(self) -> dict[str, np.ndarray]:
         out = {"steps": np.asarray([self.steps])}
@@ -134,15 +145,22 @@ class AdamW(Optimizer):
 
     def apply_step(self):
         scale = self._grad_scale()
-        for g in self.groups:
-            ps = [p for p in g["params"] if p.grad is not None]
-            if not ps:
+        for run in self._update_runs():  # groups differing only in weight decay: one update (one GPU dispatch)
+            pairs = [(p, g["weight_decay"]) for g in run for p in g["params"] if p.grad is not None]
+            if not pairs:
                 continue
+            ps = [p for p, _ in pairs]
             bufs = [self._buffers(p, 2) for p in ps]
+            g = run[0]
             ps[0].backend.adamw_update_(
                 [p.data for p in ps], [p.grad.data for p in ps], [b[0] for b in bufs], [b[1] for b in bufs],
                 g["hyper"][1], beta1=g["betas"][0], beta2=g["betas"][1], eps=g["eps"],
-                weight_decay=g["weight_decay"], grad_scale=scale)
+                weight_decay=[decay for _, decay in pairs], grad_scale=scale)
+
+
+def _same_but_decay(a: dict, b: dict) -> bool:
+    ignored = ("params", "weight_decay", "hyper")
+    return {k: v for k, v in a.items() if k not in ignored} == {k: v for k, v in b.items() if k not in ignored}
 
 
 def cosine_lr(step: int, base_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:

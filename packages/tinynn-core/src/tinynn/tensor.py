@@ -108,12 +108,20 @@ class Tensor:
                 node.grad = Tensor(g, node.backend) if node.grad is None else Tensor(
                     node.backend.binary("add", node.grad.data, g), node.backend)
                 continue
-            for parent, parent_grad in zip(node._parents, node._backward(g)):
+            for parent, parent_grad in zip(node._parents, self._run_backward(node, g, pending)):
                 if parent_grad is None or not parent.requires_grad:
                     continue
                 key = id(parent)
                 pending[key] = parent_grad if key not in pending else node.backend.binary(
                     "add", pending[key], parent_grad)
+
+    @staticmethod
+    def _run_backward(node, g, pending):
+        """node's parents' gradients. A backward marked `adds_first_parent_grad` takes its first parent's
+        gradient gathered so far, if any, and returns it added in (one kernel instead of two)."""
+        if getattr(node._backward, "adds_first_parent_grad", False) and id(node._parents[0]) in pending:
+            return node._backward(g, pending.pop(id(node._parents[0])))
+        return node._backward(g)
 
     def _topological_order(self) -> list[Tensor]:
         order, seen, stack = [], set(), [(self, False)]

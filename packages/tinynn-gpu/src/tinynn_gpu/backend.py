@@ -36,14 +36,18 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
 INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
              "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
-             "cross_entropy_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
+             "cross_entropy_backward", "embedding_with_positions_forward",
+             "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
              "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
-FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
+FLOAT32 = np.dtype(np.float32)
+# rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
+# and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
+LAYERNORM_SPLIT_ROWS = 2048  # compared as a dtype: comparing with the type np.float32 converts it each time
 
 
 class WgpuBackend(DecodeOps, Backend):
     name = "gpu"
-    interface_version = 1  # tinynn.backends.INTERFACE_VERSION when these ops were written
+    interface_version = 2  # tinynn.backends.INTERFACE_VERSION when these ops were written
     is_gpu = True
 
     def __init__(self, ctx):
@@ -57,6 +61,9 @@ class WgpuBackend(DecodeOps, Backend):
         self.attention = Attention(self.rt)
         self.packing = Packing(self.rt)
         self._constants = {}
+        # bound in place of an absent optional array (a kernel never touches it then); distinct buffers, because
+        # one buffer may not fill two writable bindings of a dispatch, nor a readable and a writable one
+        self.unused = [self.rt.empty((1,)) for _ in range(4)]
 
     @property
     def counters(self):
@@ -307,10 +314,12 @@ class WgpuBackend(DecodeOps, Backend):
                                                           None if residual is None else _buf(residual)))
         return y, pre
 
-    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True):
+    def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
+        if x_activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {x_activation!r}")
         if activation is not None:
             g = self.unary_backward(activation, pre, pre, g)
-        g_x = self._matmul(g, weight, False, False, Epilogue())
+        g_x = self._matmul(g, weight, False, False, Epilogue(activation_grad=x_activation, pre=x_pre))
         g_bias = self._empty((weight.shape[0],)) if has_bias else None
         g_weight = self._matmul(g, x, True, False, Epilogue(row_sums=g_bias))  # g.T @ x; g_bias = g's column sums
         return g_x, g_weight, g_bias
@@ -334,6 +343,8 @@ class WgpuBackend(DecodeOps, Backend):
                           shared_b, epilogue):
             return out
         # a kernel without an epilogue (the lesson's): the same steps as separate ops
+        if epilogue.activation_grad is not None:
+            out = self.unary_backward(epilogue.activation_grad, epilogue.pre, epilogue.pre, out)
         if epilogue.row_sums is not None:
             sums = self.sum(a, (a.ndim - 2 if transpose_a else a.ndim - 1,))
             self._copy(sums, epilogue.row_sums)
@@ -391,46 +402,49 @@ class WgpuBackend(DecodeOps, Backend):
                    module="layernorm")
         return y, mean, rstd
 
-    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True):
+    def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
         c = x.shape[-1]
         rows = math.prod(x.shape[:-1])
         w = weight if weight is not None else self._constant(1.0, c)
         gx = self._empty(x.shape)
-        common = {0: _buf(x), 1: _buf(w), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g)}
-        self._rows("layernorm_backward_main", x.shape, {**common, 4: gx}, {"rows": rows, "cols": c}, module="layernorm")
-        g_weight = g_bias = None
-        if weight is not None or has_bias:
-            chunk = 32
-            chunks = -(-rows // chunk)
-            partials, gw, gb = self._empty((2, chunks, c)), self._empty((c,)), self._empty((c,))
-            params = {"rows": rows, "cols": c, "chunk": chunk, "chunks": chunks}
-            self.rt.dispatch("layernorm", "layernorm_param_grads_main", groups(chunks * c),
-                             {0: _buf(x), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g), 9: partials}, params)
-            self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", -(-c // 32),
-                             {9: partials, 4: gw, 8: gb}, params)
-            g_weight = gw if weight is not None else None
-            g_bias = gb if has_bias else None
-        return gx, g_weight, g_bias
+        wanted = weight is not None or has_bias
+        splits = -(-rows // LAYERNORM_SPLIT_ROWS) if wanted else 1
+        gw, gb = (self._empty((c,)), self._empty((c,))) if wanted else self.unused[1:3]
+        partials = self._empty((2 * splits * c,)) if splits > 1 else self.unused[3]
+        params = {"rows": rows, "cols": c, "has_g_add": int(g_add is not None),
+                  "param_groups": -(-c // 8) * splits if wanted else 0, "split_rows": LAYERNORM_SPLIT_ROWS,
+                  "splits": splits}
+        self.rt.dispatch("layernorm", "layernorm_backward_main", params["param_groups"] + rows,
+                         {0: _buf(x), 1: _buf(w), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g),
+                          8: self.unused[0] if g_add is None else _buf(g_add), 4: gx, 9: partials, 10: gw, 11: gb},
+                         params)
+        if splits > 1:
+            self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", groups(c),
+                             {9: partials, 10: gw, 11: gb}, params)
+        return gx, (gw if weight is not None else None), (gb if has_bias else None)
 
     def cross_entropy_forward(self, logits, targets, ignore_index):
         _check_dtypes("cross_entropy_forward", logits, targets)
         n, c = logits.shape
-        probs, rows, loss = self._empty((n, c)), self._empty((n, 2)), self._empty(())
+        probs, rows, loss, count = self._empty((n, c)), self._empty((n, 2)), self._empty(()), self._empty(())
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
         bindings = {0: _buf(logits), 1: _buf(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
         self.rt.dispatch("cross_entropy", "cross_entropy_forward_rows_main", n, bindings, params)
-        self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss}, params)
-        return loss, probs
+        self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss, 9: count}, params)
+        return loss, probs, count
 
-    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index):
-        _check_dtypes("cross_entropy_backward", probs, g_loss, targets)
+    def cross_entropy_backward(self, probs, targets, g_loss, ignore_index, count=None):
+        _check_dtypes("cross_entropy_backward", probs, g_loss, *([] if count is None else [count]), targets)
         n, c = probs.shape
-        grad, count = self._empty((n, c)), self._empty(())
+        grad = self._empty((n, c))
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
-        self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1,
-                         {1: _buf(targets), 5: count, 8: self.rt.error_flags}, params)
+        if count is None:
+            count = self._empty(())
+            self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1,
+                             {1: _buf(targets), 9: count}, params)
         self.rt.dispatch("cross_entropy", "cross_entropy_backward_main", groups(n * c),
-                         {1: _buf(targets), 2: _buf(probs), 5: count, 6: _buf(g_loss), 7: grad}, params)
+                         {1: _buf(targets), 2: _buf(probs), 9: _buf(count), 6: _buf(g_loss), 7: grad,
+                          8: self.rt.error_flags}, params)
         return grad
 
     def embedding_forward(self, weight, idx):
@@ -456,6 +470,26 @@ class WgpuBackend(DecodeOps, Backend):
         out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
         return out.view((num_embeddings, c))
 
+    def embedding_with_positions_forward(self, wte, wpe, idx):
+        _check_dtypes("embedding_with_positions_forward", wte, wpe, idx)
+        v, c = wte.shape
+        out = self._empty(idx.shape + (c,))
+        self.rt.dispatch("embedding", "embedding_with_positions_forward_main", groups(out.size),
+                         {0: _buf(wte), 5: _buf(wpe), 1: _buf(idx), 2: out, 8: self.rt.error_flags},
+                         {"total": out.size, "cols": c, "rows": v, "positions": idx.shape[-1]})
+        return out
+
+    def embedding_with_positions_backward(self, g, idx, num_embeddings, num_positions):
+        _check_dtypes("embedding_with_positions_backward", g, idx)
+        t, c = g.shape[-2:]
+        g_wte, g_wpe = self._empty((num_embeddings, c)), self._empty((num_positions, c))
+        self.rt.dispatch("embedding", "embedding_with_positions_backward_main",
+                         num_embeddings + -(-g_wpe.size // 256),
+                         {1: _buf(idx), 4: _buf(g), 7: g_wte, 2: g_wpe, 8: self.rt.error_flags},
+                         {"total": g_wpe.size, "cols": c, "rows": num_embeddings, "positions": t,
+                          "batch": g.size // max(1, t * c)})
+        return g_wte, g_wpe
+
     def attention_forward(self, qkv, n_head, scale):
         why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)
         if why:
@@ -475,21 +509,26 @@ class WgpuBackend(DecodeOps, Backend):
 
     # --- optimizer ---
     def global_norm(self, arrays):
+        return self._norm(arrays, None)[0]
+
+    def global_norm_and_clip(self, arrays, max_norm):
+        return self._norm(arrays, max_norm)
+
+    def _norm(self, arrays, max_norm):
+        """The norm and, given max_norm, the clip coefficient: the sums of squares, then one finish for both."""
         partials, count = self.multi.sum_squares([_buf(a) for a in arrays], lambda n: self._empty((n,)))
         norm = self._empty(())
-        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm}, {"count": count})
-        return norm
-
-    def clip_coefficient(self, norm, max_norm):
-        out = self._empty(())
-        self.rt.dispatch("norm", "clip_coefficient_main", 1, {0: _buf(norm), 2: out}, {"max_norm": max_norm})
-        return out
+        coefficient = self._empty(()) if max_norm is not None else self.unused[1]
+        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm, 4: coefficient},
+                         {"count": count, "clip": int(max_norm is not None), "max_norm": max_norm or 0.0})
+        return norm, (coefficient if max_norm is not None else None)
 
     def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
                       grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)
+        decays = list(weight_decay) if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(params)
         self.multi.adamw([_buf(p) for p in params], [_buf(g) for g in grads], [_buf(m) for m in exp_avgs],
-                         [_buf(v) for v in exp_avg_sqs], _buf(hyper), _buf(scale), beta1, beta2, eps, weight_decay)
+                         [_buf(v) for v in exp_avg_sqs], _buf(hyper), _buf(scale), beta1, beta2, eps, decays)
 
     def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)

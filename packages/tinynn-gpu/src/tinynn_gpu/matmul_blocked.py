@@ -3,7 +3,7 @@
 `BlockConfig` names a variant (block BM x BN x BK, TM x TN results per thread); `generate` fills the template
 with fully unrolled code, one variable per vec4 accumulator (see the template's header for why).
 `BlockedMatmul` compiles a variant per operand layout on first use and records its dispatches, with an
-`Epilogue` (bias, GELU, residual add, row sums) fused into the stores.
+`Epilogue` (bias, GELU, residual add, row sums, GELU's gradient) fused into the stores.
 """
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ class Epilogue:
     pre: object = None
     residual: object = None  # the output's shape: added last
     row_sums: object = None  # (batch, M): sum over k of op(a), the bias gradient of a weight gradient
+    activation_grad: str | None = None  # "gelu": times its derivative at `pre` (read), for a backward
 
     @property
     def empty(self) -> bool:
-        return (self.bias, self.activation, self.residual, self.row_sums) == (None, None, None, None)
+        return (self.bias, self.activation, self.residual, self.row_sums, self.activation_grad) == (None,) * 5
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,7 @@ class BlockedMatmul:
             target, row_target = out, row_sums
         params = {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
                   "has_bias": int(epilogue.bias is not None), "activation": ACTIVATIONS[epilogue.activation],
+                  "activation_grad": ACTIVATIONS[epilogue.activation_grad],
                   "has_residual": int(epilogue.residual is not None), "row_sums": int(row_sums is not None),
                   "batch": batch}
         bindings = {4: _or(epilogue.bias, self.unused_read), 5: _or(epilogue.residual, self.unused_read),

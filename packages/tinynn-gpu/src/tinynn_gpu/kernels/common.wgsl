@@ -64,3 +64,10 @@ fn safe_tanh(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
 // GELU, tanh form (GPT-2's): one definition for the elementwise op and every matmul epilogue, so the fused
 // and the separate forms round alike.
 fn gelu(x: f32) -> f32 { return 0.5 * x * (1.0 + safe_tanh(GELU_C * (x + 0.044715 * x * x * x))); }
+
+// g * GELU'(x): the gradient of GELU's input from its output's, g (elementwise.wgsl and the matmul epilogue).
+fn gelu_grad(x: f32, g: f32) -> f32 {
+    let t = safe_tanh(GELU_C * (x + 0.044715 * x * x * x));
+    let d_inner = GELU_C * (1.0 + 3.0 * 0.044715 * x * x);
+    return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * d_inner);
+}

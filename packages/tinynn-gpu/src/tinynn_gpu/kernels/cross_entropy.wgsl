@@ -1,10 +1,10 @@
 // Cross entropy over logits (N, C) with integer targets, softmax fused in.
 // forward_rows: one workgroup per row writes the row's probabilities and (loss, valid) pair;
-// forward_mean: one workgroup averages the valid rows' losses into result[0];
-// count + backward: one workgroup counts the valid targets into result[0], then one thread per logit.
+// forward_mean: one workgroup averages the valid rows' losses into result[0], their count into count[0];
+// backward: one thread per logit, scaled by that count (count_main counts them where the caller has none).
 // A target outside [0, C) that is not ignore_index sets bit TARGET_ERROR in `errors`, which the runtime
 // raises at the next read-back (the NumPy backend raises the same error at once).
-// Bindings: 0:logits 1:targets 2:probs 3:params 4:rows 5:result 6:g_loss 7:grad 8:errors
+// Bindings: 0:logits 1:targets 2:probs 3:params 4:rows 5:result 6:g_loss 7:grad 8:errors 9:count
 
 struct Params { n: u32, cols: u32, ignore_index: i32 }  // logits are (n, cols)
 
@@ -17,6 +17,7 @@ struct Params { n: u32, cols: u32, ignore_index: i32 }  // logits are (n, cols)
 @group(0) @binding(6) var<storage, read> g_loss: array<f32>;
 @group(0) @binding(7) var<storage, read_write> grad: array<f32>;
 @group(0) @binding(8) var<storage, read_write> errors: array<atomic<u32>>;
+@group(0) @binding(9) var<storage, read_write> count: array<f32>;
 
 const TARGET_ERROR: u32 = 2u;  // runtime.py's KERNEL_ERRORS
 
@@ -56,31 +57,31 @@ fn cross_entropy_forward_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builti
 @compute @workgroup_size(256)
 fn cross_entropy_forward_mean_main(@builtin(local_invocation_index) lid: u32) {
     var total = 0.0;
-    var count = 0.0;
+    var valid = 0.0;
     for (var r = lid; r < params.n; r = r + 256u) {
         total = total + rows[2u * r];
-        count = count + rows[2u * r + 1u];
+        valid = valid + rows[2u * r + 1u];
     }
     total = workgroup_sum(lid, total);
-    count = workgroup_sum(lid, count);
-    if (lid == 0u) { result[0] = total / count; }  // no valid target: 0/0 = NaN, as in PyTorch
+    valid = workgroup_sum(lid, valid);
+    if (lid == 0u) {
+        result[0] = total / valid;  // no valid target: 0/0 = NaN, as in PyTorch
+        count[0] = valid;
+    }
 }
 
 @compute @workgroup_size(256)
 fn cross_entropy_count_main(@builtin(local_invocation_index) lid: u32) {
-    var count = 0.0;
+    var valid = 0.0;
     for (var r = lid; r < params.n; r = r + 256u) {
-        let t = targets[r];
-        if (is_valid(t)) {
-            count = count + 1.0;
-            _ = in_range(t);
-        }
+        if (is_valid(targets[r])) { valid = valid + 1.0; }
     }
-    count = workgroup_sum(lid, count);
-    if (lid == 0u) { result[0] = count; }
+    valid = workgroup_sum(lid, valid);
+    if (lid == 0u) { count[0] = valid; }
 }
 
-// grad = (probs - onehot(target)) * g_loss / count, zero on ignored rows; result = [count]
+// grad = (probs - onehot(target)) * g_loss / count, zero on ignored rows; column 0's threads check the targets'
+// range.
 @compute @workgroup_size(256)
 fn cross_entropy_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                @builtin(local_invocation_index) lid: u32) {
@@ -89,7 +90,8 @@ fn cross_entropy_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(nu
     let cols = params.cols;
     if (i >= n * cols) { return; }
     let t = targets[i / cols];
+    if (i % cols == 0u && is_valid(t)) { _ = in_range(t); }
     let hit = select(0.0, 1.0, i32(i % cols) == t);
-    let scale = g_loss[0] / max(result[0], 1.0);
+    let scale = g_loss[0] / max(count[0], 1.0);
     grad[i] = select(0.0, (probs[i] - hit) * scale, is_valid(t));
 }

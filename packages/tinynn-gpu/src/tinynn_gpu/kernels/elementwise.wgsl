@@ -51,11 +51,7 @@ fn unary_grad(op: u32, x: f32, y: f32, g: f32) -> f32 {
         case 2u: { return g / x; }
         case 3u: { return g * (1.0 - y * y); }
         case 4u: { return select(0.0, g, x > 0.0); }
-        case 5u: {
-            let t = safe_tanh(GELU_C * (x + 0.044715 * x * x * x));
-            let d_inner = GELU_C * (1.0 + 3.0 * 0.044715 * x * x);
-            return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * d_inner);
-        }
+        case 5u: { return gelu_grad(x, g); }
         default: { return nan(); }
     }
 }

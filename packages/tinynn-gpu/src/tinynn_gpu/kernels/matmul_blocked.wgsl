@@ -26,6 +26,8 @@
 //   has_bias:     + bias[n] (a linear layer)
 //   activation:   1 = GELU (tanh form); the value before it is written to `pre`, which its backward needs
 //   has_residual: + residual[i] last (the residual connection of a transformer block)
+//   activation_grad: 1 = times GELU's derivative at pre[i], first (the backward: a matmul computing the
+//                 gradient of a GELU's output stores its input's gradient instead)
 // row_sums: sum over k of op(a)[m, k] into row_sums[batch, m], from the A tiles already in workgroup
 // memory: for the weight gradient g^T @ x this is the bias gradient, at no extra pass over g.
 //
@@ -37,7 +39,7 @@
 
 struct Params {
     m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, has_bias: u32, activation: u32,
-    has_residual: u32, row_sums: u32, batch: u32, y_offset: u32, z_offset: u32,
+    has_residual: u32, row_sums: u32, batch: u32, y_offset: u32, z_offset: u32, activation_grad: u32,
 }
 
 @group(0) @binding(0) var<storage, read> a: array<{{ELEMENT}}>;
@@ -79,6 +81,7 @@ fn load_b{{SUFFIX}}(base: u32, k: u32, n: u32, k_end: u32) -> {{ELEMENT}} {
 // The epilogue for out[i], column n, whose matmul sum is v.
 fn finish(i: u32, n: u32, v: f32) -> f32 {
     var y = v;
+    if (params.activation_grad == 1u) { y = gelu_grad(pre[i], y); }
     if (params.has_bias == 1u) { y = y + bias[n]; }
     if (params.activation == 1u) {
         pre[i] = y;

@@ -9,20 +9,22 @@
 // every slot has its own binding set and its own copy of the loop. Inside a chunk neighbouring threads
 // take neighbouring elements: every load and store is coalesced.
 //
-// Bindings: 0:step 1:scale 2:partials 3:params 4:table, then per slot i: 5+4i:param 6+4i:grad 7+4i:m 8+4i:v.
+// Bindings: 0:step 1:scale 2:partials 3:params 4:table, then per slot i: 5+4i:param 6+4i:grad 7+4i:m 8+4i:v
+// (sum_squares_main binds only the grads, so it may have more slots: those past AdamW's declare only a grad).
 
 struct Params {
     chunk: u32, workgroups: u32,
     first_partial: u32,  // sum_squares_main: where this group's partials start
-    beta1: f32, beta2: f32, eps: f32, weight_decay: f32,  // adamw_main
+    beta1: f32, beta2: f32, eps: f32,  // adamw_main
 }
 
 @group(0) @binding(0) var<storage, read> step: array<f32>;  // [lr, 1 - beta1^t, 1 - beta2^t]
 @group(0) @binding(1) var<storage, read> scale: array<f32>;  // [gradient-clip coefficient]
 @group(0) @binding(2) var<storage, read_write> partials: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
-// table: [w] = workgroup w's slot (w < workgroups), then per slot i: [workgroups + 2i] its first workgroup,
-// [workgroups + 2i + 1] its size
+// table: [w] = workgroup w's slot (w < workgroups), then per slot i: [workgroups + 3i] its first workgroup,
+// [workgroups + 3i + 1] its size, [workgroups + 3i + 2] its weight decay's bits (parameter groups that
+// differ only in weight decay, nanoGPT's two, share a dispatch)
 @group(0) @binding(4) var<storage, read> table: array<u32>;
 {{BINDINGS}}
 
@@ -34,13 +36,13 @@ struct Params {
 // The sum of squares of elements [lo, hi) of one slot's gradient, four loads in flight per thread
 {{SQUARES_FUNCTIONS}}
 
-struct Work { slot: u32, lo: u32, hi: u32 }
+struct Work { slot: u32, lo: u32, hi: u32, weight_decay: f32 }
 
 fn find_work(w: u32) -> Work {
     let slot = table[w];
-    let first = table[params.workgroups + 2u * slot];
-    let lo = (w - first) * params.chunk;
-    return Work(slot, lo, min(lo + params.chunk, table[params.workgroups + 2u * slot + 1u]));
+    let entry = params.workgroups + 3u * slot;
+    let lo = (w - table[entry]) * params.chunk;
+    return Work(slot, lo, min(lo + params.chunk, table[entry + 1u]), bitcast<f32>(table[entry + 2u]));
 }
 
 @compute @workgroup_size(256)
