@@ -22,6 +22,7 @@ WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-stor
                  "max-compute-workgroup-size-x", "max-compute-workgroup-size-y")
 TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
 BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
+STORAGE_BUFFERS_NEEDED = 10  # the most storage buffers one kernel binds (layernorm_backward_main)
 KERNEL_FILES = ("elementwise", "strided", "softmax", "layernorm", "cross_entropy", "embedding",
                 "optimizer", "norm", "decode", "matmul_rows")
 
@@ -113,6 +114,10 @@ def create() -> GpuContext:
     except Exception as e:
         raise BackendUnavailable(f"could not open {adapter.info.get('device')} ({type(e).__name__}: {e})") from None
     ctx = GpuContext(adapter, device, dict(adapter.info), dict(device.limits), set(device.features))
+    storage = ctx.limits.get("max-storage-buffers-per-shader-stage", 8)
+    if storage < STORAGE_BUFFERS_NEEDED:  # refused here, not as a failed pipeline in the middle of a step
+        raise BackendUnavailable(f"{ctx.name} binds {storage} storage buffers per shader stage; tinynn's kernels "
+                                 f"need {STORAGE_BUFFERS_NEEDED}")
     for name in KERNEL_FILES:
         try:
             ctx.sources[name] = kernel_source(name)
