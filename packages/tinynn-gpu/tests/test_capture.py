@@ -1,7 +1,6 @@
 """A captured training step against the CPU: replayed through either recording path, and after the changes a
 capture cannot see in its arrays (hyperparameters, a moved model, another batch shape)."""
 import gc
-import threading
 
 import numpy as np
 import pytest
@@ -46,12 +45,13 @@ def path(request, gpu):
     """Each test with direct wgpu-native calls (submitted inline, and from the worker thread) and through
     wgpu-py's methods."""
     rt = gpu.rt
-    calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
+    calls, reason, threaded, before = rt.native, rt.native_reason, rt.submitter is not None, rt.submitter
     assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
     if request.param == "methods":
         rt.use_native(None, "switched off by the test")
     else:
         rt.use_native(calls, reason, threaded=request.param == "threaded")
+    assert before is None or before is rt.submitter or not before.thread.is_alive()  # a switch ends the old worker
     yield request.param
     rt.use_native(calls, reason, threaded)
 
@@ -66,7 +66,6 @@ def test_both_paths_replay_what_the_cpu_computes(gpu, path):
     assert gpu.describe()["recording"] == {
         "direct": "direct wgpu-native calls", "methods": "wgpu-py methods (switched off by the test)",
         "threaded": "direct wgpu-native calls, replays submitted from a worker thread"}[path]
-    assert sum(t.name == "tinynn-submit" for t in threading.enumerate()) <= 1  # a switch ends the old worker
 
 
 def test_each_replayed_loss_keeps_its_own_value(gpu):

@@ -1,5 +1,7 @@
 """The direct wgpu-native calls: the start-up probe refuses a path that does not work, a validation error
 still raises through them, and a replay's chunks and its result copy are laid out as intended."""
+import gc
+
 import numpy as np
 import pytest
 import wgpu
@@ -83,3 +85,16 @@ def test_a_replay_grows_its_chunks_and_submits_before_each_write(direct, monkeyp
     assert [sum(len(d) for _, d in runs) for runs in chunks] == [8, 16, 6, 5]
     assert [(p, len(d)) for p, d in chunks[1]] == [(name(pipe), 2), (name(other), 1), (name(pipe), 13)]
     assert chunks[3][0][1] == [(name(group), x, 1, 1) for x in range(31, 36)]
+
+
+def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
+    rt = runtime.Runtime(gpu.ctx)
+    if rt.native is None:
+        pytest.fail(f"the direct path should work on {gpu.device_name}: {rt.native_reason}")
+    rt.use_native(rt.native, "", threaded=True)
+    thread = rt.submitter.thread
+    assert thread.is_alive()
+    del rt
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()

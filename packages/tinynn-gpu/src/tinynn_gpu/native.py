@@ -121,9 +121,10 @@ class Submitter:
         self.jobs.put((encoder, compute_pass, copies))
 
     def close(self) -> None:
-        """End the worker thread, after what was handed to it."""
-        self.jobs.put(None)
-        self.thread.join()
+        """End the worker thread, after what was handed to it (once: a second call does nothing)."""
+        if self.thread.is_alive():
+            self.jobs.put(None)
+            self.thread.join()
 
     def wait(self) -> None:
         self.jobs.join()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -104,6 +105,7 @@ class Runtime(BufferPool):
             self.submitter = None
         if calls and threaded and self.submitter is None:
             self.submitter = native.Submitter(calls)
+            weakref.finalize(self, self.submitter.close)  # the thread does not outlive its runtime
 
     def describe(self) -> dict:
         how = "direct wgpu-native calls" if self.native else f"wgpu-py methods ({self.native_reason})"
