@@ -64,7 +64,7 @@ def test_linear_forward_and_backward(poisoned, n, n_in, n_out, has_bias, gelu, h
     up = lambda a: None if a is None else gpu.from_numpy(a)  # noqa: E731
     f64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
     forward = lambda: gpu.linear_forward(up(x), up(w), up(bias), up(residual), activation)  # noqa: E731
-    forward(), forward()  # a shape's second sight may autotune (every variant timed, where timestamps exist)
+    forward()  # a shape's first sight may autotune (every variant timed, where timestamps exist): count the next
     (y, pre), count = dispatches(gpu, forward)
     forward_kernel = gpu.mm.last
     want_y, want_pre = REF.linear_forward(f64(x), f64(w), f64(bias), f64(residual), activation)

@@ -150,15 +150,11 @@ def test_split_k_grid_past_65535_workgroups(poisoned, rng):
     assert rel_err(gpu.to_numpy(row_sums), a.astype(np.float64).sum(-1)) <= RTOL
 
 
-def test_autotune_times_every_variant_at_a_shapes_second_sight_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):
+def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):
     monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
     tuner = MatmulSelector(gpu.rt, autotune=True)
     a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 33)).astype(np.float32)
     da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((40, 33))
-    tuner.record(da.buffer, db.buffer, out, 1, 40, 33, 24, False, False, False)
-    assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
-    assert not (tmp_path / "matmul-autotune.json").exists()  # a shape seen once is not tuned
-    gpu._fill(out, float("nan"))
     tuner.record(da.buffer, db.buffer, out, 1, 40, 33, 24, False, False, False)
     assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
     cached = json.loads((tmp_path / "matmul-autotune.json").read_text())["choices"][tuner.cache_key]

@@ -7,9 +7,8 @@ transposed, b shared by every batch (a weight).
 `MatmulSelector` picks a variant per real shape (layout, batch, M, N, K): a model trains on a handful of
 shapes, each worth its own choice (split-K, say, wins on some and loses on their neighbours).
 TINYNN_MATMUL=<variant> forces one variant everywhere (the lesson's tile exercise: lesson8, lesson16,
-lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) the
-second matmul of a shape times every candidate on the real operands, with GPU timestamps where the adapter
-has them (a shape met once, like each length of a growing generation window, is not worth tuning), and the
+lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) the first matmul of a
+shape times every candidate on the real operands, with GPU timestamps where the adapter has them, and the
 winner is kept in a JSON file keyed by adapter and wgpu version (TINYNN_CACHE_DIR, default
 ~/.cache/tinynn). Without tuning, `default_variant` is a fixed choice measured on an H200 (BENCHMARKS.md).
 """
@@ -94,7 +93,6 @@ class MatmulSelector:
         if self.forced and self.forced not in self.variants:
             raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
         self.rows = RowsMatmul(runtime)
-        self.seen = set()  # shapes met once, untuned
         self.last = None
 
     def describe(self) -> str:
@@ -130,16 +128,11 @@ class MatmulSelector:
         key = f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"
         name = self.forced or self.choices.get(key)
         if name not in self.variants:
-            tunable = self.autotune and not self.rt.profiling and self.rt.tape is None  # tuning uses the profiler
-            if tunable and key in self.seen:
-                name = self.choices[key] = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b,
-                                                            shared_b))
+            if self.autotune and not self.rt.profiling and self.rt.tape is None:  # tuning uses the profiler
+                name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b))
             else:
                 name = self.default_variant(batch, m, n, k)
-                if tunable:  # tuned when seen again: a training step's shapes recur, a growing window's do not
-                    self.seen.add(key)
-                else:
-                    self.choices[key] = name
+            self.choices[key] = name
         self.last = self.variant(name).describe()
         return self.variant(name).record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
 
