@@ -152,6 +152,7 @@ def test_split_k_grid_past_65535_workgroups(poisoned, rng):
 
 def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):
     monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(MatmulSelector, "tune_min_macs", 0)  # this small shape is tuned too
     tuner = MatmulSelector(gpu.rt, autotune=True)
     a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 33)).astype(np.float32)
     da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((40, 33))
@@ -167,6 +168,18 @@ def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monke
     monkeypatch.setattr(again, "_tune", no_tuning)
     again.record(da.buffer, db.buffer, out, 1, 40, 33, 24, False, False, False)
     assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
+
+
+def test_a_matmul_too_small_to_repay_tuning_takes_the_default_variant(gpu, tmp_path, monkeypatch, rng):
+    monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
+    tuner = MatmulSelector(gpu.rt, autotune=True)
+    monkeypatch.setattr(tuner, "_tune", lambda *args: pytest.fail("a small matmul was tuned"))
+    m, n, k = 128, 1024, 256  # a generation window's MLP matmul: 2^25 multiply-adds
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    out = gpu.rt.empty((m, n))
+    tuner.record(gpu.from_numpy(a).buffer, gpu.from_numpy(b).buffer, out, 1, m, n, k, False, False, False)
+    assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
+    assert tuner.choices == {f"ta=0 tb=0 shared=0 b=1 m={m} n={n} k={k}": MatmulSelector.default_variant(1, m, n, k)}
 
 
 def test_a_variant_can_be_forced(gpu, monkeypatch):

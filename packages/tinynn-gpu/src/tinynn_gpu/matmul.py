@@ -7,9 +7,10 @@ transposed, b shared by every batch (a weight).
 `MatmulSelector` picks a variant per real shape (layout, batch, M, N, K): a model trains on a handful of
 shapes, each worth its own choice (split-K, say, wins on some and loses on their neighbours).
 TINYNN_MATMUL=<variant> forces one variant everywhere (the lesson's tile exercise: lesson8, lesson16,
-lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) the first matmul of a
-shape times every candidate on the real operands, with GPU timestamps where the adapter has them, and the
-winner is kept in a JSON file keyed by adapter and wgpu version (TINYNN_CACHE_DIR, default
+lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) the
+first matmul of a shape big enough to be worth it (`tune_min_macs`) times every candidate on the real
+operands, with GPU timestamps where the adapter has them, and the winner is kept in a JSON file keyed by
+adapter and wgpu version (TINYNN_CACHE_DIR, default
 ~/.cache/tinynn). Without tuning, `default_variant` is a fixed choice measured on an H200 (BENCHMARKS.md).
 """
 from __future__ import annotations
@@ -73,6 +74,10 @@ class LessonMatmul:
 
 
 class MatmulSelector:
+    # a matmul of fewer multiply-adds takes a few microseconds with any variant: tuning it (~50 ms) would not pay
+    # back, and a growing generation window (`--no-cache`) would tune one new shape per token
+    tune_min_macs = 1 << 26
+
     def __init__(self, runtime, autotune: bool | None = None):
         self.rt = runtime
         if autotune is None:
@@ -128,7 +133,8 @@ class MatmulSelector:
         key = f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"
         name = self.forced or self.choices.get(key)
         if name not in self.variants:
-            if self.autotune and not self.rt.profiling and self.rt.tape is None:  # tuning uses the profiler
+            worth_tuning = batch * m * n * k >= self.tune_min_macs
+            if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:  # (the profiler)
                 name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b))
             else:
                 name = self.default_variant(batch, m, n, k)
