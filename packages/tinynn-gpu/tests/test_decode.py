@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 import tinynn
 from tinynn import backends
 from tinynn.model import GPT, GPTConfig
+from tinynn_gpu.matmul_blocked import Epilogue
+from tinynn_gpu.matmul_rows import RowsMatmul
 
 REF = backends.reference()
 SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -137,6 +139,24 @@ def test_matmul_rows_leaves_a_k_not_a_multiple_of_4_to_the_tiled_kernels(poisone
     out, _ = poisoned.linear_forward(*(poisoned.from_numpy(x.astype(np.float32)) for x in (a, w)))
     assert poisoned.mm.last != poisoned.mm.rows.describe()
     assert_close(poisoned.to_numpy(out), a @ w.T)
+
+
+def test_matmul_rows_leaves_gelus_gradient_to_the_tiled_kernels(poisoned):
+    """A few rows times a transposed weight whose product is a GELU output's gradient: the rows kernel has
+    no such epilogue, so the selector must not send it there."""
+    g = np.random.default_rng(1)
+    a, w, pre = g.standard_normal((3, 8)), g.standard_normal((5, 8)), g.standard_normal((3, 5))
+    da, dw, dpre = (poisoned.from_numpy(x.astype(np.float32)) for x in (a, w, pre))
+    out = poisoned._matmul(da, dw, False, True, Epilogue(activation_grad="gelu", pre=dpre))
+    assert poisoned.mm.last != poisoned.mm.rows.describe()
+    assert_close(poisoned.to_numpy(out), backends.reference().unary_backward("gelu", pre, None, a @ w.T))
+
+
+def test_matmul_rows_is_not_used_where_its_workgroup_memory_is_not_offered(gpu, monkeypatch):
+    monkeypatch.setitem(gpu.rt.ctx.limits, "max-compute-workgroup-storage-size", 16384)
+    assert not RowsMatmul(gpu.rt).fits(1, 1, 256, False, True, Epilogue())
+    monkeypatch.setitem(gpu.rt.ctx.limits, "max-compute-workgroup-storage-size", 32768)
+    assert RowsMatmul(gpu.rt).fits(1, 1, 256, False, True, Epilogue())
 
 
 def test_advance(gpu):

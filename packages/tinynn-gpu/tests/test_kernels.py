@@ -55,23 +55,28 @@ def test_lesson_matmul_every_tile(poisoned, tile, case):
 
 
 def epilogue_for(case, gpu):
-    """An epilogue drawn from the case's seed (bias, GELU, residual, row sums each on or off), its GPU
-    arrays, and a function giving (out, pre, row_sums) in float64 from the plain product."""
+    """An epilogue drawn from the case's seed (bias, GELU or GELU's gradient, residual, row sums each on or
+    off), its GPU arrays, and a function giving (out, pre, row_sums) in float64 from the plain product."""
     batch, m, n, k, ta, tb, shared, seed = case
     g = np.random.default_rng(seed)
     bias = g.standard_normal(n).astype(np.float32) if seed & 1 else None
     gelu = bool(seed & 2)
     residual = g.standard_normal((batch, m, n)).astype(np.float32) if seed & 4 else None
     row_sums = bool(seed & 8)
-    epilogue = Epilogue(None if bias is None else gpu.from_numpy(bias), "gelu" if gelu else None,
-                        gpu.rt.empty((batch, m, n)) if gelu else None,
+    gelu_input = g.standard_normal((batch, m, n)).astype(np.float32) if seed & 16 and not gelu else None
+    pre = gpu.rt.empty((batch, m, n)) if gelu else None if gelu_input is None else gpu.from_numpy(gelu_input)
+    epilogue = Epilogue(None if bias is None else gpu.from_numpy(bias), "gelu" if gelu else None, pre,
                         None if residual is None else gpu.from_numpy(residual),
-                        gpu.rt.empty((batch, m)) if row_sums else None)
+                        gpu.rt.empty((batch, m)) if row_sums else None,
+                        None if gelu_input is None else "gelu")
 
     def expected(product, a):
+        if gelu_input is not None:  # the product is a GELU output's gradient: its input's gradient is stored
+            product = NUMPY.unary_backward("gelu", gelu_input.astype(np.float64), None, product)
         pre = product + (0 if bias is None else bias)
         out = NUMPY.unary("gelu", pre) if gelu else pre
         a = a.astype(np.float64)
+        pre = pre if gelu_input is None else gelu_input
         return out + (0 if residual is None else residual), pre, (a.sum(-2) if ta else a.sum(-1))
     return epilogue, expected
 

@@ -70,3 +70,12 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
     assert main(args + ["--no-cpu"]) in (0, None)
     assert list(json.loads(capsys.readouterr().out)["backends"]) == ["gpu"]
     backends.reset_discovery()
+
+
+def test_a_read_into_an_array_of_another_shape_or_dtype_is_refused(gpu):
+    arr = gpu.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    for out in (np.empty(5, np.float32), np.empty((2, 3), np.int32)):
+        with pytest.raises(ValueError, match="cannot read"):
+            gpu.rt.read(arr, out=out)
+    out = np.empty((2, 3), np.float32)
+    assert gpu.rt.read(arr, out=out) is out and out.ravel().tolist() == list(range(6))

@@ -39,10 +39,10 @@ INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_b
              "cross_entropy_backward", "embedding_with_positions_forward",
              "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
              "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
-FLOAT32 = np.dtype(np.float32)
+FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
 # rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
 # and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
-LAYERNORM_SPLIT_ROWS = 2048  # compared as a dtype: comparing with the type np.float32 converts it each time
+LAYERNORM_SPLIT_ROWS = 2048
 
 
 class WgpuBackend(DecodeOps, Backend):

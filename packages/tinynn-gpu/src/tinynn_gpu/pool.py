@@ -61,7 +61,7 @@ class _Lease:
     """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
     the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost). An array in a
     reference cycle takes its lease into the cycle collector's garbage; the runtime holds every buffer
-    (`Runtime.buffers`), so the buffer itself is never finalized there before its lease pools it."""
+    (`BufferPool.buffers`), so the buffer itself is never finalized there before its lease pools it."""
     __slots__ = ("runtime", "size", "buffer", "__weakref__")
 
     def __init__(self, runtime, size, buffer):

@@ -166,6 +166,8 @@ class Runtime(BufferPool):
         if self.tape is not None:
             self.tape.broken = "the step reads a value back"
         if start is None:
+            if out is not None and (out.shape != arr.shape or out.dtype != arr.dtype):
+                raise ValueError(f"cannot read a {arr.shape} {arr.dtype} array into a {out.shape} {out.dtype} one")
             out = np.empty(arr.shape, arr.dtype) if out is None else out
             start = 0
         elif not 0 <= start <= arr.size - out.size:
@@ -436,7 +438,8 @@ class Runtime(BufferPool):
 
 def _compile(events, direct: bool) -> list[tuple]:
     """A tape's events as the replay runs them: ("write", (buffer, bytes)) and ("dispatches", runs), the
-    first chunk of dispatches FIRST_CHUNK long and each next one CHUNK_GROWTH times the last, a run being
+    first chunk of dispatches FIRST_CHUNK long and each one after a full chunk CHUNK_GROWTH times longer (a
+    write ends a chunk early; the next keeps its length), a run being
     (pipeline, [(bind group, x, y, z), ...]) under one pipeline. Direct calls take native handles; the tape's
     events keep their objects (and so the handles) alive."""
     handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)

@@ -7,10 +7,10 @@
 // Bindings: 0:weight 1:idx 2:out 3:params 4:g 5:positions 7:tokens 8:errors
 
 struct Params {
-    total: u32,      // forward: N * C; backward: V * C (the table)
+    total: u32,      // forward: N * C; embedding_backward: V * C; with positions: P * C (the position table)
     cols: u32,       // C
     rows: u32,       // V, the table's rows
-    positions: u32,  // backward: N
+    positions: u32,  // embedding_backward: N; with positions: T (positions per sequence)
     chunk: u32,      // backward: positions per chunk
     chunks: u32,
     batch: u32,      // embedding_with_positions_backward_main: the sequences (N / T)
