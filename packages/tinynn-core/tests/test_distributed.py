@@ -124,6 +124,29 @@ def test_a_failing_rank_ends_the_job_with_its_error(mpiexec, workdir):
     assert "tinynn: error: rank 1 of 2: config file not found: missing.json" in done.stderr.splitlines()
 
 
+def test_a_new_batch_shape_frees_the_old_persistent_sums(mpiexec, workdir):
+    script = """
+import numpy as np
+from tinynn import distributed, rng
+from tinynn.model import GPT, GPTConfig
+from tinynn.optim import AdamW
+from tinynn.train import REDUCE_PARTS, TrainStep
+world = distributed.world()
+rng.manual_seed(0)
+model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
+step = TrainStep(model, AdamW(model.parameters(), lr=1e-3), 2, 8, world=world)
+for rows in (2, 3, 2):
+    x = np.ones((rows, 8), np.int64)
+    step(x, x, 1e-3)
+    assert len(distributed._open_requests) == REDUCE_PARTS, len(distributed._open_requests)
+print(f"rank{world.rank}-ok", flush=True)
+"""
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    assert "rank0-ok" in done.stdout and "rank1-ok" in done.stdout
+
+
 def test_under_mpiexec_without_mpi4py_says_what_to_install(workdir, monkeypatch, capsys):
     monkeypatch.setenv("PMI_RANK", "0")
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now raises ImportError

@@ -79,6 +79,8 @@ class TrainStep:
             self.flat = Tensor(be.full((sum(math.prod(s) for s in shapes),), 0.0), be)
             self.host = np.zeros(self.flat.shape, np.float32)  # read back into, summed and written from
             ends = np.linspace(0, self.host.size, min(REDUCE_PARTS, self.host.size) + 1).astype(int).tolist()
+            for *_, summation in getattr(self, "parts", ()):  # a new batch shape: the old parts go
+                summation.free()
             self.parts = [(a, b, self.world.summation(self.host[a:b])) for a, b in zip(ends[:-1], ends[1:])]
             self._pack = be.capture(self._packed_gradients, key=self._backward_key, copy_result=False)  # read at once
             self._update = be.capture(lambda: self._unpacked_update(shapes), key=self._guard_key)
