@@ -2,7 +2,9 @@
 
 Ops only record dispatches (runtime.py); nothing waits for the GPU until a value is read back. Names match
 the NumPy reference (tinynn/numpy_backend.py), which every kernel is tested against. An array too large for
-one storage binding lives on the host instead, and the ops that touch it run through the NumPy fallback.
+one storage binding lives on the host instead, and the ops that touch it run through the NumPy fallback
+(fallback.py wraps every op with it). The training step's optimizer, norm and data-parallel ops are in
+step_ops.py, generation's in decode.py: bases of `WgpuBackend`.
 
 Dtypes: arrays are float32 or int32. Int32 arrays have kernels for the layout ops, add, sub, mul, eq, neg,
 relu, and add or mul by an integer, with int32's wrap-around; every other op given an int32 operand (exp,
@@ -11,14 +13,13 @@ gives NumPy's answer stored as float32 or int32. Either way, nothing is computed
 """
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
 import numpy as np
 
 from tinynn.backends import Backend
-from tinynn_gpu import group_sum, host_reduce
+from tinynn_gpu import fallback, group_sum
 from tinynn_gpu.attention import Attention, unsupported_head_size
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.decode import DecodeOps
@@ -27,25 +28,20 @@ from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.matmul_blocked import ACTIVATIONS, Epilogue
 from tinynn_gpu.multi_tensor import MultiTensor
 from tinynn_gpu.packing import Packing
+from tinynn_gpu.pool import bindable
 from tinynn_gpu.runtime import GpuArray, OnCpu, Runtime, TooLarge, groups
+from tinynn_gpu.step_ops import StepOps
 
 UNARY = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "gelu": 5}
 BINARY = {"add": 0, "sub": 1, "mul": 2, "div": 3, "eq": 4}
 SCALAR = {"add": 0, "mul": 1, "pow": 2}
 INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}, {"add", "mul"}  # int32 kernels
-# ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
-INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
-             "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
-             "cross_entropy_backward", "embedding_with_positions_forward",
-             "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
-             "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
-FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
 # rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
 # and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
 LAYERNORM_SPLIT_ROWS = 2048
 
 
-class WgpuBackend(DecodeOps, Backend):
+class WgpuBackend(StepOps, DecodeOps, Backend):
     name = "gpu"
     interface_version = 2  # tinynn.backends.INTERFACE_VERSION when these ops were written
     is_gpu = True
@@ -116,7 +112,7 @@ class WgpuBackend(DecodeOps, Backend):
         return self.rt.empty(tuple(shape), dtype)
 
     def _fill(self, out, value: float):
-        self.rt.dispatch("elementwise", "fill_main", groups(out.size), {2: _buf(out)},
+        self.rt.dispatch("elementwise", "fill_main", groups(out.size), {2: bindable(out)},
                          {"n": out.size, "value": float(value)})
         return out
 
@@ -148,14 +144,14 @@ class WgpuBackend(DecodeOps, Backend):
     def _gather(self, a, offset, shape, strides):
         out = self._empty(shape, a.dtype)
         merged, (view_strides,) = merge_dims(shape, strides)
-        self.rt.dispatch("strided", "gather_main", groups(out.size), {0: _buf(a), 2: out},
+        self.rt.dispatch("strided", "gather_main", groups(out.size), {0: bindable(a), 2: out},
                          {"n": out.size, "ndim": len(merged), "offset": offset, "shape": merged,
                           "strides": view_strides})
         return out
 
     def _scatter(self, src, dst, offset, shape, strides):
         merged, (view_strides,) = merge_dims(shape, strides)
-        self.rt.dispatch("strided", "scatter_main", groups(src.size), {0: _buf(src), 2: _buf(dst)},
+        self.rt.dispatch("strided", "scatter_main", groups(src.size), {0: bindable(src), 2: bindable(dst)},
                          {"n": src.size, "ndim": len(merged), "offset": offset, "shape": merged,
                           "strides": view_strides})
 
@@ -204,17 +200,17 @@ class WgpuBackend(DecodeOps, Backend):
             if op not in INT_UNARY:
                 raise OnCpu(f"{op} of int32")
             out = self._empty(a.shape, a.dtype)
-            self.rt.dispatch("elementwise", "unary_int_main", groups(a.size), {5: _buf(a), 7: out},
+            self.rt.dispatch("elementwise", "unary_int_main", groups(a.size), {5: bindable(a), 7: out},
                              {"n": a.size, "op": code})
             return out
         out = self._empty(a.shape)
-        self.rt.dispatch("elementwise", "unary_main", groups(a.size), {0: _buf(a), 2: out}, {"n": a.size, "op": code})
+        self.rt.dispatch("elementwise", "unary_main", groups(a.size), {0: bindable(a), 2: out}, {"n": a.size, "op": code})
         return out
 
     def unary_backward(self, op, x, y, g):
         out = self._empty(g.shape)
         self.rt.dispatch("elementwise", "unary_backward_main", groups(g.size),
-                         {0: _buf(x), 1: _buf(y), 4: _buf(g), 2: out}, {"n": g.size, "op": _code(UNARY, "unary", op)})
+                         {0: bindable(x), 1: bindable(y), 4: bindable(g), 2: out}, {"n": g.size, "op": _code(UNARY, "unary", op)})
         return out
 
     def binary(self, op, a, b):
@@ -231,10 +227,10 @@ class WgpuBackend(DecodeOps, Backend):
         merged, (sa, sb) = merge_dims(shape, strides_in(a), strides_in(b))
         params = {"n": out.size, "op": code, "ndim": len(merged), "shape": merged, "a_strides": sa, "b_strides": sb}
         if is_int:
-            self.rt.dispatch("elementwise", "binary_int_main", groups(out.size), {5: _buf(a), 6: _buf(b), 7: out},
+            self.rt.dispatch("elementwise", "binary_int_main", groups(out.size), {5: bindable(a), 6: bindable(b), 7: out},
                              params)
         else:
-            self.rt.dispatch("elementwise", "binary_main", groups(out.size), {0: _buf(a), 1: _buf(b), 2: out}, params)
+            self.rt.dispatch("elementwise", "binary_main", groups(out.size), {0: bindable(a), 1: bindable(b), 2: out}, params)
         return out
 
     def scalar(self, op, a, s):
@@ -243,17 +239,17 @@ class WgpuBackend(DecodeOps, Backend):
             if op not in INT_SCALAR or not isinstance(s, numbers.Integral) or not -2**31 <= s < 2**31:
                 raise OnCpu(f"int32 {op} {s!r}")  # NumPy's answer is float, or an int64
             out = self._empty(a.shape, a.dtype)
-            self.rt.dispatch("elementwise", "scalar_int_main", groups(a.size), {5: _buf(a), 7: out},
+            self.rt.dispatch("elementwise", "scalar_int_main", groups(a.size), {5: bindable(a), 7: out},
                              {"n": a.size, "op": code, "int_value": int(s)})
             return out
         out = self._empty(a.shape)
-        self.rt.dispatch("elementwise", "scalar_main", groups(a.size), {0: _buf(a), 2: out},
+        self.rt.dispatch("elementwise", "scalar_main", groups(a.size), {0: bindable(a), 2: out},
                          {"n": a.size, "op": code, "value": float(s)})
         return out
 
     def causal_fill(self, x, value):
         out = self._empty(x.shape)
-        self.rt.dispatch("elementwise", "causal_fill_main", groups(x.size), {0: _buf(x), 2: out},
+        self.rt.dispatch("elementwise", "causal_fill_main", groups(x.size), {0: bindable(x), 2: out},
                          {"n": x.size, "t_q": x.shape[-2], "t_k": x.shape[-1], "value": float(value)})
         return out
 
@@ -292,9 +288,9 @@ class WgpuBackend(DecodeOps, Backend):
         shader = group_sum.shader(self.rt, "reduce")
         params = {"outer": outer, "r": r, "inner": inner, "op": op}
         if inner == 1:
-            self.rt.dispatch(shader, "reduce_rows_main", outer, {0: _buf(a), 2: out}, params)
+            self.rt.dispatch(shader, "reduce_rows_main", outer, {0: bindable(a), 2: out}, params)
         else:
-            self.rt.dispatch(shader, "reduce_columns_main", outer * -(-inner // 32), {0: _buf(a), 2: out}, params)
+            self.rt.dispatch(shader, "reduce_columns_main", outer * -(-inner // 32), {0: bindable(a), 2: out}, params)
         return out
 
     def sum(self, a, axes, keepdims=False):
@@ -310,8 +306,8 @@ class WgpuBackend(DecodeOps, Backend):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}")
         pre = self._empty((x.shape[0], weight.shape[0])) if activation else None
-        y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else _buf(bias), activation, pre,
-                                                          None if residual is None else _buf(residual)))
+        y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation, pre,
+                                                          None if residual is None else bindable(residual)))
         return y, pre
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
@@ -339,7 +335,7 @@ class WgpuBackend(DecodeOps, Backend):
             if epilogue.row_sums is not None:
                 self._fill(epilogue.row_sums, 0.0)
             return out
-        if self.mm.record(_buf(a), _buf(b), out, math.prod(batch_shape), m, n, k, transpose_a, transpose_b,
+        if self.mm.record(bindable(a), bindable(b), out, math.prod(batch_shape), m, n, k, transpose_a, transpose_b,
                           shared_b, epilogue):
             return out
         # a kernel without an epilogue (the lesson's): the same steps as separate ops
@@ -368,26 +364,26 @@ class WgpuBackend(DecodeOps, Backend):
     def softmax_forward(self, x, causal=False, scale=1.0):
         out = self._empty(x.shape)
         t_q = x.shape[-2] if causal else 1
-        self._rows("softmax_forward_main", x.shape, {0: _buf(x), 2: out},
+        self._rows("softmax_forward_main", x.shape, {0: bindable(x), 2: out},
                    {"rows": math.prod(x.shape[:-1]), "len": x.shape[-1], "causal": int(causal), "t_q": t_q,
                     "scale": float(scale)})
         return out
 
     def softmax_backward(self, y, g, scale=1.0):
         out = self._empty(y.shape)
-        self._rows("softmax_backward_main", y.shape, {0: _buf(y), 1: _buf(g), 2: out},
+        self._rows("softmax_backward_main", y.shape, {0: bindable(y), 1: bindable(g), 2: out},
                    {"rows": math.prod(y.shape[:-1]), "len": y.shape[-1], "scale": float(scale)})
         return out
 
     def log_softmax_forward(self, x):
         out = self._empty(x.shape)
-        self._rows("log_softmax_forward_main", x.shape, {0: _buf(x), 2: out},
+        self._rows("log_softmax_forward_main", x.shape, {0: bindable(x), 2: out},
                    {"rows": math.prod(x.shape[:-1]), "len": x.shape[-1]})
         return out
 
     def log_softmax_backward(self, y, g):
         out = self._empty(y.shape)
-        self._rows("log_softmax_backward_main", y.shape, {0: _buf(y), 1: _buf(g), 2: out},
+        self._rows("log_softmax_backward_main", y.shape, {0: bindable(y), 1: bindable(g), 2: out},
                    {"rows": math.prod(y.shape[:-1]), "len": y.shape[-1]})
         return out
 
@@ -398,7 +394,7 @@ class WgpuBackend(DecodeOps, Backend):
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
         self._rows("layernorm_forward_main", x.shape,
-                   {0: _buf(x), 1: _buf(w), 2: _buf(b), 4: y, 5: mean, 6: rstd}, {"rows": rows, "cols": c, "eps": eps},
+                   {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd}, {"rows": rows, "cols": c, "eps": eps},
                    module="layernorm")
         return y, mean, rstd
 
@@ -415,8 +411,8 @@ class WgpuBackend(DecodeOps, Backend):
                   "param_groups": -(-c // 8) * splits if wanted else 0, "split_rows": LAYERNORM_SPLIT_ROWS,
                   "splits": splits}
         self.rt.dispatch("layernorm", "layernorm_backward_main", params["param_groups"] + rows,
-                         {0: _buf(x), 1: _buf(w), 5: _buf(mean), 6: _buf(rstd), 7: _buf(g),
-                          8: self.unused[0] if g_add is None else _buf(g_add), 4: gx, 9: partials, 10: gw, 11: gb},
+                         {0: bindable(x), 1: bindable(w), 5: bindable(mean), 6: bindable(rstd), 7: bindable(g),
+                          8: self.unused[0] if g_add is None else bindable(g_add), 4: gx, 9: partials, 10: gw, 11: gb},
                          params)
         if splits > 1:
             self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", groups(c),
@@ -428,7 +424,7 @@ class WgpuBackend(DecodeOps, Backend):
         n, c = logits.shape
         probs, rows, loss, count = self._empty((n, c)), self._empty((n, 2)), self._empty(()), self._empty(())
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
-        bindings = {0: _buf(logits), 1: _buf(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
+        bindings = {0: bindable(logits), 1: bindable(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
         self.rt.dispatch("cross_entropy", "cross_entropy_forward_rows_main", n, bindings, params)
         self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss, 9: count}, params)
         return loss, probs, count
@@ -441,9 +437,9 @@ class WgpuBackend(DecodeOps, Backend):
         if count is None:
             count = self._empty(())
             self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1,
-                             {1: _buf(targets), 9: count}, params)
+                             {1: bindable(targets), 9: count}, params)
         self.rt.dispatch("cross_entropy", "cross_entropy_backward_main", groups(n * c),
-                         {1: _buf(targets), 2: _buf(probs), 9: _buf(count), 6: _buf(g_loss), 7: grad,
+                         {1: bindable(targets), 2: bindable(probs), 9: bindable(count), 6: bindable(g_loss), 7: grad,
                           8: self.rt.error_flags}, params)
         return grad
 
@@ -452,7 +448,7 @@ class WgpuBackend(DecodeOps, Backend):
         v, c = weight.shape
         out = self._empty(idx.shape + (c,))
         self.rt.dispatch("embedding", "embedding_forward_main", groups(out.size),
-                         {0: _buf(weight), 1: _buf(idx), 2: out, 8: self.rt.error_flags},
+                         {0: bindable(weight), 1: bindable(idx), 2: out, 8: self.rt.error_flags},
                          {"total": out.size, "cols": c, "rows": v})
         return out
 
@@ -464,7 +460,7 @@ class WgpuBackend(DecodeOps, Backend):
         chunks = -(-n // chunk)
         partial = self._empty((chunks * table,))
         self.rt.dispatch("embedding", "embedding_backward_main", groups(partial.size),
-                         {1: _buf(idx), 4: _buf(g), 2: partial, 8: self.rt.error_flags},
+                         {1: bindable(idx), 4: bindable(g), 2: partial, 8: self.rt.error_flags},
                          {"total": table, "cols": c, "rows": num_embeddings, "positions": n, "chunk": chunk,
                           "chunks": chunks})
         out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
@@ -475,7 +471,7 @@ class WgpuBackend(DecodeOps, Backend):
         v, c = wte.shape
         out = self._empty(idx.shape + (c,))
         self.rt.dispatch("embedding", "embedding_with_positions_forward_main", groups(out.size),
-                         {0: _buf(wte), 5: _buf(wpe), 1: _buf(idx), 2: out, 8: self.rt.error_flags},
+                         {0: bindable(wte), 5: bindable(wpe), 1: bindable(idx), 2: out, 8: self.rt.error_flags},
                          {"total": out.size, "cols": c, "rows": v, "positions": idx.shape[-1]})
         return out
 
@@ -485,7 +481,7 @@ class WgpuBackend(DecodeOps, Backend):
         g_wte, g_wpe = self._empty((num_embeddings, c)), self._empty((num_positions, c))
         self.rt.dispatch("embedding", "embedding_with_positions_backward_main",
                          num_embeddings + -(-g_wpe.size // 256),
-                         {1: _buf(idx), 4: _buf(g), 7: g_wte, 2: g_wpe, 8: self.rt.error_flags},
+                         {1: bindable(idx), 4: bindable(g), 7: g_wte, 2: g_wpe, 8: self.rt.error_flags},
                          {"total": g_wpe.size, "cols": c, "rows": num_embeddings, "positions": t,
                           "batch": g.size // max(1, t * c)})
         return g_wte, g_wpe
@@ -496,7 +492,7 @@ class WgpuBackend(DecodeOps, Backend):
             raise OnCpu(why)
         batch, seq, c3 = qkv.shape
         y, lse = self._empty((batch, seq, c3 // 3)), self._empty((batch, n_head, seq))
-        self.attention.forward(_buf(qkv), y, lse, n_head, scale)
+        self.attention.forward(bindable(qkv), y, lse, n_head, scale)
         return y, lse
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
@@ -504,61 +500,8 @@ class WgpuBackend(DecodeOps, Backend):
         if why:
             raise OnCpu(why)
         g_qkv, delta = self._empty(qkv.shape), self._empty(lse.shape)
-        self.attention.backward(_buf(g), _buf(qkv), _buf(y), _buf(lse), delta, g_qkv, n_head, scale)
+        self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), delta, g_qkv, n_head, scale)
         return g_qkv
-
-    # --- optimizer ---
-    def global_norm(self, arrays):
-        return self._norm(arrays, None)[0]
-
-    def global_norm_and_clip(self, arrays, max_norm):
-        return self._norm(arrays, max_norm)
-
-    def _norm(self, arrays, max_norm):
-        """The norm and, given max_norm, the clip coefficient: the sums of squares, then one finish for both."""
-        partials, count = self.multi.sum_squares([_buf(a) for a in arrays], lambda n: self._empty((n,)))
-        norm = self._empty(())
-        coefficient = self._empty(()) if max_norm is not None else self.unused[1]
-        self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm, 4: coefficient},
-                         {"count": count, "clip": int(max_norm is not None), "max_norm": max_norm or 0.0})
-        return norm, (coefficient if max_norm is not None else None)
-
-    def adamw_update_(self, params, grads, exp_avgs, exp_avg_sqs, hyper, *, beta1, beta2, eps, weight_decay,
-                      grad_scale=None):
-        scale = grad_scale if grad_scale is not None else self._constant(1.0)
-        decays = list(weight_decay) if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(params)
-        self.multi.adamw([_buf(p) for p in params], [_buf(g) for g in grads], [_buf(m) for m in exp_avgs],
-                         [_buf(v) for v in exp_avg_sqs], _buf(hyper), _buf(scale), beta1, beta2, eps, decays)
-
-    def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
-        scale = grad_scale if grad_scale is not None else self._constant(1.0)
-        for p, g, buf in zip(params, grads, momentum_buffers):
-            self.rt.dispatch("optimizer", "sgd_main", groups(p.size),
-                             {0: _buf(p), 1: _buf(g), 2: _buf(buf), 5: _buf(hyper), 6: _buf(scale)},
-                             {"n": p.size, "momentum": momentum, "weight_decay": weight_decay})
-
-    # --- data parallel ---
-    def pack(self, arrays):
-        flat = self._empty((sum(a.size for a in arrays),), arrays[0].dtype)
-        self.packing.copy("pack", flat, [_buf(a) for a in arrays])
-        return flat
-
-    def unpack(self, flat, shapes):
-        arrays = [self._empty(shape, flat.dtype) for shape in shapes]
-        self.packing.copy("unpack", _buf(flat), arrays)
-        return arrays
-
-    def reduce_on_host_(self, src, dst, host, parts, in_thread=False):
-        if not in_thread or src.buffer is None or dst.buffer is None:
-            return super().reduce_on_host_(src, dst, host, parts)
-        host_reduce.reduce_on_host_(self.rt, src, dst, host, parts)
-
-
-def _buf(a: GpuArray) -> GpuArray:
-    """An array a kernel can bind; a host-resident one raises TooLarge so the op runs on the CPU instead."""
-    if a.buffer is None:
-        raise TooLarge("array lives on the host")
-    return a
 
 
 def _code(table: dict, family: str, op: str) -> int:
@@ -576,39 +519,4 @@ def _check_dtypes(name, *arrays):
         raise OnCpu(f"{name} of {', '.join(str(a.dtype) for a in arrays)}")
 
 
-def _cpu_reason(int_aware: bool, operands) -> str | None:
-    """Why an op must run on the CPU with these operands (arrays, or lists and tuples of them), found before
-    it records any dispatch (an in-place update that stopped half-way would then run twice on the first
-    parameters); None: the GPU. `int_aware`: the op takes int32 arrays. Runs before every op, so loops
-    in place of a generator."""
-    for x in operands:
-        for a in (x,) if isinstance(x, GpuArray) else x if isinstance(x, (list, tuple)) else ():
-            if not isinstance(a, GpuArray):
-                continue
-            if a.buffer is None:
-                return "an array exceeds the binding limit"
-            if not int_aware and a.dtype != FLOAT32:
-                return f"no {a.dtype} kernel"
-    return None
-
-
-def _on_cpu_when_needed(name):
-    gpu_op, cpu_op = getattr(WgpuBackend, name), getattr(Backend, name)
-    int_aware = name in INT_AWARE
-
-    @functools.wraps(gpu_op)
-    def op(self, *args, **kwargs):
-        reason = _cpu_reason(int_aware, (*args, *kwargs.values()) if kwargs else args)
-        if reason is None:
-            try:
-                return gpu_op(self, *args, **kwargs)
-            except (TooLarge, OnCpu) as e:  # an in-place op raises these before it dispatches anything
-                reason = str(e)
-        if self.rt.tape is not None:
-            self.rt.tape.broken = f"{name} ran on the CPU ({reason})"
-        return cpu_op(self, *args, **kwargs)
-    return op
-
-
-for _name in Backend.ops():
-    setattr(WgpuBackend, _name, _on_cpu_when_needed(_name))
+fallback.install(WgpuBackend)

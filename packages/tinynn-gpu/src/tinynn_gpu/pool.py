@@ -173,3 +173,10 @@ class BufferPool:
         self.free.clear()
         self.pooled_bytes = 0
         return dead
+
+
+def bindable(a: GpuArray) -> GpuArray:
+    """An array a kernel can bind; a host-resident one raises TooLarge so the op runs on the CPU instead."""
+    if a.buffer is None:
+        raise TooLarge("array lives on the host")
+    return a

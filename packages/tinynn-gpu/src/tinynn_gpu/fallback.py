@@ -1,0 +1,64 @@
+"""The GPU backend's way to the NumPy reference: every op of the interface runs its kernel when its operands
+allow, and otherwise the reference `Backend` provides under the same name (counted in `fallbacks`), decided
+before the op records any dispatch. Operands that send an op to the CPU: an array too large for one storage
+binding (it lives on the host), an int32 array where no int32 kernel exists; an op may also refuse by
+raising OnCpu (a head size no kernel takes, say). A captured step that falls back is not replayed.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from tinynn.backends import Backend
+from tinynn_gpu.runtime import GpuArray, OnCpu, TooLarge
+
+# ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
+INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
+             "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
+             "cross_entropy_backward", "embedding_with_positions_forward",
+             "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
+             "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
+FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
+
+
+def cpu_reason(int_aware: bool, operands) -> str | None:
+    """Why an op must run on the CPU with these operands (arrays, or lists and tuples of them), found before
+    it records any dispatch (an in-place update that stopped half-way would then run twice on the first
+    parameters); None: the GPU. `int_aware`: the op takes int32 arrays. Runs before every op, so loops
+    in place of a generator."""
+    for x in operands:
+        for a in (x,) if isinstance(x, GpuArray) else x if isinstance(x, (list, tuple)) else ():
+            if not isinstance(a, GpuArray):
+                continue
+            if a.buffer is None:
+                return "an array exceeds the binding limit"
+            if not int_aware and a.dtype != FLOAT32:
+                return f"no {a.dtype} kernel"
+    return None
+
+
+def with_cpu_fallback(cls, name):
+    """cls's op `name` wrapped: run on the GPU when its operands allow, else (or when the op raises OnCpu or
+    TooLarge before dispatching) the NumPy reference that `Backend` provides under the same name."""
+    gpu_op, cpu_op = getattr(cls, name), getattr(Backend, name)
+    int_aware = name in INT_AWARE
+
+    @functools.wraps(gpu_op)
+    def op(self, *args, **kwargs):
+        reason = cpu_reason(int_aware, (*args, *kwargs.values()) if kwargs else args)
+        if reason is None:
+            try:
+                return gpu_op(self, *args, **kwargs)
+            except (TooLarge, OnCpu) as e:  # an in-place op raises these before it dispatches anything
+                reason = str(e)
+        if self.rt.tape is not None:
+            self.rt.tape.broken = f"{name} ran on the CPU ({reason})"
+        return cpu_op(self, *args, **kwargs)
+    return op
+
+
+def install(cls) -> None:
+    """Every op of the backend interface on cls, wrapped by with_cpu_fallback."""
+    for name in Backend.ops():
+        setattr(cls, name, with_cpu_fallback(cls, name))
