@@ -16,8 +16,8 @@ from tinynn_gpu.runtime import GpuArray, OnCpu, TooLarge
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
 INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
              "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
-             "cross_entropy_backward", "embedding_with_positions_forward",
-             "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
+             "cross_entropy_backward", "embedding_with_positions_forward", "embedding_with_positions_backward",
+             "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
              "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
 FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
 
