@@ -32,8 +32,10 @@ class StepOps:
                       grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)
         decays = list(weight_decay) if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(params)
-        self.multi.adamw([bindable(p) for p in params], [bindable(g) for g in grads], [bindable(m) for m in exp_avgs],
-                         [bindable(v) for v in exp_avg_sqs], bindable(hyper), bindable(scale), beta1, beta2, eps, decays)
+        params, grads, exp_avgs, exp_avg_sqs = ([bindable(a) for a in arrays]
+                                                for arrays in (params, grads, exp_avgs, exp_avg_sqs))
+        self.multi.adamw(params, grads, exp_avgs, exp_avg_sqs, bindable(hyper), bindable(scale), beta1, beta2, eps,
+                         decays)
 
     def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
         scale = grad_scale if grad_scale is not None else self._constant(1.0)
