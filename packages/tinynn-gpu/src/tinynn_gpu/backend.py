@@ -204,13 +204,15 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
                              {"n": a.size, "op": code})
             return out
         out = self._empty(a.shape)
-        self.rt.dispatch("elementwise", "unary_main", groups(a.size), {0: bindable(a), 2: out}, {"n": a.size, "op": code})
+        self.rt.dispatch("elementwise", "unary_main", groups(a.size), {0: bindable(a), 2: out},
+                         {"n": a.size, "op": code})
         return out
 
     def unary_backward(self, op, x, y, g):
         out = self._empty(g.shape)
         self.rt.dispatch("elementwise", "unary_backward_main", groups(g.size),
-                         {0: bindable(x), 1: bindable(y), 4: bindable(g), 2: out}, {"n": g.size, "op": _code(UNARY, "unary", op)})
+                         {0: bindable(x), 1: bindable(y), 4: bindable(g), 2: out},
+                         {"n": g.size, "op": _code(UNARY, "unary", op)})
         return out
 
     def binary(self, op, a, b):
@@ -227,10 +229,11 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         merged, (sa, sb) = merge_dims(shape, strides_in(a), strides_in(b))
         params = {"n": out.size, "op": code, "ndim": len(merged), "shape": merged, "a_strides": sa, "b_strides": sb}
         if is_int:
-            self.rt.dispatch("elementwise", "binary_int_main", groups(out.size), {5: bindable(a), 6: bindable(b), 7: out},
-                             params)
+            self.rt.dispatch("elementwise", "binary_int_main", groups(out.size),
+                             {5: bindable(a), 6: bindable(b), 7: out}, params)
         else:
-            self.rt.dispatch("elementwise", "binary_main", groups(out.size), {0: bindable(a), 1: bindable(b), 2: out}, params)
+            self.rt.dispatch("elementwise", "binary_main", groups(out.size),
+                             {0: bindable(a), 1: bindable(b), 2: out}, params)
         return out
 
     def scalar(self, op, a, s):
@@ -394,8 +397,8 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
         self._rows("layernorm_forward_main", x.shape,
-                   {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd}, {"rows": rows, "cols": c, "eps": eps},
-                   module="layernorm")
+                   {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd},
+                   {"rows": rows, "cols": c, "eps": eps}, module="layernorm")
         return y, mean, rstd
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):

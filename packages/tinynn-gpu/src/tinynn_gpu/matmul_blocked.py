@@ -147,8 +147,10 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
         fetch_next = ["        {"] + copy("k0", "            ") + ["        }", "        workgroupBarrier();"]
     inner = []
     for kk in range(cfg.bk):
-        inner += [f"        let a{kk}_{q} = a_tile[a_now + {kk * a_stride}u + ty + {q}u * THREADS_M];" for q in range(qm)]
-        inner += [f"        let b{kk}_{q} = b_tile[b_now + {kk * b_stride}u + tx + {q}u * THREADS_N];" for q in range(qn)]
+        inner += [f"        let a{kk}_{q} = a_tile[a_now + {kk * a_stride}u + ty + {q}u * THREADS_M];"
+                  for q in range(qm)]
+        inner += [f"        let b{kk}_{q} = b_tile[b_now + {kk * b_stride}u + tx + {q}u * THREADS_N];"
+                  for q in range(qn)]
         inner += [f"        acc_{i}_{q} = acc_{i}_{q} + a{kk}_{i // 4}.{XYZW[i % 4]} * b{kk}_{q};"
                   for i in range(cfg.tm) for q in range(qn)]
     row_sum = [f"            row_sum = row_sum + a_tile[a_now + {kk * a_stride}u + lid];" for kk in range(cfg.bk)]
