@@ -181,3 +181,13 @@ def test_a_constant_uploaded_between_dispatches_is_replayed_in_order(gpu, path):
         assert step().item() == 24.0 * value
     kinds = [event[0] for event in step.tape.events]
     assert "dispatch" in kinds[:kinds.index("write")] and "dispatch" in kinds[kinds.index("write"):]
+
+
+def test_a_write_to_part_of_an_array_is_replayed_at_its_offset(gpu, path):
+    w = gpu.full((6,), 1.0)
+    step = gpu.capture(lambda: gpu.rt.write(w, np.array([5.0, 7.0], np.float32), start=3))
+    for _ in range(6):  # eager calls, the capture, then replays
+        gpu.write_(w, np.ones(6, np.float32))
+        step()
+        assert gpu.to_numpy(w).tolist() == [1.0, 1.0, 1.0, 5.0, 7.0, 1.0]
+    assert step.tape is not None and [event[0] for event in step.tape.events] == ["write"]

@@ -76,11 +76,11 @@ def test_a_replay_grows_its_chunks_and_submits_before_each_write(direct, monkeyp
     monkeypatch.setattr(runtime, "CHUNK_GROWTH", 2)
     pipe, other, group, x, y = map(Handle, ("pipe", "other", "group", "x", "y"))
     dispatches = [("dispatch", other if i == 10 else pipe, group, (i + 1, 1, 1)) for i in range(35)]
-    events = [("write", x, b"1")] + dispatches[:30] + [("write", y, b"2")] + dispatches[30:]
+    events = [("write", x, b"1", 0)] + dispatches[:30] + [("write", y, b"2", 8)] + dispatches[30:]
     program = runtime._compile(events, direct)
     name = (lambda h: h._internal) if direct else (lambda h: h)
     assert [kind for kind, _ in program] == ["write", "dispatches", "dispatches", "dispatches", "write", "dispatches"]
-    assert program[0][1] == (name(x), b"1") and program[4][1] == (name(y), b"2")
+    assert program[0][1] == (name(x), b"1", 0) and program[4][1] == (name(y), b"2", 8)
     chunks = [item for kind, item in program if kind == "dispatches"]
     assert [sum(len(d) for _, d in runs) for runs in chunks] == [8, 16, 6, 5]
     assert [(p, len(d)) for p, d in chunks[1]] == [(name(pipe), 2), (name(other), 1), (name(pipe), 13)]

@@ -33,7 +33,7 @@ EAGER_CALLS = 3
 class Tape:
     def __init__(self, runtime):
         self.runtime = runtime
-        self.events = []  # ("dispatch", pipeline, bind group, workgroups) | ("write", buffer, bytes)
+        self.events = []  # ("dispatch", pipeline, bind group, workgroups) | ("write", buffer, bytes, byte offset)
         self.leases = {}  # pooled buffer -> (weakly) the lease of the last array on it that the step used
         self.keep = []  # what holds the tape's buffers: arrays' leases, raw buffers
         self.claimed = []  # buffers taken out of the pool for the tape; they go back with it

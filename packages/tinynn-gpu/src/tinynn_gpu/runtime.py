@@ -154,10 +154,8 @@ class Runtime(BufferPool):
         elif data.nbytes:
             self.queue.write_buffer(arr.buffer, offset, data)
         self.counters["uploads"] += 1
-        if self.tape is not None and offset:
-            self.tape.broken = "the step writes part of an array"  # the tape's writes start at offset 0
-        elif self.tape is not None:  # inside a captured step this is a constant: replay writes the same bytes
-            self.tape.events.append(("write", arr.buffer, data.tobytes()))
+        if self.tape is not None:  # inside a captured step this is a constant: replay writes the same bytes
+            self.tape.events.append(("write", arr.buffer, data.tobytes(), offset))
             self.tape.hold(arr)
 
     def read(self, arr: GpuArray, out: np.ndarray | None = None, start: int | None = None) -> np.ndarray:
@@ -382,7 +380,7 @@ class Runtime(BufferPool):
     def _replay_methods(self, program):
         for kind, item in program:
             if kind == "write":
-                self.queue.write_buffer(item[0], 0, item[1])
+                self.queue.write_buffer(item[0], item[2], item[1])
                 continue
             encoder = self.device.create_command_encoder()
             compute_pass = encoder.begin_compute_pass()
@@ -437,7 +435,7 @@ class Runtime(BufferPool):
 
 
 def _compile(events, direct: bool) -> list[tuple]:
-    """A tape's events as the replay runs them: ("write", (buffer, bytes)) and ("dispatches", runs), the
+    """A tape's events as the replay runs them: ("write", (buffer, bytes, byte offset)) and ("dispatches", runs), the
     first chunk of dispatches FIRST_CHUNK long and each one after a full chunk CHUNK_GROWTH times longer (a
     write ends a chunk early; the next keeps its length), a run being
     (pipeline, [(bind group, x, y, z), ...]) under one pipeline. Direct calls take native handles; the tape's
@@ -446,7 +444,7 @@ def _compile(events, direct: bool) -> list[tuple]:
     program, limit, count, last, runs = [], FIRST_CHUNK, 0, None, None
     for event in events:
         if event[0] == "write":
-            program.append(("write", (handle(event[1]), event[2])))
+            program.append(("write", (handle(event[1]), event[2], event[3])))
             runs = None  # a write goes in before the dispatches after it: they start a new chunk
             continue
         _, pipe, group, (x, y, z) = event
