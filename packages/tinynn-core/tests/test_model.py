@@ -127,16 +127,19 @@ def test_adamw_updates_groups_that_differ_only_in_weight_decay_together(backend,
                  {"params": ps[2:], "weight_decay": 0.0, "lr": 0.05}], lr=0.1, betas=(0.9, 0.95), eps=1e-8)
     calls, plain = [], backend.adamw_update_
     backend.adamw_update_ = lambda *args, **kwargs: calls.append(kwargs["weight_decay"]) or plain(*args, **kwargs)
+    writes, plain_write = [], backend.write_
+    backend.write_ = lambda dst, src: writes.append(dst) or plain_write(dst, src)
     try:
-        for _ in range(2):
+        for _ in range(3):
             for p in ps:
                 p.grad = tinynn.tensor(g, backend=backend)
             opt.step()
     finally:
-        del backend.adamw_update_
-    assert calls == [[0.1, 0.0], [0.0]] * 2
+        del backend.adamw_update_, backend.write_
+    assert calls == [[0.1, 0.0], [0.0]] * 3
+    assert len(writes) == 2 * 2  # the per-step values of each run, once a step after the first (which makes them)
     for p, x, lr, decay in zip(ps, p0, (0.1, 0.1, 0.05), (0.1, 0.0, 0.0)):
-        assert_close(p.numpy(), adamw_reference(x.astype(np.float64), g, 2, lr, 0.9, 0.95, 1e-8, decay),
+        assert_close(p.numpy(), adamw_reference(x.astype(np.float64), g, 3, lr, 0.9, 0.95, 1e-8, decay),
                      rtol=1e-5, atol=1e-6)
 
 

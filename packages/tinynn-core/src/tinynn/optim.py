@@ -45,11 +45,10 @@ class Optimizer:
         self.apply_step()
 
     def prepare_step(self):
-        """Advance the step count and write each group's per-step values to its backend array."""
+        """Advance the step count and write the per-step values of each run of groups updated together to
+        the array of its first group (the one its update reads)."""
         self.steps += 1
-        for g in self.groups:
-            if not g["params"]:
-                continue
+        for g in (run[0] for run in self._update_runs()):
             be = g["params"][0].backend
             values = np.asarray(self._per_step_values(g), dtype=g["params"][0].dtype)
             if g.get("hyper") is None or g["hyper"][0] is not be:
@@ -67,15 +66,9 @@ class Optimizer:
         return (self.max_grad_norm, groups, state, tuple(len(run) for run in self._update_runs()))
 
     def _update_runs(self) -> list[list[dict]]:
-        """The groups with parameters, in runs of neighbours that differ only in weight decay (nanoGPT's two
-        groups): a run shares its learning rate, so its per-step values, and is updated by one call."""
-        runs = []
-        for g in (g for g in self.groups if g["params"]):
-            if runs and _same_but_decay(runs[-1][0], g):
-                runs[-1].append(g)
-            else:
-                runs.append([g])
-        return runs
+        """The groups with parameters, in runs updated by one call that share their per-step values: by
+        default each group alone."""
+        return [[g] for g in self.groups if g["params"]]
 
     def _buffers(self, p: Tensor, count: int) -> list:
         if id(p) not in self.state:
@@ -124,7 +117,7 @@ class SGD(Optimizer):
 
     def apply_step(self):
         scale = self._grad_scale()
-        for g in self.groups:
+        for (g,) in self._update_runs():
             ps = [p for p in g["params"] if p.grad is not None]
             if ps:
                 ps[0].backend.sgd_update_([p.data for p in ps], [p.grad.data for p in ps],
@@ -138,6 +131,18 @@ class AdamW(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, max_grad_norm=None):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), max_grad_norm)
+
+    def _update_runs(self) -> list[list[dict]]:
+        """Neighbouring groups that differ only in weight decay (nanoGPT's two) in one run: they share their
+        learning rate, so their per-step values, and one update (one GPU dispatch) takes the decay per
+        parameter."""
+        runs = []
+        for g in (g for g in self.groups if g["params"]):
+            if runs and _same_but_decay(runs[-1][0], g):
+                runs[-1].append(g)
+            else:
+                runs.append([g])
+        return runs
 
     def _per_step_values(self, group):
         beta1, beta2 = group["betas"]
