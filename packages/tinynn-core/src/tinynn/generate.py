@@ -88,8 +88,8 @@ class Decoder:
         self.tokens = be.from_numpy(np.zeros((batch, block + READ_EVERY), np.int32))
         self.length = be.from_numpy(np.zeros(1, np.int32))
         self.ids = be.from_numpy(np.zeros(batch, np.int32))
-        self.sampling = {"temperature": float(temperature), "top_k": top_k or model.config.vocab_size,
-                         "seed": int(seed)}
+        _, temperature, top_k, seed, *_ = self.settings
+        self.sampling = {"temperature": temperature, "top_k": top_k, "seed": seed}
         c = model.config
         self.cache = [LayerCache(be, (batch, block, c.n_embd), self.length) for _ in range(c.n_layer)] \
             if use_cache else None
