@@ -266,15 +266,10 @@ class Runtime(BufferPool):
         shader, pipe = found
         slots = [(slot, v.buffer if v.__class__ is GpuArray else v) for slot, v in bindings.items()]
         if shader.params is not None:
-            data = shader.params.pack(params or {})
-            uniform = self.uniforms.get(data)
-            slots.append((3, uniform if uniform is not None else self.uniform(data)))
+            slots.append((3, self.uniform(shader.params.pack(params or {}))))
         elif params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
-        key = (pipe, *slots)
-        group = self.bind_groups.get(key)
-        if group is None:
-            group = self.bind_group(pipe, slots)
+        group = self.bind_group(pipe, slots)
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, groups))
             for value in bindings.values():
