@@ -255,6 +255,16 @@ def test_unary_on_int32(backend, op, rng):
     check_values(backend, "unary", op, ints(rng, 6, 7, low=-5, high=5))
 
 
+def test_embedding_with_positions_of_int32_tables_computes_the_cpus_answers(backend, rng):
+    """The fused kernels take float32 tables and gradients: int32 ones run on the reference, exactly."""
+    idx = rng.integers(0, 13, (3, 9)).astype(np.int32)
+    check_values(backend, "embedding_with_positions_forward", ints(rng, 13, 8), ints(rng, 12, 8), idx)
+    ours, ref = run_both(backend, "embedding_with_positions_backward", ints(rng, 3, 9, 8), idx, 13, 12)
+    for o, r in zip(ours, ref):  # the token and the position gradients
+        assert o.dtype.kind == r.dtype.kind == "i", (o.dtype, r.dtype)
+        np.testing.assert_array_equal(o, r)
+
+
 def test_reductions_and_layout_on_int32(backend, rng):
     x = ints(rng, 2, 3, 4, 5)
     for axes in ((0,), (1, 3), (0, 1, 2, 3)):
