@@ -1,10 +1,14 @@
 """The direct wgpu-native calls: the start-up probe refuses a path that does not work, a validation error
-still raises through them, and a replay's chunks and its result copy are laid out as intended."""
+still raises through them, a replay's chunks and its result copy are laid out as intended, and a replay
+left with the submit thread reaches the queue before anything after it."""
 import gc
+import threading
 
 import numpy as np
 import pytest
 import wgpu
+
+import tinynn
 
 from tinynn_gpu import native, runtime
 
@@ -98,3 +102,35 @@ def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
     gc.collect()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_a_replay_returns_before_the_submit_thread_is_done_and_the_next_write_waits(gpu, monkeypatch):
+    """The submit thread holds the replay's chunks (a gate) while the caller writes the next input: the
+    write must reach the queue after them, or the replayed step would compute from the next input."""
+    rt = gpu.rt
+    calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
+    rt.use_native(calls, reason, threaded=True)
+    gate, submitted = threading.Event(), []
+    submit = native.NativeCalls.submit
+
+    def gated(self, *args):
+        gate.wait(timeout=30)
+        submitted.append(threading.current_thread().name)
+        return submit(self, *args)
+    try:
+        x = tinynn.tensor(np.zeros(4), backend=gpu)
+        step = gpu.capture(lambda: x * 2.0)
+        for value in range(4):  # eager calls, then the capture
+            gpu.write_(x.data, np.full(4, value, np.float32))
+            assert step().numpy().tolist() == [2.0 * value] * 4
+        monkeypatch.setattr(native.NativeCalls, "submit", gated)
+        gpu.write_(x.data, np.full(4, 10.0, np.float32))
+        replayed = step()
+        assert step.tape is not None and submitted == []  # returned with its chunks still held
+        threading.Timer(0.2, gate.set).start()
+        gpu.write_(x.data, np.full(4, 20.0, np.float32))  # waits for the gate
+        assert submitted and set(submitted) == {"tinynn-submit"}
+        assert replayed.numpy().tolist() == [20.0] * 4 and step().numpy().tolist() == [40.0] * 4
+    finally:
+        gate.set()
+        rt.use_native(calls, reason, threaded)

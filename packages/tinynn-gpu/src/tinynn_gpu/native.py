@@ -16,16 +16,20 @@ pass's end or at finish), and the per-submission calls go through those wrappers
 raises the same error as wgpu-py's methods would. Handles made here are released here, also when finish
 raises.
 
-`Submitter` moves the end, finish and submit of each chunk to a worker thread, in order, while the replay
-records the next chunk: cffi releases the GIL inside each C call, and finish (wgpu-native's validation and
-tracking of every bound resource) is the larger half of a dispatch's host cost. H200, lesson step
-(experiments/replay_host_cost.py): 8.36 us of host per dispatch inline, 6.81 with the worker, the same ms
-per step. On a 2-core machine the worker competes with the recording thread and is slower.
+`Submitter` moves the queue work of a replay to a worker thread, in order: the end, finish and submit of each
+chunk while the replay records the next (cffi releases the GIL inside each C call, and finish, wgpu-native's
+validation and tracking of every bound resource, is the larger half of a dispatch's host cost), and the
+writes between chunks. The replay returns once it has handed over its last chunk; the runtime waits for the
+worker before anything else reaches the queue (its own submissions, writes, read-backs), so the GPU still
+sees everything in program order. H200, lesson step (experiments/replay_host_cost.py): 8.36 us of host per
+dispatch inline, 6.81 with the worker when the replay still waited for it, the same ms per step. On a
+2-core machine the worker competes with the recording thread and is slower.
 """
 from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -95,11 +99,14 @@ class NativeCalls:
 
 
 class Submitter:
-    """A worker thread that runs `calls.submit` for each chunk handed to it, in the order given. `wait`
-    returns once everything handed over is submitted, and raises the first error a submission raised."""
+    """A worker thread that runs the queue work handed to it (`submit`, `write`: NativeCalls' methods), in the
+    order given. `wait` returns once everything handed over is done, and raises the first error any of it
+    raised. The worker's busy time goes to `counters["submit_thread_us"]`, so that a host-cost figure can
+    say what the main thread no longer pays."""
 
-    def __init__(self, calls: NativeCalls):
+    def __init__(self, calls: NativeCalls, counters=None):
         self.calls = calls
+        self.counters = {} if counters is None else counters
         self.jobs = queue.Queue()
         self.error = None
         self.thread = threading.Thread(target=self._run, name="tinynn-submit", daemon=True)
@@ -110,15 +117,22 @@ class Submitter:
             job = self.jobs.get()
             if job is None:  # close()
                 return
+            t0 = time.perf_counter()
             try:
-                self.calls.submit(*job)
+                job[0](*job[1:])
             except Exception as e:  # raised in the caller's thread, by wait()
                 self.error = self.error or e
             finally:
+                self.counters["submit_thread_us"] = self.counters.get("submit_thread_us", 0) + \
+                    1e6 * (time.perf_counter() - t0)
                 self.jobs.task_done()
 
     def submit(self, encoder, compute_pass, copies=()) -> None:
-        self.jobs.put((encoder, compute_pass, copies))
+        self.jobs.put((self.calls.submit, encoder, compute_pass, copies))
+
+    def write(self, buffer, data, offset: int = 0) -> None:
+        """`data` must stay unchanged until the write is done (the replay's are bytes its tape owns)."""
+        self.jobs.put((self.calls.write, buffer, data, offset))
 
     def close(self) -> None:
         """End the worker thread, after what was handed to it (once: a second call does nothing)."""

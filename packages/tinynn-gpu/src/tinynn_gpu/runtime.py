@@ -8,8 +8,9 @@ and submits only when it must, the read-backs, and the replay of captured steps.
 - Recording goes through wgpu-native's C functions directly where `native.probe` found them working
   (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods. A replayed step is
   compiled once into flat lists of what those calls take (`_compile`), and replayed in growing chunks,
-  each in an encoder of its own, finished and submitted (on a worker thread where there are cores for it)
-  while the next is recorded.
+  each in an encoder of its own, finished and submitted while the next is recorded: on a worker thread
+  where there are cores for it, and then the replay returns without waiting for the thread, which every
+  later use of the queue does first (`_drain`).
 - The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
   is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it.
 """
@@ -104,7 +105,7 @@ class Runtime(BufferPool):
             self.submitter.close()
             self.submitter = None
         if calls and threaded and self.submitter is None:
-            self.submitter = native.Submitter(calls)
+            self.submitter = native.Submitter(calls, self.counters)
             weakref.finalize(self, self.submitter.close)  # the thread does not outlive its runtime
 
     def describe(self) -> dict:
@@ -354,23 +355,19 @@ class Runtime(BufferPool):
 
     def _replay_native(self, program, copies):
         """Each chunk in an encoder of its own, through C calls; `copies` go at the end of the last. With a
-        submitter, chunk k is finished and submitted on its thread while chunk k + 1 is recorded here."""
-        calls, submitter = self.native, self.submitter
-        submit = submitter.submit if submitter else calls.submit
+        submitter, the chunks and the writes between them go to its thread, which ends, finishes and submits
+        chunk k while chunk k + 1 is recorded here, and the replay returns as soon as the last is handed
+        over: the GPU is still busy with the first chunks, and the next use of the queue waits (`_drain`)."""
+        calls = self.native
+        queue_work = self.submitter or calls
         last = len(program) - 1
-        try:
-            for i, (kind, item) in enumerate(program):
-                if kind == "write":
-                    if submitter:  # a write goes in after the chunks before it
-                        submitter.wait()
-                    calls.write(*item)
-                    continue
-                encoder, compute_pass = calls.begin()
-                calls.record(compute_pass, item)
-                submit(encoder, compute_pass, copies if i == last else ())
-        finally:
-            if submitter:
-                submitter.wait()
+        for i, (kind, item) in enumerate(program):
+            if kind == "write":
+                queue_work.write(*item)
+                continue
+            encoder, compute_pass = calls.begin()
+            calls.record(compute_pass, item)
+            queue_work.submit(encoder, compute_pass, copies if i == last else ())
 
     def _replay_methods(self, program):
         for kind, item in program:
@@ -389,8 +386,15 @@ class Runtime(BufferPool):
             compute_pass.end()
             self.queue.submit([encoder.finish()])
 
+    def _drain(self) -> None:
+        """Wait until the submit thread has submitted what a replay handed to it; raises what that raised."""
+        if self.submitter is not None:
+            self.submitter.wait()
+
     def flush(self) -> None:
-        """Submit everything recorded so far (no waiting)."""
+        """Submit everything recorded so far, after a replay's work still with the submit thread (no waiting
+        for the GPU). Everything that reaches the queue (writes, read-backs, destroying buffers) flushes first."""
+        self._drain()
         if self.encoder is None:
             return
         self._end_pass()
