@@ -69,7 +69,7 @@ def threaded_replay():
         program = tape.programs.get(True) or tape.programs.setdefault(True, runtime._compile(tape.events, True))
         rt.flush()
         out = rt.empty(result.shape, result.dtype)
-        copies = [(result.buffer._internal, out.buffer._internal, max(4, result.nbytes))]
+        copies = [(result.buffer._internal, 0, out.buffer._internal, 0, max(4, result.nbytes))]
         for i, (kind, item) in enumerate(program):
             if kind == "write":
                 jobs.join()

@@ -176,6 +176,8 @@ def test_replayed_steps_sync_once_and_skip_python(gpu):
     assert gpu.counters.get("bind_groups_created", 0) == before.get("bind_groups_created", 0)
     chunks = sum(kind == "dispatches" for kind, _ in step._run.tape.programs[gpu.rt.native is not None])
     assert gpu.counters["submissions"] - before["submissions"] == 3 * (chunks + 1)  # the loss's copy rides along
+    # the step's inputs (tokens, targets, the optimizer's values): staged, one queue write, copied in the first chunk
+    assert gpu.counters["queue_writes"] - before["queue_writes"] == 3
 
 
 def test_dropout_keeps_the_step_eager(gpu):

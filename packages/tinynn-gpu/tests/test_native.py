@@ -104,33 +104,40 @@ def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
     assert not thread.is_alive()
 
 
-def test_a_replay_returns_before_the_submit_thread_is_done_and_the_next_write_waits(gpu, monkeypatch):
-    """The submit thread holds the replay's chunks (a gate) while the caller writes the next input: the
-    write must reach the queue after them, or the replayed step would compute from the next input."""
+@pytest.mark.parametrize("staged", [True, False])
+def test_a_replay_returns_before_the_submit_thread_is_done_and_the_next_write_waits(gpu, monkeypatch, staged):
+    """The first chunk goes in at once; the submit thread holds the second (a gate) while the caller writes
+    the next input: the write must reach the queue after it, or the replayed step would read that input.
+    A small write is staged (a copy in the next submission, which waits for the thread); a large one waits."""
     rt = gpu.rt
     calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
     rt.use_native(calls, reason, threaded=True)
+    monkeypatch.setattr(runtime, "FIRST_CHUNK", 1)
+    if not staged:
+        monkeypatch.setattr(runtime, "STAGED_WRITE_BYTES", 0)
     gate, submitted = threading.Event(), []
     submit = native.NativeCalls.submit
 
     def gated(self, *args):
-        gate.wait(timeout=30)
+        if threading.current_thread().name == "tinynn-submit":
+            gate.wait(timeout=30)
         submitted.append(threading.current_thread().name)
         return submit(self, *args)
     try:
         x = tinynn.tensor(np.zeros(4), backend=gpu)
-        step = gpu.capture(lambda: x * 2.0)
+        step = gpu.capture(lambda: x * 2.0 + x)  # two dispatches, the second reading x again
         for value in range(4):  # eager calls, then the capture
             gpu.write_(x.data, np.full(4, value, np.float32))
-            assert step().numpy().tolist() == [2.0 * value] * 4
+            assert step().numpy().tolist() == [3.0 * value] * 4
         monkeypatch.setattr(native.NativeCalls, "submit", gated)
         gpu.write_(x.data, np.full(4, 10.0, np.float32))
         replayed = step()
-        assert step.tape is not None and submitted == []  # returned with its chunks still held
+        assert step.tape is not None and step.tape.dispatches == 2
+        assert submitted == ["MainThread"]  # returned with its second chunk still held
         threading.Timer(0.2, gate.set).start()
-        gpu.write_(x.data, np.full(4, 20.0, np.float32))  # waits for the gate
-        assert submitted and set(submitted) == {"tinynn-submit"}
-        assert replayed.numpy().tolist() == [20.0] * 4 and step().numpy().tolist() == [40.0] * 4
+        gpu.write_(x.data, np.full(4, 20.0, np.float32))  # staged: recorded, no wait; else waits for the gate
+        assert submitted == ["MainThread"] + ["tinynn-submit"] * (not staged)
+        assert replayed.numpy().tolist() == [30.0] * 4 and step().numpy().tolist() == [60.0] * 4
     finally:
         gate.set()
         rt.use_native(calls, reason, threaded)

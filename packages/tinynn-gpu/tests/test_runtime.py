@@ -1,4 +1,5 @@
-"""The runtime's memory accounting, its pool's trimming, and the out-of-memory error; bench's GPU figures."""
+"""The runtime's memory accounting, its pool's trimming, and the out-of-memory error; staged writes; bench's GPU
+figures."""
 import gc
 import json
 
@@ -88,3 +89,36 @@ def test_a_read_into_an_array_of_another_shape_or_dtype_is_refused(gpu):
             gpu.rt.read(arr, out=out)
     out = np.empty((2, 3), np.float32)
     assert gpu.rt.read(arr, out=out) is out and out.ravel().tolist() == list(range(6))
+
+
+def test_staged_writes_land_in_order_with_the_dispatches_around_them_in_one_queue_write(gpu):
+    rt = gpu.rt
+    rt.flush()
+    a = rt.empty((4,))
+    before = rt.counters["queue_writes"]
+    rt.write(a, np.ones(4, np.float32))
+    doubled = gpu.binary("add", a, a)  # reads the first values
+    rt.write(a, np.full(4, 5.0, np.float32))
+    doubled_again = gpu.binary("add", a, a)
+    rt.write(a, np.full(2, 9.0, np.float32), start=2)
+    assert rt.counters["queue_writes"] == before  # nothing written yet: all of it rides in the next submission
+    assert gpu.to_numpy(doubled).tolist() == [2.0] * 4 and gpu.to_numpy(doubled_again).tolist() == [10.0] * 4
+    assert gpu.to_numpy(a).tolist() == [5.0, 5.0, 9.0, 9.0]
+    assert rt.counters["queue_writes"] == before + 1
+
+
+def test_a_staged_write_larger_than_the_upload_buffer_grows_it_and_a_huge_one_is_written_at_once(gpu, monkeypatch):
+    from tinynn_gpu import runtime
+    rt = gpu.rt
+    monkeypatch.setattr(runtime, "STAGED_WRITE_BYTES", 64 * 1024)
+    small, big, huge = rt.empty((4,)), rt.empty((8192,)), rt.empty((20000,))
+    rt.write(small, np.arange(4, dtype=np.float32))
+    size = rt.upload_buffer.size
+    x = np.arange(8192, dtype=np.float32)
+    x[: size // 4 + 1] = -1.0
+    rt.write(big, x)  # past the buffer (the small write submitted first, then a larger buffer)
+    assert rt.upload_buffer.size >= x.nbytes
+    rt.write(huge, np.full(20000, 3.0, np.float32))  # past STAGED_WRITE_BYTES: a queue write of its own
+    np.testing.assert_array_equal(gpu.to_numpy(small), np.arange(4))
+    np.testing.assert_array_equal(gpu.to_numpy(big), x)
+    assert gpu.to_numpy(huge).tolist() == [3.0] * 20000

@@ -60,19 +60,22 @@ class NativeCalls:
         self._buffer_desc = ffi.new("WGPUCommandBufferDescriptor *")
         self._command_buffers = ffi.new("WGPUCommandBuffer[1]")
 
-    def begin(self) -> tuple:
-        """A new command encoder with a compute pass open on it: (encoder, pass) handles."""
+    def begin(self, copies=()) -> tuple:
+        """A new command encoder with `copies` recorded on it ((source, offset, destination, offset, bytes):
+        buffer handles, byte counts), then a compute pass open: (encoder, pass) handles."""
         encoder = self._checked.wgpuDeviceCreateCommandEncoder(self._device, self._encoder_desc)
+        for copy in copies:
+            self._lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *copy)
         return encoder, self._checked.wgpuCommandEncoderBeginComputePass(encoder, self._pass_desc)
 
     def submit(self, encoder, compute_pass, copies=()) -> None:
-        """End the pass, record `copies` ((source, destination, bytes) handles and sizes) after it, finish,
-        submit, and release the three handles."""
+        """End the pass, record `copies` (as `begin` takes them) after it, finish, submit, and release the
+        three handles."""
         checked, lib = self._checked, self._lib
         try:
             checked.wgpuComputePassEncoderEnd(compute_pass)
-            for source, destination, nbytes in copies:
-                lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, source, 0, destination, 0, nbytes)
+            for copy in copies:
+                lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *copy)
             command_buffer = checked.wgpuCommandEncoderFinish(encoder, self._buffer_desc)
         finally:
             lib.wgpuComputePassEncoderRelease(compute_pass)
@@ -167,7 +170,7 @@ def probe(device) -> tuple[NativeCalls | None, str]:
         calls.write(buffer._internal, np.full(n, 10, np.float32))
         encoder, compute_pass = calls.begin()
         calls.record(compute_pass, [(pipe._internal, [(group._internal, n, 1, 1)])])
-        calls.submit(encoder, compute_pass, [(buffer._internal, copy._internal, 4 * n)])
+        calls.submit(encoder, compute_pass, [(buffer._internal, 0, copy._internal, 0, 4 * n)])
         got = np.frombuffer(device.queue.read_buffer(copy), np.float32)
     except Exception as e:  # any failure means: record through wgpu-py's methods instead
         return None, f"a test dispatch through wgpu-native's C functions failed ({type(e).__name__}: {e})"

@@ -46,6 +46,10 @@ KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
 # against 9.30 for fixed 32s, at the same ms per step (BENCHMARKS.md).
 FIRST_CHUNK = 32
 CHUNK_GROWTH = 2
+# Writes up to this many bytes are staged (`Runtime.write`): a training step's token ids, targets and optimizer
+# values then cost one queue write, not three (each ~26 us of host time on the H200: wgpu-native makes a
+# staging buffer per write)
+STAGED_WRITE_BYTES = 1 << 20
 # cores from which a replay finishes and submits its chunks on a worker thread (native.Submitter); on 2 cores
 # the worker only competes with the recording thread
 SUBMIT_THREAD_CPUS = 4
@@ -83,6 +87,9 @@ class Runtime(BufferPool):
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
         self.encoder = None
         self.compute_pass = None
+        self.upload_buffer = None  # the staged writes' source buffer, written once per submission (`flush`)
+        self.staged = []  # the bytes of the staged writes not yet in it, 4-byte aligned, in order
+        self.staged_copies = []  # (buffer, offset, upload offset, bytes) of staged writes not yet recorded
         self._pass_pipeline = None  # the pipeline set in the open pass
         self.counters = Counter()
         self._sync_source = None
@@ -143,21 +150,50 @@ class Runtime(BufferPool):
 
     def write(self, arr: GpuArray, x: np.ndarray, start: int | None = None) -> None:
         """Overwrite arr's buffer with x (same byte size); with `start`, x's elements from arr's flat element
-        start on (the rest of arr kept)."""
+        start on (the rest of arr kept). In order with the dispatches recorded around it."""
         data = np.ascontiguousarray(x, dtype=arr.dtype)  # written from its memory: no bytes copy (43 MB: 48 ms)
         if (data.nbytes != arr.nbytes) if start is None else not 0 <= start <= arr.size - data.size:
             raise ValueError(f"cannot write {x.shape} {x.dtype} into a {arr.shape} {arr.dtype} array"
                              + ("" if start is None else f" at element {start}"))
-        self.flush()  # queue.write_buffer runs before commands not yet submitted: submit those first
         offset = (start or 0) * arr.dtype.itemsize
-        if data.nbytes and self.native is not None:
-            self.native.write(arr.buffer._internal, data, offset)
-        elif data.nbytes:
-            self.queue.write_buffer(arr.buffer, offset, data)
         self.counters["uploads"] += 1
+        if not data.nbytes:
+            return
+        if self.tape is None and data.nbytes <= STAGED_WRITE_BYTES and data.nbytes % 4 == offset % 4 == 0:
+            self._stage(arr.buffer, offset, data)
+            return
+        self.flush()  # queue.write_buffer runs before commands not yet submitted: submit those first
+        self._queue_write(arr.buffer, data, offset)
         if self.tape is not None:  # inside a captured step this is a constant: replay writes the same bytes
             self.tape.events.append(("write", arr.buffer, data.tobytes(), offset))
             self.tape.hold(arr)
+
+    def _stage(self, buffer, offset: int, data: np.ndarray) -> None:
+        """A small write as a copy command from the upload buffer, in order with the dispatches around it:
+        recorded now if commands are waiting in the encoder, else by the next encoder before anything else
+        (`_encoder`; a replay records them into its first chunk). Its bytes go into the upload buffer with
+        every other staged write of the submission, in one queue write, when that is submitted."""
+        at = sum(len(b) for b in self.staged)
+        if self.upload_buffer is None or at + data.nbytes > self.upload_buffer.size:
+            if at:
+                self.flush()
+                at = 0
+            if self.upload_buffer is None or data.nbytes > self.upload_buffer.size:
+                self.upload_buffer = self.device.create_buffer(
+                    size=_bucket(max(data.nbytes, 4096)), usage=wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
+        self.staged.append(data.tobytes())  # a copy: the caller may change x once this returns
+        if self.encoder is None:
+            self.staged_copies.append((buffer, offset, at, data.nbytes))
+        else:
+            self._end_pass()
+            self.encoder.copy_buffer_to_buffer(self.upload_buffer, at, buffer, offset, data.nbytes)
+
+    def _queue_write(self, buffer, data, offset: int) -> None:
+        if self.native is not None:
+            self.native.write(buffer._internal, data, offset)
+        else:
+            self.queue.write_buffer(buffer, offset, data)
+        self.counters["queue_writes"] += 1
 
     def read(self, arr: GpuArray, out: np.ndarray | None = None, start: int | None = None) -> np.ndarray:
         """Copy an array back to the host (into `out` when given): the one place the host waits for the GPU.
@@ -337,13 +373,22 @@ class Runtime(BufferPool):
         program = tape.programs.get(direct)
         if program is None:
             program = tape.programs[direct] = _compile(tape.events, direct)
-        self.flush()
+        inputs = []  # the staged writes' copies (source, offset, destination, offset, bytes) for the first chunk
+        if direct and self.encoder is None and self.staged_copies and program and program[0][0] == "dispatches":
+            self._drain()  # only staged writes are waiting (a step's inputs): they ride in the first chunk
+            inputs = [(self.upload_buffer._internal, at, buffer._internal, offset, nbytes)
+                      for buffer, offset, at, nbytes in self.staged_copies]
+            self._queue_write(self.upload_buffer, b"".join(self.staged), 0)
+            self.staged.clear()
+            self.staged_copies.clear()
+        else:
+            self.flush()
         out = None if result is None else self.empty(result.shape, result.dtype)
-        copies = []  # (source, destination, bytes) handles for the end of the last chunk
+        copies = []  # handles for the end of the last chunk, as `inputs`
         if out is not None and direct and program and program[-1][0] == "dispatches":
-            copies = [(result.buffer._internal, out.buffer._internal, _round4(max(4, result.nbytes)))]
+            copies = [(result.buffer._internal, 0, out.buffer._internal, 0, _round4(max(4, result.nbytes)))]
         if direct:
-            self._replay_native(program, copies)
+            self._replay_native(program, inputs, copies)
         else:
             self._replay_methods(program)
         if out is not None and not copies:
@@ -353,21 +398,25 @@ class Runtime(BufferPool):
         self.counters["replays"] += 1
         return out
 
-    def _replay_native(self, program, copies):
-        """Each chunk in an encoder of its own, through C calls; `copies` go at the end of the last. With a
-        submitter, the chunks and the writes between them go to its thread, which ends, finishes and submits
-        chunk k while chunk k + 1 is recorded here, and the replay returns as soon as the last is handed
-        over: the GPU is still busy with the first chunks, and the next use of the queue waits (`_drain`)."""
+    def _replay_native(self, program, inputs, copies):
+        """Each chunk in an encoder of its own, through C calls; `inputs` (copies) go at the start of the
+        first, `copies` at the end of the last. The
+        first chunk is submitted here, at once (the GPU waits for it; a hand-over to a thread costs its
+        wake-up). With a submitter, the later chunks and the writes between them go to its thread, which
+        ends, finishes and submits chunk k while chunk k + 1 is recorded here, and the replay returns as
+        soon as the last is handed over: the GPU is still busy with the first chunks, and the next use of
+        the queue waits (`_drain`)."""
         calls = self.native
-        queue_work = self.submitter or calls
+        queue_work = calls  # until the first chunk is submitted
         last = len(program) - 1
         for i, (kind, item) in enumerate(program):
             if kind == "write":
                 queue_work.write(*item)
                 continue
-            encoder, compute_pass = calls.begin()
+            encoder, compute_pass = calls.begin(inputs)
             calls.record(compute_pass, item)
             queue_work.submit(encoder, compute_pass, copies if i == last else ())
+            queue_work, inputs = self.submitter or calls, ()
 
     def _replay_methods(self, program):
         for kind, item in program:
@@ -395,9 +444,13 @@ class Runtime(BufferPool):
         """Submit everything recorded so far, after a replay's work still with the submit thread (no waiting
         for the GPU). Everything that reaches the queue (writes, read-backs, destroying buffers) flushes first."""
         self._drain()
-        if self.encoder is None:
+        if self.encoder is None and not self.staged_copies:
             return
+        self._encoder()  # records the staged copies, when they are all there is
         self._end_pass()
+        if self.staged:  # before the submission whose copies read them
+            self._queue_write(self.upload_buffer, b"".join(self.staged), 0)
+            self.staged.clear()
         self.queue.submit([self.encoder.finish()])
         self.encoder = None
         self.counters["submissions"] += 1
@@ -424,6 +477,9 @@ class Runtime(BufferPool):
     def _encoder(self):
         if self.encoder is None:
             self.encoder = self.device.create_command_encoder()
+            for buffer, offset, at, nbytes in self.staged_copies:  # staged writes first: they came first
+                self.encoder.copy_buffer_to_buffer(self.upload_buffer, at, buffer, offset, nbytes)
+            self.staged_copies.clear()
         return self.encoder
 
     def _end_pass(self):
