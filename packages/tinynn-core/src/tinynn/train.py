@@ -136,7 +136,8 @@ class TrainStep:
         if np.shape(x) != self.shape or self.model_params[0].backend is not self.backend:
             self._inputs(np.shape(x))
         be = self.backend
-        for (x_in, y_in), x_part, y_part in zip(self.inputs, np.split(x, k), np.split(y, k)):
+        parts = zip(np.split(x, k), np.split(y, k)) if k > 1 else [(x, y)]  # (np.split costs 3 us a call)
+        for (x_in, y_in), (x_part, y_part) in zip(self.inputs, parts):
             be.write_(x_in.data, x_part)
             be.write_(y_in.data, y_part)
         self.optimizer.set_lr(lr)
