@@ -1,6 +1,7 @@
-"""Fused-attention tiles side by side: each (ROWS, COLS) in attention.TILES that fits the adapter is checked
-against the float64 NumPy reference, then its forward and backward kernels are timed with GPU timestamps,
-on the attention shapes of the benchmark configs (apps/bench). This is where TILES' order comes from.
+"""Fused-attention layouts side by side: each (ROWS, SPLITS) of CANDIDATES that fits the adapter, with subgroup
+lanes and with one thread a row, is checked against the float64 NumPy reference, then its forward and
+backward kernels are timed with GPU timestamps, on the attention shapes of the benchmark configs
+(apps/bench). This is where attention.LAYOUTS' order comes from.
 
     python packages/tinynn-gpu/experiments/attention_tiles.py [--reps 20] [--json F]
 """
@@ -11,10 +12,11 @@ import os
 import numpy as np
 
 from tinynn import backends
-from tinynn_gpu.attention import TILES, workgroup_bytes
+from tinynn_gpu.attention import THREADS, workgroup_bytes
 
 SHAPES = {"lesson": (16, 128, 4, 64), "mid": (16, 128, 6, 64), "big": (8, 256, 12, 64),
           "hs128": (8, 256, 6, 128), "hs32": (16, 128, 8, 32)}  # (B, T, n_head, head size)
+CANDIDATES = ((16, 4), (16, 2), (16, 1), (8, 8), (8, 4), (32, 2), (32, 1), (64, 1))  # (rows, splits)
 
 
 def rel_err(actual, expected):
@@ -38,10 +40,14 @@ def main():
         y_ref, lse_ref = ref.attention_forward(qkv.astype(np.float64), n_head, scale)
         g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head, scale)
         d_qkv, d_grad = gpu.from_numpy(qkv), gpu.from_numpy(grad)
-        for rows, cols in TILES:
-            if workgroup_bytes(hs, rows, cols) > limit:
+        for (rows, splits), path in ((layout, path) for path in ("1", "0") for layout in CANDIDATES):
+            lanes = 4 if path == "1" else 1
+            if workgroup_bytes(hs, rows, splits) > limit or rows * splits * lanes > THREADS:
                 continue
-            os.environ["TINYNN_ATTENTION_TILES"] = f"{rows}x{cols}"
+            if path == "1" and "subgroup" not in gpu.ctx.features:
+                continue
+            os.environ["TINYNN_ATTENTION_LAYOUT"] = f"{rows}x{splits}"
+            os.environ["TINYNN_SUBGROUPS"] = path
             y, lse = gpu.attention_forward(d_qkv, n_head, scale)
             g_qkv = gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
             errs = [rel_err(gpu.to_numpy(y), y_ref), rel_err(gpu.to_numpy(lse), lse_ref),
@@ -52,13 +58,15 @@ def main():
                     y, lse = gpu.attention_forward(d_qkv, n_head, scale)
                     gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
             times = {row["kernel"].split(".")[-1]: row["ms"] * 1e3 / args.reps for row in gpu.profile(run)}
-            row = {"shape": label, "tile": f"{rows}x{cols}", "us": times, "rel_err": errs, "ok": max(errs) <= 2e-5}
+            row = {"shape": label, "layout": f"{rows}x{splits}", "lanes": lanes, "us": times, "rel_err": errs,
+                   "ok": max(errs) <= 2e-5}
             results.append(row)
             kernels = "  ".join(f"{k.replace('attention_', '').replace('_main', '')} {v:7.1f}"
                                 for k, v in sorted(times.items()))
-            print(f"{label:7s} {rows:3d}x{cols:<3d} us: {kernels}  total {sum(times.values()):7.1f}  "
+            print(f"{label:7s} {rows:3d}x{splits:<2d} lanes {lanes} us: {kernels}  total {sum(times.values()):7.1f}  "
                   f"err {max(errs):.1e}{'' if row['ok'] else '  WRONG'}", flush=True)
-    os.environ.pop("TINYNN_ATTENTION_TILES")
+    os.environ.pop("TINYNN_ATTENTION_LAYOUT")
+    os.environ.pop("TINYNN_SUBGROUPS")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
