@@ -63,7 +63,7 @@ def test_attention_matches_the_reference(lanes_path, batch, seq, n_head, head_si
     assert sum(lanes_path.fallbacks.values()) == fallbacks, "the kernels refused a supported head size"
 
 
-@pytest.mark.parametrize("layout", LAYOUTS + ((8, 8),), ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS + ((16, 4),), ids=lambda t: f"{t[0]}x{t[1]}")
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seq=seq_lens, seed=st.integers(0, 2**31))
 def test_every_layout(lanes_path, monkeypatch, layout, seq, seed):

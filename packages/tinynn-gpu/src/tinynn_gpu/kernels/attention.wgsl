@@ -111,21 +111,21 @@ fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     let key_end = min(params.seq, q0 + ROWS);  // the last key any query of the tile sees, plus one
     for (var j = me.split; j < key_end; j = j + SPLITS) {
         let kj = qkv_row(hd, j, 1u) + me.lane;
+        let vj = kj + params.n_head * HS4;
+        let v_$n = qkv[vj + $nu * LANES];  // loaded with k, not after the score: one wait on memory, not two
         var d = vec4<f32>(0.0);
         d = d + q_$n * qkv[kj + $nu * LANES];
         let s = params.scale * lane_sum(d.x + d.y + d.z + d.w);
-        if (j <= i) {
-            if (s > m + RESCALE_AT) {
-                let f = exp(m - s);
-                l = l * f;
-                acc_$n = acc_$n * f;
-                m = s;
-            }
-            let p = exp(s - m);
-            l = l + p;
-            let vj = kj + params.n_head * HS4;
-            acc_$n = acc_$n + p * qkv[vj + $nu * LANES];
+        let visible = j <= i;
+        if (visible && s > m + RESCALE_AT) {
+            let f = exp(m - s);
+            l = l * f;
+            acc_$n = acc_$n * f;
+            m = s;
         }
+        let p = select(0.0, exp(s - m), visible);
+        l = l + p;
+        acc_$n = acc_$n + p * v_$n;
     }
     // the splits' states on one maximum, then added
     if (me.lane == 0u) {
