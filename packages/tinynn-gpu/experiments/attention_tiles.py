@@ -27,12 +27,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--json")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names of SHAPES")
     args = parser.parse_args()
     gpu, ref = backends.select("gpu"), backends.reference()
     limit = gpu.attention.max_bytes
     print(f"{gpu.device_name}: {limit} bytes of workgroup memory")
     results = []
-    for label, (batch, seq, n_head, hs) in SHAPES.items():
+    for label in args.shapes.split(","):
+        batch, seq, n_head, hs = SHAPES[label]
         g = np.random.default_rng(0)
         qkv = g.standard_normal((batch, seq, 3 * n_head * hs)).astype(np.float32)
         grad = g.standard_normal((batch, seq, n_head * hs)).astype(np.float32)
