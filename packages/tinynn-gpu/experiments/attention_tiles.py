@@ -28,6 +28,8 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--json")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names of SHAPES")
+    parser.add_argument("--layouts", default=",".join(f"{r}x{s}" for r, s in CANDIDATES), help="e.g. 8x4,16x4")
+    parser.add_argument("--paths", default="subgroup,workgroup", help="subgroup lanes, one thread a row, or both")
     args = parser.parse_args()
     gpu, ref = backends.select("gpu"), backends.reference()
     limit = gpu.attention.max_bytes
@@ -42,7 +44,9 @@ def main():
         y_ref, lse_ref = ref.attention_forward(qkv.astype(np.float64), n_head, scale)
         g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head, scale)
         d_qkv, d_grad = gpu.from_numpy(qkv), gpu.from_numpy(grad)
-        for (rows, splits), path in ((layout, path) for path in ("1", "0") for layout in CANDIDATES):
+        layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",")]
+        paths = [{"subgroup": "1", "workgroup": "0"}[p] for p in args.paths.split(",")]
+        for (rows, splits), path in ((layout, path) for path in paths for layout in layouts):
             lanes = 4 if path == "1" else 1
             if workgroup_bytes(hs, rows, splits) > limit or rows * splits * lanes > THREADS:
                 continue
