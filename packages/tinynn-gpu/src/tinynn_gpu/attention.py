@@ -3,7 +3,7 @@ layout, and the launches of its forward (one dispatch) and backward (two: dQ, th
 
 A layout is (ROWS, SPLITS, LANES): a workgroup owns ROWS rows (queries; keys in the dK/dV kernel), LANES
 threads share a row (subgroup shuffles add their parts of a dot product; 1 without the `subgroup` feature)
-and SPLITS groups of threads walk over the other side interleaved, in tiles of ROWS * SPLITS rows. `choose_layout` takes ROWS and SPLITS
+and SPLITS groups of threads walk over the other side interleaved. `choose_layout` takes ROWS and SPLITS
 from LAYOUTS, the first whose workgroup memory fits the device; TINYNN_ATTENTION_LAYOUT=ROWSxSPLITS forces
 one (experiments/attention_tiles.py times them all).
 """
@@ -38,8 +38,8 @@ def lanes_for(head_size: int, subgroups: bool) -> int:
 
 
 def workgroup_bytes(head_size: int, rows: int, splits: int) -> int:
-    """Two padded tiles of rows * splits rows, their lse and delta, the forward's per-split maxima and sums."""
-    return 2 * 16 * splits * rows * (head_size // 4 + 1) + 16 * splits * rows
+    """The splits' padded accumulators and the forward's per-split maxima and sums."""
+    return 16 * splits * rows * (head_size // 4 + 1) + 8 * splits * rows
 
 
 def choose_layout(head_size: int, max_bytes: int) -> tuple[int, int]:

@@ -10,12 +10,11 @@
 // threads share an owned row, each holding NV = HS4 / LANES of its vec4s (lane, lane + LANES, ...) in
 // registers, so a row's dot product is a sum over its lanes (lane_sum: subgroup shuffles, or nothing when
 // LANES = 1, the form for adapters without subgroups; it assumes, as every driver does for a 1-D workgroup,
-// that LANES consecutive invocations sit in one subgroup). The other side's rows come in tiles of TILE rows,
-// loaded into workgroup memory by all threads at once (one wait on memory a tile, not one a row); within a
-// tile, SPLITS groups of threads take its rows interleaved (split s rows s, s + SPLITS, ...), so that short
-// sequences still fill the GPU, all threads of a subgroup reading the same row (a broadcast). At the end the
-// splits add their partial results in split order through workgroup memory (the same sum on every run).
-// Tile rows are padded by one vec4 so that neighbouring rows sit in other memory banks.
+// that LANES consecutive invocations sit in one subgroup). The rows of the other side are read straight
+// from memory, all threads of a subgroup reading the same row (a broadcast, cached): no workgroup memory
+// and no barrier in the loop. SPLITS groups of threads walk over the other side's rows interleaved
+// (split s takes rows s, s + SPLITS, ...) so that short sequences still fill the GPU; at the end they add
+// their partial results in split order through workgroup memory (the same sum on every run).
 //
 // The forward's softmax is online with a lazy maximum: a row's running sum and accumulator are kept
 // relative to a reference m and rescaled only when a score exceeds m by RESCALE_AT (exp(8) leaves fp32 more
@@ -34,8 +33,7 @@ const NV: u32 = HS4 / LANES;
 const ROWS: u32 = {{ROWS}}u;
 const SPLITS: u32 = {{SPLITS}}u;
 const THREADS: u32 = ROWS * LANES * SPLITS;
-const TILE: u32 = ROWS * SPLITS;  // so that the splits' accumulators fit in a tile's memory at the end
-const PAD: u32 = HS4 + 1u;  // a tile row's stride, in vec4s
+const PAD: u32 = HS4 + 1u;  // a row's stride in `partial`, in vec4s: neighbouring rows in other memory banks
 // Masked scores: exp(NEG_BIG - m) is exactly 0 for any finite m; a finite sentinel, because a constant -inf
 // is rejected by Tint.
 const NEG_BIG: f32 = -3.0e38;
@@ -51,11 +49,7 @@ struct Params { seq: u32, n_head: u32, scale: f32 }
 @group(0) @binding(5) var<storage, read> y: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> delta: array<f32>;
 
-var<workgroup> tile_a: array<vec4<f32>, TILE * PAD>;  // k (forward, dQ) or q (dK/dV); at the end the
-                                                     // splits' accumulators, to be added
-var<workgroup> tile_b: array<vec4<f32>, TILE * PAD>;  // v (forward, dQ) or g's rows (dK/dV)
-var<workgroup> tile_lse: array<f32, TILE>;  // the dK/dV kernel's queries' lse and delta
-var<workgroup> tile_delta: array<f32, TILE>;
+var<workgroup> partial: array<vec4<f32>, SPLITS * ROWS * PAD>;  // the splits' accumulators, to be added
 var<workgroup> split_m: array<f32, SPLITS * ROWS>;  // the forward's splits' reference maxima and sums
 var<workgroup> split_l: array<f32, SPLITS * ROWS>;
 
@@ -91,45 +85,6 @@ fn yg_row(hd: Head, t: u32) -> u32 {
     return hd.yg + t * params.n_head * HS4;
 }
 
-// Tile loads, all threads together: rows t0 .. t0 + TILE, zeros past the sequence's end. k and v (part 1,
-// 2) for the forward and dQ; q, g's rows, lse and delta for dK/dV.
-fn load_kv(lid: u32, hd: Head, t0: u32) {
-    for (var e = lid; e < TILE * HS4; e = e + THREADS) {
-        let r = e / HS4;
-        let c = e % HS4;
-        var k = vec4<f32>(0.0);
-        var v = vec4<f32>(0.0);
-        if (t0 + r < params.seq) {
-            let at = qkv_row(hd, t0 + r, 1u) + c;
-            k = qkv[at];
-            v = qkv[at + params.n_head * HS4];
-        }
-        tile_a[r * PAD + c] = k;
-        tile_b[r * PAD + c] = v;
-    }
-}
-
-fn load_qg(lid: u32, hd: Head, t0: u32) {
-    for (var e = lid; e < TILE * HS4; e = e + THREADS) {
-        let r = e / HS4;
-        let c = e % HS4;
-        var q = vec4<f32>(0.0);
-        var gr = vec4<f32>(0.0);
-        if (t0 + r < params.seq) {
-            q = qkv[qkv_row(hd, t0 + r, 0u) + c];
-            gr = g[yg_row(hd, t0 + r) + c];
-        }
-        tile_a[r * PAD + c] = q;
-        tile_b[r * PAD + c] = gr;
-    }
-    for (var r = lid; r < TILE; r = r + THREADS) {
-        let t = min(t0 + r, params.seq - 1u);
-        tile_lse[r] = lse[hd.bh * params.seq + t];
-        tile_delta[r] = delta[hd.bh * params.seq + t];
-    }
-}
-
-// The splits' accumulators live in tile_a once the tiles are done (a barrier between).
 fn partial_at(me: Role, split: u32, c: u32) -> u32 {
     return (split * ROWS + me.row) * PAD + c;
 }
@@ -137,7 +92,7 @@ fn partial_at(me: Role, split: u32, c: u32) -> u32 {
 // The sum over the splits of vec4 column c of the thread's row, in split order (after a barrier).
 fn splits_sum(me: Role, c: u32) -> vec4<f32> {
     var s = vec4<f32>(0.0);
-    for (var k = 0u; k < SPLITS; k = k + 1u) { s = s + tile_a[partial_at(me, k, c)]; }
+    for (var k = 0u; k < SPLITS; k = k + 1u) { s = s + partial[partial_at(me, k, c)]; }
     return s;
 }
 
@@ -154,26 +109,23 @@ fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     var l = 0.0;
     var acc_$n = vec4<f32>(0.0);
     let key_end = min(params.seq, q0 + ROWS);  // the last key any query of the tile sees, plus one
-    for (var t0 = 0u; t0 < key_end; t0 = t0 + TILE) {
-        workgroupBarrier();  // the previous tile is no longer read
-        load_kv(lid, hd, t0);
-        workgroupBarrier();
-        for (var r = me.split; r < min(TILE, key_end - t0); r = r + SPLITS) {
-            let at = r * PAD + me.lane;
-            var d = vec4<f32>(0.0);
-            d = d + q_$n * tile_a[at + $nu * LANES];
-            let s = params.scale * lane_sum(d.x + d.y + d.z + d.w);
-            let visible = t0 + r <= i;
-            if (visible && s > m + RESCALE_AT) {
-                let f = exp(m - s);
-                l = l * f;
-                acc_$n = acc_$n * f;
-                m = s;
-            }
-            let p = select(0.0, exp(s - m), visible);
-            l = l + p;
-            acc_$n = acc_$n + p * tile_b[at + $nu * LANES];
+    for (var j = me.split; j < key_end; j = j + SPLITS) {
+        let kj = qkv_row(hd, j, 1u) + me.lane;
+        let vj = kj + params.n_head * HS4;
+        let v_$n = qkv[vj + $nu * LANES];  // loaded with k, not after the score: one wait on memory, not two
+        var d = vec4<f32>(0.0);
+        d = d + q_$n * qkv[kj + $nu * LANES];
+        let s = params.scale * lane_sum(d.x + d.y + d.z + d.w);
+        let visible = j <= i;
+        if (visible && s > m + RESCALE_AT) {
+            let f = exp(m - s);
+            l = l * f;
+            acc_$n = acc_$n * f;
+            m = s;
         }
+        let p = select(0.0, exp(s - m), visible);
+        l = l + p;
+        acc_$n = acc_$n + p * v_$n;
     }
     // the splits' states on one maximum, then added
     if (me.lane == 0u) {
@@ -188,8 +140,7 @@ fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
         total = total + split_l[k * ROWS + me.row] * exp(split_m[k * ROWS + me.row] - top);
     }
     let f = exp(m - top);
-    workgroupBarrier();  // the last tile is read: tile_a takes the accumulators
-    tile_a[partial_at(me, me.split, me.lane + $nu * LANES)] = acc_$n * f;
+    partial[partial_at(me, me.split, me.lane + $nu * LANES)] = acc_$n * f;
     workgroupBarrier();
     if (i < params.seq) {
         for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) { out[yg_row(hd, i) + c] = splits_sum(me, c) / total; }
@@ -217,26 +168,21 @@ fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loca
     let li = lse[hd.bh * params.seq + ic];
     var dq_$n = vec4<f32>(0.0);
     let key_end = min(params.seq, q0 + ROWS);
-    for (var t0 = 0u; t0 < key_end; t0 = t0 + TILE) {
-        workgroupBarrier();
-        load_kv(lid, hd, t0);
-        workgroupBarrier();
-        for (var r = me.split; r < min(TILE, key_end - t0); r = r + SPLITS) {
-            let at = r * PAD + me.lane;
-            let k_$n = tile_a[at + $nu * LANES];
-            var a = vec4<f32>(0.0);
-            var b = vec4<f32>(0.0);
-            a = a + q_$n * k_$n;
-            b = b + g_$n * tile_b[at + $nu * LANES];
-            let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
-            let dp = lane_sum(b.x + b.y + b.z + b.w);
-            let p = select(0.0, exp(s - li), t0 + r <= i);
-            let ds = p * (dp - di);
-            dq_$n = dq_$n + ds * k_$n;
-        }
+    for (var j = me.split; j < key_end; j = j + SPLITS) {
+        let kj = qkv_row(hd, j, 1u) + me.lane;
+        let vj = kj + params.n_head * HS4;
+        let k_$n = qkv[kj + $nu * LANES];
+        var a = vec4<f32>(0.0);
+        var b = vec4<f32>(0.0);
+        a = a + q_$n * k_$n;
+        b = b + g_$n * qkv[vj + $nu * LANES];
+        let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
+        let dp = lane_sum(b.x + b.y + b.z + b.w);
+        let p = select(0.0, exp(s - li), j <= i);
+        let ds = p * (dp - di);
+        dq_$n = dq_$n + ds * k_$n;
     }
-    workgroupBarrier();
-    tile_a[partial_at(me, me.split, me.lane + $nu * LANES)] = dq_$n;
+    partial[partial_at(me, me.split, me.lane + $nu * LANES)] = dq_$n;
     workgroupBarrier();
     if (i < params.seq) {
         for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) {
@@ -259,34 +205,29 @@ fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
     let v_$n = qkv[vj + $nu * LANES];
     var dk_$n = vec4<f32>(0.0);
     var dv_$n = vec4<f32>(0.0);
-    for (var t0 = k0; t0 < params.seq; t0 = t0 + TILE) {
-        workgroupBarrier();
-        load_qg(lid, hd, t0);
-        workgroupBarrier();
-        for (var r = me.split; r < min(TILE, params.seq - t0); r = r + SPLITS) {
-            let at = r * PAD + me.lane;
-            let q_$n = tile_a[at + $nu * LANES];
-            let g_$n = tile_b[at + $nu * LANES];
-            var a = vec4<f32>(0.0);
-            var b = vec4<f32>(0.0);
-            a = a + q_$n * k_$n;
-            b = b + g_$n * v_$n;
-            let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
-            let dp = lane_sum(b.x + b.y + b.z + b.w);
-            let p = select(0.0, exp(s - tile_lse[r]), t0 + r >= j);
-            let ds = p * (dp - tile_delta[r]);
-            dv_$n = dv_$n + p * g_$n;
-            dk_$n = dk_$n + ds * q_$n;
-        }
+    for (var i = k0 + me.split; i < params.seq; i = i + SPLITS) {
+        let qi = qkv_row(hd, i, 0u) + me.lane;
+        let gi = yg_row(hd, i) + me.lane;
+        let q_$n = qkv[qi + $nu * LANES];
+        let g_$n = g[gi + $nu * LANES];
+        var a = vec4<f32>(0.0);
+        var b = vec4<f32>(0.0);
+        a = a + q_$n * k_$n;
+        b = b + g_$n * v_$n;
+        let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
+        let dp = lane_sum(b.x + b.y + b.z + b.w);
+        let p = select(0.0, exp(s - lse[hd.bh * params.seq + i]), i >= j);
+        let ds = p * (dp - delta[hd.bh * params.seq + i]);
+        dv_$n = dv_$n + p * g_$n;
+        dk_$n = dk_$n + ds * q_$n;
     }
-    workgroupBarrier();
-    tile_a[partial_at(me, me.split, me.lane + $nu * LANES)] = dv_$n;
+    partial[partial_at(me, me.split, me.lane + $nu * LANES)] = dv_$n;
     workgroupBarrier();
     if (j < params.seq) {
         for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) { out[qkv_row(hd, j, 2u) + c] = splits_sum(me, c); }
     }
     workgroupBarrier();  // every split's dv is read before dk takes its place
-    tile_a[partial_at(me, me.split, me.lane + $nu * LANES)] = dk_$n;
+    partial[partial_at(me, me.split, me.lane + $nu * LANES)] = dk_$n;
     workgroupBarrier();
     if (j < params.seq) {
         for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) {
