@@ -1,11 +1,11 @@
 """Fused causal self-attention on the GPU: kernels/attention.wgsl filled in and unrolled per head size and
 layout, and the launches of its forward (one dispatch) and backward (two: dQ, then dK/dV).
 
-A layout is (ROWS, SPLITS, RPT): a workgroup owns ROWS rows (queries; keys in the dK/dV kernel), RPT of
-them to a thread; LANES threads share those rows (subgroup shuffles add their parts of a dot product; 1
-without the `subgroup` feature) and SPLITS groups of threads walk over the other side interleaved.
-`choose_layout` takes the first of LAYOUTS whose workgroup memory fits the device;
-TINYNN_ATTENTION_LAYOUT=ROWSxSPLITSxRPT forces one (experiments/attention_tiles.py times them).
+A layout is (ROWS, SPLITS, LANES): a workgroup owns ROWS rows (queries; keys in the dK/dV kernel), LANES
+threads share a row (subgroup shuffles add their parts of a dot product; 1 without the `subgroup` feature)
+and SPLITS groups of threads walk over the other side interleaved. `choose_layout` takes ROWS and SPLITS
+from LAYOUTS, the first whose workgroup memory fits the device; TINYNN_ATTENTION_LAYOUT=ROWSxSPLITS forces
+one (experiments/attention_tiles.py times them all).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from tinynn.errors import TinynnError
 from tinynn_gpu.context import kernel_source
 from tinynn_gpu.group_sum import uses_subgroups
 
-# fastest first, as timed on an H200 (experiments/attention_tiles.py): 8x4x1 beat 16x4x1, 16x2x1, 8x8x1 and
-# 32x2x1 by 10-15% on the lesson, mid and big shapes; a single split was twice as slow
-LAYOUTS = ((8, 4, 1), (8, 2, 1), (8, 1, 1))
+# fastest first, as timed on an H200 (experiments/attention_tiles.py): 8x4 beat 16x4, 16x2, 8x8 and 32x2 by
+# 10-15% on the lesson, mid and big shapes; a single split was twice as slow
+LAYOUTS = ((8, 4), (8, 2), (8, 1))
 THREADS = 256  # at most, per workgroup
 SUBGROUP_LANES = 4  # WebGPU's smallest subgroup
 
@@ -42,22 +42,20 @@ def workgroup_bytes(head_size: int, rows: int, splits: int) -> int:
     return 16 * splits * rows * (head_size // 4 + 1) + 8 * splits * rows
 
 
-def choose_layout(head_size: int, max_bytes: int) -> tuple[int, int, int]:
+def choose_layout(head_size: int, max_bytes: int) -> tuple[int, int]:
     forced = os.environ.get("TINYNN_ATTENTION_LAYOUT")
     if forced:
         try:
-            rows, splits, rpt = (int(n) for n in forced.lower().split("x"))
+            rows, splits = (int(n) for n in forced.lower().split("x"))
         except ValueError:
-            raise TinynnError(f"TINYNN_ATTENTION_LAYOUT must look like 8x4x1, got {forced!r}") from None
-        if rpt < 1 or rows % rpt:
-            raise TinynnError(f"TINYNN_ATTENTION_LAYOUT={forced}: rows a thread must divide the rows")
+            raise TinynnError(f"TINYNN_ATTENTION_LAYOUT must look like 16x4, got {forced!r}") from None
         if workgroup_bytes(head_size, rows, splits) > max_bytes:
             raise TinynnError(f"TINYNN_ATTENTION_LAYOUT={forced}: head size {head_size} needs more than the "
                               f"adapter's {max_bytes} bytes of workgroup memory")
-        return rows, splits, rpt
-    for rows, splits, rpt in LAYOUTS:
+        return rows, splits
+    for rows, splits in LAYOUTS:
         if workgroup_bytes(head_size, rows, splits) <= max_bytes:
-            return rows, splits, rpt
+            return rows, splits
     raise TinynnError(f"attention: no layout fits head size {head_size} in {max_bytes} bytes of workgroup memory")
 
 
@@ -71,13 +69,13 @@ def lane_sum_body(lanes: int) -> str:
     return "\n".join(lines + ["    return s;"])
 
 
-def source(head_size: int, rows: int, splits: int, rpt: int, lanes: int) -> str:
-    if rows // rpt * splits * lanes > THREADS:
-        raise TinynnError(f"attention layout {rows}x{splits}x{rpt} with {lanes} lanes exceeds {THREADS} threads")
+def source(head_size: int, rows: int, splits: int, lanes: int) -> str:
+    if rows * splits * lanes > THREADS:
+        raise TinynnError(f"attention layout {rows}x{splits} with {lanes} lanes exceeds {THREADS} threads")
     hs4 = head_size // 4
-    text = kernel_source("attention", {"HS4": hs4, "ROWS": rows, "SPLITS": splits, "RPT": rpt, "LANES": lanes,
+    text = kernel_source("attention", {"HS4": hs4, "ROWS": rows, "SPLITS": splits, "LANES": lanes,
                                        "LANE_SUM": lane_sum_body(lanes)})
-    return unroll(text, {"$n": hs4 // lanes, "$r": rpt})
+    return unroll(text, {"$n": hs4 // lanes})
 
 
 def unroll(text: str, counts: dict) -> str:
@@ -98,14 +96,13 @@ class Attention:
     def __init__(self, runtime):
         self.rt = runtime
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
-        self.shaders = {}  # (head size, rows, splits, rows a thread, lanes) -> Shader
+        self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
 
     def _shader(self, head_size: int):
-        rows, splits, rpt = choose_layout(head_size, self.max_bytes)
-        key = (head_size, rows, splits, rpt, lanes_for(head_size, uses_subgroups(self.rt.ctx)))
+        rows, splits = choose_layout(head_size, self.max_bytes)
+        key = (head_size, rows, splits, lanes_for(head_size, uses_subgroups(self.rt.ctx)))
         if key not in self.shaders:
-            self.shaders[key] = self.rt.shader(source(*key), f"attention hs{head_size} {rows}x{splits}x{rpt} "
-                                                             f"lanes{key[4]}")
+            self.shaders[key] = self.rt.shader(source(*key), f"attention hs{head_size} {rows}x{splits}x{key[3]}")
         return self.shaders[key], rows
 
     def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:
