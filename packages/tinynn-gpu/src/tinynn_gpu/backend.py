@@ -39,7 +39,6 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 # rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
 # and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
 LAYERNORM_SPLIT_ROWS = 2048
-LAYERNORM_ROWS_PER_GROUP = 8  # layernorm.wgsl's ROWS_PER_GROUP
 
 
 class WgpuBackend(StepOps, DecodeOps, Backend):
@@ -397,9 +396,9 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         y, mean, rstd = self._empty(x.shape), self._empty(x.shape[:-1]), self._empty(x.shape[:-1])
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
-        self.rt.dispatch("layernorm", "layernorm_forward_main", -(-rows // LAYERNORM_ROWS_PER_GROUP),
-                         {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd},
-                         {"rows": rows, "cols": c, "eps": eps})
+        self._rows("layernorm_forward_main", x.shape,
+                   {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd},
+                   {"rows": rows, "cols": c, "eps": eps}, module="layernorm")
         return y, mean, rstd
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
@@ -414,8 +413,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         params = {"rows": rows, "cols": c, "has_g_add": int(g_add is not None),
                   "param_groups": -(-c // 8) * splits if wanted else 0, "split_rows": LAYERNORM_SPLIT_ROWS,
                   "splits": splits}
-        self.rt.dispatch("layernorm", "layernorm_backward_main",
-                         params["param_groups"] + -(-rows // LAYERNORM_ROWS_PER_GROUP),
+        self.rt.dispatch("layernorm", "layernorm_backward_main", params["param_groups"] + rows,
                          {0: bindable(x), 1: bindable(w), 5: bindable(mean), 6: bindable(rstd), 7: bindable(g),
                           8: self.unused[0] if g_add is None else bindable(g_add), 4: gx, 9: partials, 10: gw, 11: gb},
                          params)

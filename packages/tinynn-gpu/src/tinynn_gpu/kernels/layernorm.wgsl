@@ -23,55 +23,37 @@ struct Params {
 @group(0) @binding(10) var<storage, read_write> g_weight: array<f32>;
 @group(0) @binding(11) var<storage, read_write> g_bias: array<f32>;
 
-// A row is ROW_LANES threads (ROWS_PER_GROUP rows a workgroup), each reading every ROW_LANES-th element:
-// neighbouring threads read neighbouring floats, and a row's sum takes one barrier, not a tree's eight.
-const ROW_LANES: u32 = 32u;
-const ROWS_PER_GROUP: u32 = 256u / ROW_LANES;
-
-var<workgroup> lane_parts: array<vec2<f32>, 256>;
-
-// The sums of x over each row's lanes, every lane of the row getting the same (added in lane order).
-// Call it from uniform control flow.
-fn row_sums(lid: u32, x: vec2<f32>) -> vec2<f32> {
-    workgroupBarrier();  // the previous sums are read before their parts are overwritten
-    lane_parts[lid] = x;
-    workgroupBarrier();
-    let first = lid - lid % ROW_LANES;
-    var s = vec2<f32>(0.0);
-    for (var k = 0u; k < ROW_LANES; k = k + 1u) { s = s + lane_parts[first + k]; }
-    return s;
-}
-
 // out = y; mean, rstd per row.
 @compute @workgroup_size(256)
 fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(wg, nwg) * ROWS_PER_GROUP + lid / ROW_LANES;
+    let row = row_index(wg, nwg);
+    if (row >= params.rows) { return; }
     let cols = params.cols;
-    let n = select(0u, cols, row < params.rows);  // a row past the end takes part in the sums only
     let base = row * cols;
     var s = 0.0;
-    for (var j = lid % ROW_LANES; j < n; j = j + ROW_LANES) { s = s + x[base + j]; }
-    let mu = row_sums(lid, vec2<f32>(s, 0.0)).x / f32(cols);
+    for (var j = lid; j < cols; j = j + 256u) { s = s + x[base + j]; }
+    let mu = workgroup_sum(lid, s) / f32(cols);
     var sq = 0.0;  // two passes: E[(x - mu)^2] keeps its precision where E[x^2] - mu^2 would not
-    for (var j = lid % ROW_LANES; j < n; j = j + ROW_LANES) { let d = x[base + j] - mu; sq = sq + d * d; }
-    let r = inverseSqrt(row_sums(lid, vec2<f32>(sq, 0.0)).x / f32(cols) + params.eps);
-    for (var j = lid % ROW_LANES; j < n; j = j + ROW_LANES) {
+    for (var j = lid; j < cols; j = j + 256u) { let d = x[base + j] - mu; sq = sq + d * d; }
+    let r = inverseSqrt(workgroup_sum(lid, sq) / f32(cols) + params.eps);
+    for (var j = lid; j < cols; j = j + 256u) {
         out[base + j] = (x[base + j] - mu) * r * weight[j] + bias[j];
     }
-    if (n > 0u && lid % ROW_LANES == 0u) {
+    if (lid == 0u) {
         mean[row] = mu;
         rstd[row] = r;
     }
 }
 
 // The backward in one dispatch: workgroups [0, param_groups) sum the weight and bias gradients down
-// columns, the rest compute dx, ROWS_PER_GROUP rows each. Both kinds only read g, x and the saved statistics, so they
+// columns, the rest compute dx one row each. Both kinds only read g, x and the saved statistics, so they
 // run side by side with no pass between them, and no finish when one split covers all rows (`splits` = 1,
 // rows <= split_rows): a column workgroup then writes g_weight and g_bias itself. With more rows, split s
 // leaves its sums in partials (2, splits, C) for layernorm_param_grads_finish_main.
 // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * weight, plus g_add where has_g_add:
 // x's gradient from its other uses (the residual stream's), added here rather than by another kernel.
+var<workgroup> lane_sums: array<vec2<f32>, 256>;
 
 @compute @workgroup_size(256)
 fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -81,24 +63,22 @@ fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
         param_grads(w, lid);
         return;
     }
-    let row = (w - params.param_groups) * ROWS_PER_GROUP + lid / ROW_LANES;
-    let live = row < params.rows;
+    let row = w - params.param_groups;
+    if (row >= params.rows) { return; }
     let cols = params.cols;
-    let n = select(0u, cols, live);
     let base = row * cols;
-    let mu = mean[select(0u, row, live)];
-    let r = rstd[select(0u, row, live)];
+    let mu = mean[row];
+    let r = rstd[row];
     var s1 = 0.0;
     var s2 = 0.0;
-    for (var j = lid % ROW_LANES; j < n; j = j + ROW_LANES) {
+    for (var j = lid; j < cols; j = j + 256u) {
         let gw = g[base + j] * weight[j];
         s1 = s1 + gw;
         s2 = s2 + gw * (x[base + j] - mu) * r;
     }
-    let m = row_sums(lid, vec2<f32>(s1, s2)) / f32(cols);
-    let m1 = m.x;
-    let m2 = m.y;
-    for (var j = lid % ROW_LANES; j < n; j = j + ROW_LANES) {
+    let m1 = workgroup_sum(lid, s1) / f32(cols);
+    let m2 = workgroup_sum(lid, s2) / f32(cols);
+    for (var j = lid; j < cols; j = j + 256u) {
         let xhat = (x[base + j] - mu) * r;
         var dx = r * (g[base + j] * weight[j] - m1 - xhat * m2);
         if (params.has_g_add == 1u) { dx = dx + g_add[base + j]; }
@@ -137,11 +117,11 @@ fn param_grads(w: u32, lid: u32) {
             sb.x = sb.x + gi;
         }
     }
-    lane_parts[lid] = vec2<f32>((sw.x + sw.y) + (sw.z + sw.w), (sb.x + sb.y) + (sb.z + sb.w));
+    lane_sums[lid] = vec2<f32>((sw.x + sw.y) + (sw.z + sw.w), (sb.x + sb.y) + (sb.z + sb.w));
     workgroupBarrier();
     if (lid < 8u && c < cols) {
         var sums = vec2<f32>(0.0);
-        for (var l = 0u; l < 32u; l = l + 1u) { sums = sums + lane_parts[lid + 8u * l]; }
+        for (var l = 0u; l < 32u; l = l + 1u) { sums = sums + lane_sums[lid + 8u * l]; }
         if (params.splits == 1u) {
             g_weight[c] = sums.x;
             g_bias[c] = sums.y;
