@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from tinynn import backends
-from tinynn_gpu.attention import THREADS, workgroup_bytes
+from tinynn_gpu.attention import THREADS, lanes_for, workgroup_bytes
 
 SHAPES = {"lesson": (16, 128, 4, 64), "mid": (16, 128, 6, 64), "big": (8, 256, 12, 64),
           "hs128": (8, 256, 6, 128), "hs32": (16, 128, 8, 32)}  # (B, T, n_head, head size)
@@ -47,7 +47,7 @@ def main():
         layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",")]
         paths = [{"subgroup": "1", "workgroup": "0"}[p] for p in args.paths.split(",")]
         for (rows, splits), path in ((layout, path) for path in paths for layout in layouts):
-            lanes = 4 if path == "1" else 1
+            lanes = lanes_for(hs, subgroups=path == "1")
             if workgroup_bytes(hs, rows, splits) > limit or rows * splits * lanes > THREADS:
                 continue
             if path == "1" and "subgroup" not in gpu.ctx.features:

@@ -482,7 +482,8 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         _check_dtypes("embedding_with_positions_backward", g, idx)
         t, c = g.shape[-2:]
         g_wte, g_wpe = self._empty((num_embeddings, c)), self._empty((num_positions, c))
-        blocks = min(-(-c // 32), -(-512 // num_embeddings))  # ~512 token workgroups, 32 columns or more each
+        # ~512 token workgroups, 32 columns or more each
+        blocks = max(1, min(-(-c // 32), -(-512 // max(1, num_embeddings))))
         block_cols = 32 * -(-c // (32 * blocks))
         self.rt.dispatch("embedding", "embedding_with_positions_backward_main",
                          num_embeddings * blocks + -(-g_wpe.size // 256),
