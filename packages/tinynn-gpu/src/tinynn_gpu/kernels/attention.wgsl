@@ -18,7 +18,7 @@
 //
 // The forward's softmax is online with a lazy maximum: a row's running sum and accumulator are kept
 // relative to a reference m and rescaled only when a score exceeds m by RESCALE_AT (exp(8) leaves fp32 more
-// than enough range), the same arithmetic as rescaling at every new maximum but with the rescale rare.
+// than enough range): in exact arithmetic the result of rescaling at every new maximum, with the rescale rare.
 //
 // The backward needs delta = rowsum(g * y) per query. The dQ kernel, which runs first, computes it for
 // the queries it owns and saves it for the dK/dV kernel (FlashAttention-2's separate pre-pass would cost a
