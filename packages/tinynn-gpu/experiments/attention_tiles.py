@@ -1,6 +1,7 @@
-"""Fused-attention tiles side by side: each (ROWS, COLS) in attention.TILES that fits the adapter is checked
-against the float64 NumPy reference, then its forward and backward kernels are timed with GPU timestamps,
-on the attention shapes of the benchmark configs (apps/bench). This is where TILES' order comes from.
+"""Fused-attention layouts side by side: each (ROWS, SPLITS) of CANDIDATES that fits the adapter, with subgroup
+lanes and with one thread a row, is checked against the float64 NumPy reference, then its forward and
+backward kernels are timed with GPU timestamps, on the attention shapes of the benchmark configs
+(apps/bench). This is where attention.LAYOUTS' order comes from.
 
     python packages/tinynn-gpu/experiments/attention_tiles.py [--reps 20] [--json F]
 """
@@ -11,10 +12,11 @@ import os
 import numpy as np
 
 from tinynn import backends
-from tinynn_gpu.attention import TILES, workgroup_bytes
+from tinynn_gpu.attention import THREADS, lanes_for, workgroup_bytes
 
 SHAPES = {"lesson": (16, 128, 4, 64), "mid": (16, 128, 6, 64), "big": (8, 256, 12, 64),
           "hs128": (8, 256, 6, 128), "hs32": (16, 128, 8, 32)}  # (B, T, n_head, head size)
+CANDIDATES = ((16, 4), (16, 2), (16, 1), (8, 8), (8, 4), (32, 2), (32, 1), (64, 1))  # (rows, splits)
 
 
 def rel_err(actual, expected):
@@ -25,12 +27,16 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--json")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names of SHAPES")
+    parser.add_argument("--layouts", default=",".join(f"{r}x{s}" for r, s in CANDIDATES), help="e.g. 8x4,16x4")
+    parser.add_argument("--paths", default="subgroup,workgroup", help="subgroup lanes, one thread a row, or both")
     args = parser.parse_args()
     gpu, ref = backends.select("gpu"), backends.reference()
     limit = gpu.attention.max_bytes
     print(f"{gpu.device_name}: {limit} bytes of workgroup memory")
     results = []
-    for label, (batch, seq, n_head, hs) in SHAPES.items():
+    for label in args.shapes.split(","):
+        batch, seq, n_head, hs = SHAPES[label]
         g = np.random.default_rng(0)
         qkv = g.standard_normal((batch, seq, 3 * n_head * hs)).astype(np.float32)
         grad = g.standard_normal((batch, seq, n_head * hs)).astype(np.float32)
@@ -38,10 +44,16 @@ def main():
         y_ref, lse_ref = ref.attention_forward(qkv.astype(np.float64), n_head, scale)
         g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head, scale)
         d_qkv, d_grad = gpu.from_numpy(qkv), gpu.from_numpy(grad)
-        for rows, cols in TILES:
-            if workgroup_bytes(hs, rows, cols) > limit:
+        layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",")]
+        paths = [{"subgroup": "1", "workgroup": "0"}[p] for p in args.paths.split(",")]
+        for (rows, splits), path in ((layout, path) for path in paths for layout in layouts):
+            lanes = lanes_for(hs, subgroups=path == "1")
+            if workgroup_bytes(hs, rows, splits) > limit or rows * splits * lanes > THREADS:
                 continue
-            os.environ["TINYNN_ATTENTION_TILES"] = f"{rows}x{cols}"
+            if path == "1" and "subgroup" not in gpu.ctx.features:
+                continue
+            os.environ["TINYNN_ATTENTION_LAYOUT"] = f"{rows}x{splits}"
+            os.environ["TINYNN_SUBGROUPS"] = path
             y, lse = gpu.attention_forward(d_qkv, n_head, scale)
             g_qkv = gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
             errs = [rel_err(gpu.to_numpy(y), y_ref), rel_err(gpu.to_numpy(lse), lse_ref),
@@ -52,13 +64,15 @@ def main():
                     y, lse = gpu.attention_forward(d_qkv, n_head, scale)
                     gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
             times = {row["kernel"].split(".")[-1]: row["ms"] * 1e3 / args.reps for row in gpu.profile(run)}
-            row = {"shape": label, "tile": f"{rows}x{cols}", "us": times, "rel_err": errs, "ok": max(errs) <= 2e-5}
+            row = {"shape": label, "layout": f"{rows}x{splits}", "lanes": lanes, "us": times, "rel_err": errs,
+                   "ok": max(errs) <= 2e-5}
             results.append(row)
             kernels = "  ".join(f"{k.replace('attention_', '').replace('_main', '')} {v:7.1f}"
                                 for k, v in sorted(times.items()))
-            print(f"{label:7s} {rows:3d}x{cols:<3d} us: {kernels}  total {sum(times.values()):7.1f}  "
+            print(f"{label:7s} {rows:3d}x{splits:<2d} lanes {lanes} us: {kernels}  total {sum(times.values()):7.1f}  "
                   f"err {max(errs):.1e}{'' if row['ok'] else '  WRONG'}", flush=True)
-    os.environ.pop("TINYNN_ATTENTION_TILES")
+    os.environ.pop("TINYNN_ATTENTION_LAYOUT")
+    os.environ.pop("TINYNN_SUBGROUPS")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,6 +1,7 @@
 """The fused attention kernels against the float64 NumPy reference, every output poisoned (NaN) first.
 Shapes are drawn by hypothesis: T off the tile grid and T = 1, head sizes 16 to 128 (multiples of 4, not
-only powers of two), batch 1. Bounds are relative (Frobenius) errors; fp32 kernels measured ~3e-7 here."""
+only powers of two), batch 1. Each runs with subgroup lanes (where the adapter has them) and with one thread
+per row. Bounds are relative (Frobenius) errors; fp32 kernels measured ~3e-7 here."""
 from collections import Counter
 
 import numpy as np
@@ -9,7 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tinynn import backends
-from tinynn_gpu.attention import TILES, workgroup_bytes
+from tinynn_gpu.attention import LAYOUTS, lane_sum_body, lanes_for, workgroup_bytes
 
 RTOL_FORWARD = 1e-5  # y and lse
 RTOL_BACKWARD = 2e-5  # g_qkv: one more recomputation of the probabilities
@@ -42,25 +43,41 @@ def check_against_reference(gpu, batch, seq, n_head, head_size, seed):
     assert rel_err(gpu.to_numpy(g_qkv), g_ref) <= RTOL_BACKWARD
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.fixture(params=["subgroup", "workgroup"])
+def lanes_path(request, poisoned, monkeypatch):
+    """The poisoned GPU backend, its attention kernels forced onto subgroup lanes or one thread per row."""
+    if request.param == "subgroup" and "subgroup" not in poisoned.ctx.features:
+        pytest.skip("the adapter has no subgroup operations")
+    monkeypatch.setenv("TINYNN_SUBGROUPS", "1" if request.param == "subgroup" else "0")
+    return poisoned
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.integers(1, 2), seq=seq_lens, n_head=st.integers(1, 3), head_size=head_sizes,
        seed=st.integers(0, 2**31))
 @example(batch=1, seq=1, n_head=1, head_size=128, seed=0)
 @example(batch=1, seq=33, n_head=2, head_size=16, seed=1)
-def test_attention_matches_the_reference(poisoned, batch, seq, n_head, head_size, seed):
-    fallbacks = sum(poisoned.fallbacks.values())
-    check_against_reference(poisoned, batch, seq, n_head, head_size, seed)
-    assert sum(poisoned.fallbacks.values()) == fallbacks, "the kernels refused a supported head size"
+def test_attention_matches_the_reference(lanes_path, batch, seq, n_head, head_size, seed):
+    fallbacks = sum(lanes_path.fallbacks.values())
+    check_against_reference(lanes_path, batch, seq, n_head, head_size, seed)
+    assert sum(lanes_path.fallbacks.values()) == fallbacks, "the kernels refused a supported head size"
 
 
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS + ((16, 4),), ids=lambda t: f"{t[0]}x{t[1]}")
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seq=seq_lens, seed=st.integers(0, 2**31))
-def test_every_tile(poisoned, monkeypatch, tile, seq, seed):
-    if workgroup_bytes(20, *tile) > poisoned.attention.max_bytes:
-        pytest.skip(f"tile {tile} needs more workgroup memory than this adapter has")
-    monkeypatch.setenv("TINYNN_ATTENTION_TILES", f"{tile[0]}x{tile[1]}")
-    check_against_reference(poisoned, 1, seq, 2, 20, seed)
+def test_every_layout(lanes_path, monkeypatch, layout, seq, seed):
+    """Head size 40: two lanes a row on the subgroup path."""
+    if workgroup_bytes(40, *layout) > lanes_path.attention.max_bytes:
+        pytest.skip(f"layout {layout} needs more workgroup memory than this adapter has")
+    monkeypatch.setenv("TINYNN_ATTENTION_LAYOUT", f"{layout[0]}x{layout[1]}")
+    check_against_reference(lanes_path, 1, seq, 2, 40, seed)
+
+
+def test_lanes_split_rows_evenly():
+    assert [lanes_for(hs, subgroups=True) for hs in (16, 20, 40, 64, 128)] == [4, 1, 2, 4, 4]
+    assert lanes_for(64, subgroups=False) == 1
+    assert "subgroup" not in lane_sum_body(1) and lane_sum_body(4).count("subgroupShuffleXor") == 2
 
 
 def test_unsupported_head_size_runs_the_reference(poisoned, monkeypatch):

@@ -183,3 +183,15 @@ def test_embedding_with_positions(poisoned, batch, t, extra, vocab, cols, seed):
     want_wte, want_wpe = REF.embedding_with_positions_backward(dy.astype(np.float64), idx, vocab, t + extra)
     assert rel_err(gpu.to_numpy(g_wte), want_wte) <= RTOL and rel_err(gpu.to_numpy(g_wpe), want_wpe) <= RTOL
     assert count == 1
+
+
+@pytest.mark.parametrize("batch, t, vocab, cols", [(9, 257, 3, 40), (2, 33, 600, 70), (1, 1, 1, 1)],
+                         ids=["ids-in-two-chunks", "one-block-a-row", "one-id"])
+def test_embedding_with_positions_backward_edges(poisoned, rng, batch, t, vocab, cols):
+    """More ids than one workgroup lists at once (2048: a row's sums carried over chunks); a vocabulary large
+    enough that each row's columns take one workgroup; a single id."""
+    idx, dy = rng.integers(0, vocab, (batch, t)), rng.standard_normal((batch, t, cols)).astype(np.float32)
+    g_wte, g_wpe = poisoned.embedding_with_positions_backward(poisoned.from_numpy(dy), poisoned.from_numpy(idx),
+                                                              vocab, t + 2)
+    want_wte, want_wpe = REF.embedding_with_positions_backward(dy.astype(np.float64), idx, vocab, t + 2)
+    assert rel_err(poisoned.to_numpy(g_wte), want_wte) <= RTOL and rel_err(poisoned.to_numpy(g_wpe), want_wpe) <= RTOL

@@ -41,8 +41,9 @@ def every_kernel():
     yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, min(4 * n + 2, multi_tensor.MAX_SLOTS), False))
                 for n in range(1, multi_tensor.MAX_SLOTS + 1))  # a device's AdamW and norm slots go together so
     yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))
-    yield from ((f"attention hs{hs} {rows}x{cols}", attention.source(hs, rows, cols))
-                for hs in (16, 20, 64, 128) for rows, cols in attention.TILES)
+    # one lane a row: the subgroup shuffles, like group_sum's, would want `enable subgroups;` here
+    yield from ((f"attention hs{hs} {rows}x{splits}", attention.source(hs, rows, splits, lanes=1))
+                for hs in (16, 20, 64, 128) for rows, splits in attention.LAYOUTS)
 
 
 def test_every_kernel_compiles_on_tint(tint):

@@ -1,9 +1,11 @@
 """Fused causal self-attention on the GPU: kernels/attention.wgsl filled in and unrolled per head size and
-tile, and the launches of its forward (one dispatch) and backward (two: dQ, then dK/dV).
+layout, and the launches of its forward (one dispatch) and backward (two: dQ, then dK/dV).
 
-A tile is (ROWS, COLS): a workgroup owns ROWS rows (queries; keys in the dK/dV kernel) and walks over the
-other side COLS rows at a time. `choose_tiles` takes the first of TILES whose workgroup memory fits the
-device; TINYNN_ATTENTION_TILES=ROWSxCOLS forces one (experiments/attention_tiles.py times them all).
+A layout is (ROWS, SPLITS, LANES): a workgroup owns ROWS rows (queries; keys in the dK/dV kernel), LANES
+threads share a row (subgroup shuffles add their parts of a dot product; 1 without the `subgroup` feature)
+and SPLITS groups of threads walk over the other side interleaved. `choose_layout` takes ROWS and SPLITS
+from LAYOUTS, the first whose workgroup memory fits the device; TINYNN_ATTENTION_LAYOUT=ROWSxSPLITS forces
+one (experiments/attention_tiles.py times them all).
 """
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import os
 
 from tinynn.errors import TinynnError
 from tinynn_gpu.context import kernel_source
+from tinynn_gpu.group_sum import uses_subgroups
 
+# fastest first, as timed on an H200 (experiments/attention_tiles.py): 8x4 beat 16x4, 16x2, 8x8 and 32x2 by
+# 10-15% on the lesson, mid and big shapes; a single split was twice as slow
+LAYOUTS = ((8, 4), (8, 2), (8, 1))
 THREADS = 256  # at most, per workgroup
-# fastest first, as timed on an H200 (experiments/attention_tiles.py): 16-row tiles give twice the workgroups
-# of 32-row ones (the benchmark shapes fill the GPU only then) and waste less work on the causal diagonal
-TILES = ((16, 16), (32, 32), (32, 16), (16, 8), (8, 8))
+SUBGROUP_LANES = 4  # WebGPU's smallest subgroup
 
 
 def unsupported_head_size(head_size: int) -> str:
@@ -27,34 +31,51 @@ def unsupported_head_size(head_size: int) -> str:
     return ""
 
 
-def workgroup_bytes(head_size: int, rows: int, cols: int) -> int:
-    """Workgroup memory of the largest kernel (dK/dV): four padded row tiles, two score tiles, lse/delta."""
-    pad = head_size + 4  # a tile row, padded by one vec4
-    return 4 * (2 * rows * pad + 2 * cols * pad + 2 * rows * (cols + 1) + 2 * rows + 2 * cols)
+def lanes_for(head_size: int, subgroups: bool) -> int:
+    """Threads per row: the most, up to SUBGROUP_LANES, that split the row's vec4s evenly."""
+    hs4 = head_size // 4
+    return max(n for n in (1, 2, SUBGROUP_LANES) if hs4 % n == 0) if subgroups else 1
 
 
-def choose_tiles(head_size: int, max_bytes: int) -> tuple[int, int]:
-    forced = os.environ.get("TINYNN_ATTENTION_TILES")
+def workgroup_bytes(head_size: int, rows: int, splits: int) -> int:
+    """The splits' padded accumulators and the forward's per-split maxima and sums."""
+    return 16 * splits * rows * (head_size // 4 + 1) + 8 * splits * rows
+
+
+def choose_layout(head_size: int, max_bytes: int) -> tuple[int, int]:
+    forced = os.environ.get("TINYNN_ATTENTION_LAYOUT")
     if forced:
         try:
-            rows, cols = (int(n) for n in forced.lower().split("x"))
+            rows, splits = (int(n) for n in forced.lower().split("x"))
         except ValueError:
-            raise TinynnError(f"TINYNN_ATTENTION_TILES must look like 32x16, got {forced!r}") from None
-        if workgroup_bytes(head_size, rows, cols) > max_bytes:
-            raise TinynnError(f"TINYNN_ATTENTION_TILES={forced}: head size {head_size} needs more than the "
+            raise TinynnError(f"TINYNN_ATTENTION_LAYOUT must look like 16x4, got {forced!r}") from None
+        if workgroup_bytes(head_size, rows, splits) > max_bytes:
+            raise TinynnError(f"TINYNN_ATTENTION_LAYOUT={forced}: head size {head_size} needs more than the "
                               f"adapter's {max_bytes} bytes of workgroup memory")
-        return rows, cols
-    for rows, cols in TILES:
-        if workgroup_bytes(head_size, rows, cols) <= max_bytes:
-            return rows, cols
-    raise TinynnError(f"attention: no tile fits head size {head_size} in {max_bytes} bytes of workgroup memory")
+        return rows, splits
+    for rows, splits in LAYOUTS:
+        if workgroup_bytes(head_size, rows, splits) <= max_bytes:
+            return rows, splits
+    raise TinynnError(f"attention: no layout fits head size {head_size} in {max_bytes} bytes of workgroup memory")
 
 
-def source(head_size: int, rows: int, cols: int) -> str:
+def lane_sum_body(lanes: int) -> str:
+    """lane_sum's WGSL: a butterfly over the row's lanes, so that every lane gets the same bits."""
+    lines = ["    var s = x;"]
+    offset = 1
+    while offset < lanes:
+        lines.append(f"    s = s + subgroupShuffleXor(s, {offset}u);")
+        offset *= 2
+    return "\n".join(lines + ["    return s;"])
+
+
+def source(head_size: int, rows: int, splits: int, lanes: int) -> str:
+    if rows * splits * lanes > THREADS:
+        raise TinynnError(f"attention layout {rows}x{splits} with {lanes} lanes exceeds {THREADS} threads")
     hs4 = head_size // 4
-    per_row = max(d for d in range(1, hs4 + 1) if hs4 % d == 0 and d <= THREADS // rows)  # threads per row
-    text = kernel_source("attention", {"HS4": hs4, "ROWS": rows, "COLS": cols, "R": per_row})
-    return unroll(text, {"$c": hs4, "$n": hs4 // per_row, "$j": cols})
+    text = kernel_source("attention", {"HS4": hs4, "ROWS": rows, "SPLITS": splits, "LANES": lanes,
+                                       "LANE_SUM": lane_sum_body(lanes)})
+    return unroll(text, {"$n": hs4 // lanes})
 
 
 def unroll(text: str, counts: dict) -> str:
@@ -70,18 +91,18 @@ def unroll(text: str, counts: dict) -> str:
 
 
 class Attention:
-    """Compiles a kernel module per (head size, tile) on first use and records the dispatches."""
+    """Compiles a kernel module per (head size, layout) on first use and records the dispatches."""
 
     def __init__(self, runtime):
         self.rt = runtime
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
-        self.shaders = {}  # (head size, rows, cols) -> Shader
+        self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
 
     def _shader(self, head_size: int):
-        rows, cols = choose_tiles(head_size, self.max_bytes)
-        key = (head_size, rows, cols)
+        rows, splits = choose_layout(head_size, self.max_bytes)
+        key = (head_size, rows, splits, lanes_for(head_size, uses_subgroups(self.rt.ctx)))
         if key not in self.shaders:
-            self.shaders[key] = self.rt.shader(source(*key), f"attention hs{head_size} {rows}x{cols}")
+            self.shaders[key] = self.rt.shader(source(*key), f"attention hs{head_size} {rows}x{splits}x{key[3]}")
         return self.shaders[key], rows
 
     def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:

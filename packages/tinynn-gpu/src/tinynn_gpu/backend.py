@@ -482,11 +482,14 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         _check_dtypes("embedding_with_positions_backward", g, idx)
         t, c = g.shape[-2:]
         g_wte, g_wpe = self._empty((num_embeddings, c)), self._empty((num_positions, c))
+        # ~512 token workgroups, 32 columns or more each
+        blocks = max(1, min(-(-c // 32), -(-512 // max(1, num_embeddings))))
+        block_cols = 32 * -(-c // (32 * blocks))
         self.rt.dispatch("embedding", "embedding_with_positions_backward_main",
-                         num_embeddings + -(-g_wpe.size // 256),
+                         num_embeddings * blocks + -(-g_wpe.size // 256),
                          {1: bindable(idx), 4: bindable(g), 7: g_wte, 2: g_wpe, 8: self.rt.error_flags},
                          {"total": g_wpe.size, "cols": c, "rows": num_embeddings, "positions": t,
-                          "batch": g.size // max(1, t * c)})
+                          "batch": g.size // max(1, t * c), "blocks": blocks, "block_cols": block_cols})
         return g_wte, g_wpe
 
     def attention_forward(self, qkv, n_head, scale):

@@ -1,16 +1,24 @@
 // Fused causal self-attention, FlashAttention-2 style: forward and backward without a T x T array in memory.
-// A template: attention.py fills {{HS4}} (head size / 4), {{ROWS}}, {{COLS}} and {{R}} per head size and tile,
-// and unrolls it: a line holding $c is repeated for c = 0 .. HS4-1, one holding $n for
-// n = 0 .. HS4/R - 1, one holding $j for j = 0 .. COLS-1. naga does not unroll loops, and an accumulator array
-// indexed in a loop would live in slow local memory, not in registers: so every accumulator is its own
-// variable. q, k and v are read straight from the qkv projection's output (B, T, 3C) = [q | k | v], head h
-// in columns h*hs:(h+1)*hs of each part; y and the gradients are written in the same row layout.
+// A template: attention.py fills {{HS4}} (head size / 4), {{LANES}}, {{ROWS}}, {{SPLITS}} and the body of
+// lane_sum, and unrolls it: a line holding $n is repeated for n = 0 .. NV-1. naga does not unroll loops, and
+// an accumulator array indexed in a loop would live in slow local memory, not in registers: so every
+// accumulator is its own variable. q, k and v are read straight from the qkv projection's output
+// (B, T, 3C) = [q | k | v], head h in columns h*hs:(h+1)*hs of each part; y and the gradients are written in
+// the same row layout.
 //
-// Each workgroup owns ROWS rows of one (batch, head) (queries, or keys in the dK/dV kernel) and walks over
-// the other side in tiles of COLS rows, both held in workgroup memory. R threads share an owned row (R
-// divides HS4), each accumulating NV = HS4 / R vec4 columns of it: part, part + R, ..., so neighbouring
-// threads read neighbouring vec4s. Tile rows are padded by one vec4 (score rows by one float) so that
-// threads reading different rows of a tile hit different memory banks.
+// A workgroup owns ROWS rows of one (batch, head): queries (forward, dQ) or keys (dK/dV). LANES neighbouring
+// threads share an owned row, each holding NV = HS4 / LANES of its vec4s (lane, lane + LANES, ...) in
+// registers, so a row's dot product is a sum over its lanes (lane_sum: subgroup shuffles, or nothing when
+// LANES = 1, the form for adapters without subgroups; it assumes, as every driver does for a 1-D workgroup,
+// that LANES consecutive invocations sit in one subgroup). The rows of the other side are read straight
+// from memory, all threads of a subgroup reading the same row (a broadcast, cached): no workgroup memory
+// and no barrier in the loop. SPLITS groups of threads walk over the other side's rows interleaved
+// (split s takes rows s, s + SPLITS, ...) so that short sequences still fill the GPU; at the end they add
+// their partial results in split order through workgroup memory (the same sum on every run).
+//
+// The forward's softmax is online with a lazy maximum: a row's running sum and accumulator are kept
+// relative to a reference m and rescaled only when a score exceeds m by RESCALE_AT (exp(8) leaves fp32 more
+// than enough range): in exact arithmetic the result of rescaling at every new maximum, with the rescale rare.
 //
 // The backward needs delta = rowsum(g * y) per query. The dQ kernel, which runs first, computes it for
 // the queries it owns and saves it for the dK/dV kernel (FlashAttention-2's separate pre-pass would cost a
@@ -20,15 +28,16 @@
 // 5 y (read by the backward), 6 delta (B, nh, T).
 
 const HS4: u32 = {{HS4}}u;
+const LANES: u32 = {{LANES}}u;
+const NV: u32 = HS4 / LANES;
 const ROWS: u32 = {{ROWS}}u;
-const COLS: u32 = {{COLS}}u;
-const R: u32 = {{R}}u;
-const THREADS: u32 = ROWS * R;
-const PAD: u32 = HS4 + 1u;  // a tile row's stride in vec4s
-const PCOLS: u32 = COLS + 1u;  // a score row's stride in floats
-// Masked scores: exp(NEG_BIG - m) is exactly 0 for any finite row maximum m; a finite sentinel, because a
-// constant -inf is rejected by Tint.
+const SPLITS: u32 = {{SPLITS}}u;
+const THREADS: u32 = ROWS * LANES * SPLITS;
+const PAD: u32 = HS4 + 1u;  // a row's stride in `partial`, in vec4s: neighbouring rows in other memory banks
+// Masked scores: exp(NEG_BIG - m) is exactly 0 for any finite m; a finite sentinel, because a constant -inf
+// is rejected by Tint.
 const NEG_BIG: f32 = -3.0e38;
+const RESCALE_AT: f32 = 8.0;
 
 struct Params { seq: u32, n_head: u32, scale: f32 }
 
@@ -40,16 +49,23 @@ struct Params { seq: u32, n_head: u32, scale: f32 }
 @group(0) @binding(5) var<storage, read> y: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> delta: array<f32>;
 
-var<workgroup> own_a: array<vec4<f32>, ROWS * PAD>;  // the owned rows: q (forward, dQ) or k (dK/dV)
-var<workgroup> own_b: array<vec4<f32>, ROWS * PAD>;  // g's rows (dQ) or v (dK/dV)
-var<workgroup> col_a: array<vec4<f32>, COLS * PAD>;  // the current tile: k (forward, dQ) or q (dK/dV)
-var<workgroup> col_b: array<vec4<f32>, COLS * PAD>;  // v (forward, dQ) or g's rows (dK/dV)
-var<workgroup> tile_p: array<f32, ROWS * PCOLS>;  // scores (forward) or probabilities (dK/dV)
-var<workgroup> tile_ds: array<f32, ROWS * PCOLS>;  // the scores' gradient
-var<workgroup> own_lse: array<f32, ROWS>;  // lse and delta of the owned queries (dQ)
-var<workgroup> own_delta: array<f32, ROWS>;
-var<workgroup> col_lse: array<f32, COLS>;  // ... or of the current query tile (dK/dV)
-var<workgroup> col_delta: array<f32, COLS>;
+var<workgroup> partial: array<vec4<f32>, SPLITS * ROWS * PAD>;  // the splits' accumulators, to be added
+var<workgroup> split_m: array<f32, SPLITS * ROWS>;  // the forward's splits' reference maxima and sums
+var<workgroup> split_l: array<f32, SPLITS * ROWS>;
+
+fn lane_sum(x: f32) -> f32 {
+{{LANE_SUM}}
+}
+
+// A thread's place: its row among the ROWS, its lane within the row, its split; `rank` numbers the
+// LANES * SPLITS threads of a row.
+struct Role { row: u32, lane: u32, split: u32, rank: u32 }
+
+fn role(lid: u32) -> Role {
+    let lane = lid % LANES;
+    let split = lid / (LANES * ROWS);
+    return Role((lid / LANES) % ROWS, lane, split, split * LANES + lane);
+}
 
 // Where one (batch, head) starts, in vec4s: its q in qkv, its row in y / g (B, T, C).
 struct Head { bh: u32, qkv: u32, yg: u32 }
@@ -69,220 +85,153 @@ fn yg_row(hd: Head, t: u32) -> u32 {
     return hd.yg + t * params.n_head * HS4;
 }
 
-// Cooperative tile loads: rows t0 .. t0 + n of one part, zeros past the sequence's end.
-fn load_own_a(lid: u32, hd: Head, t0: u32, part: u32) {
-    for (var e = lid; e < ROWS * HS4; e = e + THREADS) {
-        let r = e / HS4;
-        let c = e % HS4;
-        var v = vec4<f32>(0.0);
-        if (t0 + r < params.seq) { v = qkv[qkv_row(hd, t0 + r, part) + c]; }
-        own_a[r * PAD + c] = v;
-    }
+fn partial_at(me: Role, split: u32, c: u32) -> u32 {
+    return (split * ROWS + me.row) * PAD + c;
 }
 
-fn load_own_b(lid: u32, hd: Head, t0: u32, part: u32) {
-    for (var e = lid; e < ROWS * HS4; e = e + THREADS) {
-        let r = e / HS4;
-        let c = e % HS4;
-        var v = vec4<f32>(0.0);
-        if (t0 + r < params.seq) { v = qkv[qkv_row(hd, t0 + r, part) + c]; }
-        own_b[r * PAD + c] = v;
-    }
-}
-
-fn load_own_b_grad(lid: u32, hd: Head, t0: u32) {
-    for (var e = lid; e < ROWS * HS4; e = e + THREADS) {
-        let r = e / HS4;
-        let c = e % HS4;
-        var v = vec4<f32>(0.0);
-        if (t0 + r < params.seq) { v = g[yg_row(hd, t0 + r) + c]; }
-        own_b[r * PAD + c] = v;
-    }
-}
-
-fn load_col_a(lid: u32, hd: Head, t0: u32, part: u32) {
-    for (var e = lid; e < COLS * HS4; e = e + THREADS) {
-        let r = e / HS4;
-        let c = e % HS4;
-        var v = vec4<f32>(0.0);
-        if (t0 + r < params.seq) { v = qkv[qkv_row(hd, t0 + r, part) + c]; }
-        col_a[r * PAD + c] = v;
-    }
-}
-
-fn load_col_b(lid: u32, hd: Head, t0: u32, part: u32) {
-    for (var e = lid; e < COLS * HS4; e = e + THREADS) {
-        let r = e / HS4;
-        let c = e % HS4;
-        var v = vec4<f32>(0.0);
-        if (t0 + r < params.seq) { v = qkv[qkv_row(hd, t0 + r, part) + c]; }
-        col_b[r * PAD + c] = v;
-    }
-}
-
-fn load_col_b_grad(lid: u32, hd: Head, t0: u32) {
-    for (var e = lid; e < COLS * HS4; e = e + THREADS) {
-        let r = e / HS4;
-        let c = e % HS4;
-        var v = vec4<f32>(0.0);
-        if (t0 + r < params.seq) { v = g[yg_row(hd, t0 + r) + c]; }
-        col_b[r * PAD + c] = v;
-    }
-}
-
-fn dot_own_a_col_a(r: u32, j: u32) -> f32 {
+// The sum over the splits of vec4 column c of the thread's row, in split order (after a barrier).
+fn splits_sum(me: Role, c: u32) -> vec4<f32> {
     var s = vec4<f32>(0.0);
-    s = s + own_a[r * PAD + $cu] * col_a[j * PAD + $cu];
-    return s.x + s.y + s.z + s.w;
+    for (var k = 0u; k < SPLITS; k = k + 1u) { s = s + partial[partial_at(me, k, c)]; }
+    return s;
 }
 
-fn dot_own_b_col_b(r: u32, j: u32) -> f32 {
-    var s = vec4<f32>(0.0);
-    s = s + own_b[r * PAD + $cu] * col_b[j * PAD + $cu];
-    return s.x + s.y + s.z + s.w;
-}
-
-// lse and delta of query t (0 past the sequence's end, where nothing reads them).
-fn lse_of(hd: Head, t: u32) -> f32 {
-    if (t >= params.seq) { return 0.0; }
-    return lse[hd.bh * params.seq + t];
-}
-
-fn delta_of(hd: Head, t: u32) -> f32 {
-    if (t >= params.seq) { return 0.0; }
-    return delta[hd.bh * params.seq + t];
-}
-
-fn rowsum_g_y(hd: Head, t: u32) -> f32 {
-    let base = yg_row(hd, t);
-    var s = vec4<f32>(0.0);
-    s = s + g[base + $cu] * y[base + $cu];
-    return s.x + s.y + s.z + s.w;
-}
-
-// y = softmax(scale * q k^T, causal) v and lse, one workgroup per ROWS queries of one (batch, head); the
-// softmax is online: a running maximum m and sum l per row, the accumulator rescaled when m grows.
+// y = softmax(scale * q k^T, causal) v and lse, one workgroup per ROWS queries of one (batch, head).
 @compute @workgroup_size(THREADS)
 fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let hd = head(wg.y);
     let q0 = wg.x * ROWS;
-    let row = lid / R;
-    let part = lid % R;
-    let i = q0 + row;
-    load_own_a(lid, hd, q0, 0u);
+    let me = role(lid);
+    let i = q0 + me.row;
+    let qi = qkv_row(hd, min(i, params.seq - 1u), 0u) + me.lane;  // rows past the end compute, unwritten
+    let q_$n = qkv[qi + $nu * LANES];
     var m = NEG_BIG;
     var l = 0.0;
     var acc_$n = vec4<f32>(0.0);
     let key_end = min(params.seq, q0 + ROWS);  // the last key any query of the tile sees, plus one
-    for (var k0 = 0u; k0 < key_end; k0 = k0 + COLS) {
-        workgroupBarrier();  // the previous tile is no longer read
-        load_col_a(lid, hd, k0, 1u);
-        load_col_b(lid, hd, k0, 2u);
-        workgroupBarrier();
-        for (var e = lid; e < ROWS * COLS; e = e + THREADS) {
-            let r = e / COLS;
-            let j = e % COLS;
-            tile_p[r * PCOLS + j] = select(NEG_BIG, params.scale * dot_own_a_col_a(r, j), k0 + j <= q0 + r);
+    for (var j = me.split; j < key_end; j = j + SPLITS) {
+        let kj = qkv_row(hd, j, 1u) + me.lane;
+        let vj = kj + params.n_head * HS4;
+        let v_$n = qkv[vj + $nu * LANES];  // loaded with k, not after the score: one wait on memory, not two
+        var d = vec4<f32>(0.0);
+        d = d + q_$n * qkv[kj + $nu * LANES];
+        let s = params.scale * lane_sum(d.x + d.y + d.z + d.w);
+        let visible = j <= i;
+        if (visible && s > m + RESCALE_AT) {
+            let f = exp(m - s);
+            l = l * f;
+            acc_$n = acc_$n * f;
+            m = s;
         }
-        workgroupBarrier();
-        let s_$j = tile_p[row * PCOLS + $ju];
-        var m_new = m;
-        m_new = max(m_new, s_$j);
-        let rescale = exp(m - m_new);
-        let p_$j = exp(s_$j - m_new);
-        l = l * rescale;
-        l = l + p_$j;
-        acc_$n = acc_$n * rescale;
-        acc_$n = acc_$n + p_$j * col_b[$ju * PAD + part + $nu * R];
-        m = m_new;
+        let p = select(0.0, exp(s - m), visible);
+        l = l + p;
+        acc_$n = acc_$n + p * v_$n;
     }
+    // the splits' states on one maximum, then added
+    if (me.lane == 0u) {
+        split_m[me.split * ROWS + me.row] = m;
+        split_l[me.split * ROWS + me.row] = l;
+    }
+    workgroupBarrier();
+    var top = NEG_BIG;
+    for (var k = 0u; k < SPLITS; k = k + 1u) { top = max(top, split_m[k * ROWS + me.row]); }
+    var total = 0.0;
+    for (var k = 0u; k < SPLITS; k = k + 1u) {
+        total = total + split_l[k * ROWS + me.row] * exp(split_m[k * ROWS + me.row] - top);
+    }
+    let f = exp(m - top);
+    partial[partial_at(me, me.split, me.lane + $nu * LANES)] = acc_$n * f;
+    workgroupBarrier();
     if (i < params.seq) {
-        out[yg_row(hd, i) + part + $nu * R] = acc_$n / l;
-        if (part == 0u) { lse[hd.bh * params.seq + i] = m + log(l); }
+        for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) { out[yg_row(hd, i) + c] = splits_sum(me, c) / total; }
+        if (me.rank == 0u) { lse[hd.bh * params.seq + i] = top + log(total); }
     }
 }
 
-// The backward, first dispatch: dQ for ROWS queries of one (batch, head), walking over the keys they see in
-// tiles of COLS: ds = p (g.v - delta), dq += scale ds k. Saves delta for the second.
+// The backward, first dispatch: dQ for ROWS queries of one (batch, head), over the keys they see:
+// ds = p (g.v - delta), dq += scale ds k. Saves delta for the second.
 @compute @workgroup_size(THREADS)
 fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let hd = head(wg.y);
     let q0 = wg.x * ROWS;
-    let row = lid / R;
-    let part = lid % R;
-    let i = q0 + row;
-    load_own_a(lid, hd, q0, 0u);
-    load_own_b_grad(lid, hd, q0);
-    for (var r = lid; r < ROWS; r = r + THREADS) {
-        own_lse[r] = lse_of(hd, q0 + r);
-        var d = 0.0;
-        if (q0 + r < params.seq) {
-            d = rowsum_g_y(hd, q0 + r);
-            delta[hd.bh * params.seq + q0 + r] = d;
-        }
-        own_delta[r] = d;
-    }
+    let me = role(lid);
+    let i = q0 + me.row;
+    let ic = min(i, params.seq - 1u);
+    let qi = qkv_row(hd, ic, 0u) + me.lane;
+    let gi = yg_row(hd, ic) + me.lane;
+    let q_$n = qkv[qi + $nu * LANES];
+    let g_$n = g[gi + $nu * LANES];
+    var gy = vec4<f32>(0.0);
+    gy = gy + g_$n * y[gi + $nu * LANES];
+    let di = lane_sum(gy.x + gy.y + gy.z + gy.w);
+    if (i < params.seq && me.rank == 0u) { delta[hd.bh * params.seq + i] = di; }
+    let li = lse[hd.bh * params.seq + ic];
     var dq_$n = vec4<f32>(0.0);
     let key_end = min(params.seq, q0 + ROWS);
-    for (var k0 = 0u; k0 < key_end; k0 = k0 + COLS) {
-        workgroupBarrier();
-        load_col_a(lid, hd, k0, 1u);
-        load_col_b(lid, hd, k0, 2u);
-        workgroupBarrier();
-        for (var e = lid; e < ROWS * COLS; e = e + THREADS) {
-            let r = e / COLS;
-            let c = e % COLS;
-            let p = select(0.0, exp(params.scale * dot_own_a_col_a(r, c) - own_lse[r]), k0 + c <= q0 + r);
-            tile_ds[r * PCOLS + c] = p * (dot_own_b_col_b(r, c) - own_delta[r]);
-        }
-        workgroupBarrier();
-        let ds_$j = tile_ds[row * PCOLS + $ju];
-        dq_$n = dq_$n + ds_$j * col_a[$ju * PAD + part + $nu * R];
+    for (var j = me.split; j < key_end; j = j + SPLITS) {
+        let kj = qkv_row(hd, j, 1u) + me.lane;
+        let vj = kj + params.n_head * HS4;
+        let k_$n = qkv[kj + $nu * LANES];
+        var a = vec4<f32>(0.0);
+        var b = vec4<f32>(0.0);
+        a = a + q_$n * k_$n;
+        b = b + g_$n * qkv[vj + $nu * LANES];
+        let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
+        let dp = lane_sum(b.x + b.y + b.z + b.w);
+        let p = select(0.0, exp(s - li), j <= i);
+        let ds = p * (dp - di);
+        dq_$n = dq_$n + ds * k_$n;
     }
+    partial[partial_at(me, me.split, me.lane + $nu * LANES)] = dq_$n;
+    workgroupBarrier();
     if (i < params.seq) {
-        out[qkv_row(hd, i, 0u) + part + $nu * R] = params.scale * dq_$n;
+        for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) {
+            out[qkv_row(hd, i, 0u) + c] = params.scale * splits_sum(me, c);
+        }
     }
 }
 
-// The backward, second dispatch: dK and dV for ROWS keys of one (batch, head), walking over the queries that
-// see them (from the first key on) in tiles of COLS: p = exp(scale * q.k - lse), dv += p g,
-// ds = p (g.v - delta), dk += scale ds q.
+// The backward, second dispatch: dK and dV for ROWS keys of one (batch, head), over the queries that see
+// them: p = exp(scale * q.k - lse), dv += p g, ds = p (g.v - delta), dk += scale ds q.
 @compute @workgroup_size(THREADS)
 fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let hd = head(wg.y);
     let k0 = wg.x * ROWS;
-    let row = lid / R;
-    let part = lid % R;
-    let j = k0 + row;
-    load_own_a(lid, hd, k0, 1u);
-    load_own_b(lid, hd, k0, 2u);
+    let me = role(lid);
+    let j = k0 + me.row;
+    let kj = qkv_row(hd, min(j, params.seq - 1u), 1u) + me.lane;
+    let vj = kj + params.n_head * HS4;
+    let k_$n = qkv[kj + $nu * LANES];
+    let v_$n = qkv[vj + $nu * LANES];
     var dk_$n = vec4<f32>(0.0);
     var dv_$n = vec4<f32>(0.0);
-    for (var q0 = k0; q0 < params.seq; q0 = q0 + COLS) {
-        workgroupBarrier();
-        load_col_a(lid, hd, q0, 0u);
-        load_col_b_grad(lid, hd, q0);
-        for (var c = lid; c < COLS; c = c + THREADS) {
-            col_lse[c] = lse_of(hd, q0 + c);
-            col_delta[c] = delta_of(hd, q0 + c);
-        }
-        workgroupBarrier();
-        for (var e = lid; e < ROWS * COLS; e = e + THREADS) {
-            let r = e / COLS;
-            let c = e % COLS;
-            let visible = k0 + r <= q0 + c && q0 + c < params.seq;
-            let p = select(0.0, exp(params.scale * dot_own_a_col_a(r, c) - col_lse[c]), visible);
-            tile_p[r * PCOLS + c] = p;
-            tile_ds[r * PCOLS + c] = p * (dot_own_b_col_b(r, c) - col_delta[c]);
-        }
-        workgroupBarrier();
-        let p_$j = tile_p[row * PCOLS + $ju];
-        let ds_$j = tile_ds[row * PCOLS + $ju];
-        dv_$n = dv_$n + p_$j * col_b[$ju * PAD + part + $nu * R];
-        dk_$n = dk_$n + ds_$j * col_a[$ju * PAD + part + $nu * R];
+    for (var i = k0 + me.split; i < params.seq; i = i + SPLITS) {
+        let qi = qkv_row(hd, i, 0u) + me.lane;
+        let gi = yg_row(hd, i) + me.lane;
+        let q_$n = qkv[qi + $nu * LANES];
+        let g_$n = g[gi + $nu * LANES];
+        var a = vec4<f32>(0.0);
+        var b = vec4<f32>(0.0);
+        a = a + q_$n * k_$n;
+        b = b + g_$n * v_$n;
+        let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
+        let dp = lane_sum(b.x + b.y + b.z + b.w);
+        let p = select(0.0, exp(s - lse[hd.bh * params.seq + i]), i >= j);
+        let ds = p * (dp - delta[hd.bh * params.seq + i]);
+        dv_$n = dv_$n + p * g_$n;
+        dk_$n = dk_$n + ds * q_$n;
     }
+    partial[partial_at(me, me.split, me.lane + $nu * LANES)] = dv_$n;
+    workgroupBarrier();
     if (j < params.seq) {
-        out[qkv_row(hd, j, 1u) + part + $nu * R] = params.scale * dk_$n;
-        out[qkv_row(hd, j, 2u) + part + $nu * R] = dv_$n;
+        for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) { out[qkv_row(hd, j, 2u) + c] = splits_sum(me, c); }
+    }
+    workgroupBarrier();  // every split's dv is read before dk takes its place
+    partial[partial_at(me, me.split, me.lane + $nu * LANES)] = dk_$n;
+    workgroupBarrier();
+    if (j < params.seq) {
+        for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) {
+            out[qkv_row(hd, j, 1u) + c] = params.scale * splits_sum(me, c);
+        }
     }
 }

@@ -14,6 +14,8 @@ struct Params {
     chunk: u32,      // backward: positions per chunk
     chunks: u32,
     batch: u32,      // embedding_with_positions_backward_main: the sequences (N / T)
+    blocks: u32,     // ... the column blocks of a token row, a workgroup each
+    block_cols: u32, // ... and their width
 }
 
 @group(0) @binding(0) var<storage, read> weight: array<f32>;
@@ -59,12 +61,22 @@ fn embedding_with_positions_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @
     out[i] = value + positions[(n % params.positions) * cols + i % cols];
 }
 
-// embedding_with_positions' backward in one dispatch. Workgroup v < V (`rows`) writes row v of the token
-// gradient `tokens`: it reads the ids 256 at a time into workgroup memory, and its threads, one per column,
-// add g's row of every position whose id is v, in position order (no atomics: the same sum every run).
-// The workgroups after them write the position gradient out (P, C) (`total` = P * C, `positions` = T), one
-// thread an element: row p < T the sum over the batch of g[b, p], in batch order, rows T onwards 0.
-var<workgroup> chunk_ids: array<i32, 256>;
+// embedding_with_positions' backward in one dispatch. The first rows * blocks workgroups write the token
+// gradient `tokens`, workgroup (v, block) its row v's columns [block * block_cols, ...): it lists the
+// positions whose id is v, in position order (CHUNK ids at a time, a prefix sum placing each thread's
+// hits), then its threads, HIT_LANES by COL_LANES, add g's rows at the listed positions, lane h taking every
+// HIT_LANES-th, and the lanes are added in a fixed order: no atomics, the same sum every run, and g read only
+// where an id matches (the ids are read once per workgroup). The workgroups after them write the position
+// gradient out (P, C) (`total` = P * C, `positions` = T), one thread an element: row p < T the sum over the
+// batch of g[b, p], in batch order, rows T onwards 0.
+const COL_LANES: u32 = 32u;
+const HIT_LANES: u32 = 8u;
+const IDS_PER_THREAD: u32 = 8u;
+const CHUNK: u32 = 256u * IDS_PER_THREAD;
+
+var<workgroup> hits: array<u32, CHUNK>;  // the positions of the chunk whose id is v
+var<workgroup> hit_ends: array<u32, 256>;  // thread t's hits end at hit_ends[t] (a prefix sum)
+var<workgroup> lane_sums: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn embedding_with_positions_backward_main(@builtin(workgroup_id) wg: vec3<u32>,
@@ -72,11 +84,12 @@ fn embedding_with_positions_backward_main(@builtin(workgroup_id) wg: vec3<u32>,
                                           @builtin(local_invocation_index) lid: u32) {
     let w = row_index(wg, nwg);
     let cols = params.cols;
-    if (w < params.rows) {
-        token_row(i32(w), lid);
+    let token_groups = params.rows * params.blocks;
+    if (w < token_groups) {
+        token_block(w / params.blocks, w % params.blocks, lid);
         return;
     }
-    let i = (w - params.rows) * 256u + lid;
+    let i = (w - token_groups) * 256u + lid;
     if (i >= params.total) { return; }
     let row_stride = params.positions * cols;
     var acc = 0.0;
@@ -86,29 +99,72 @@ fn embedding_with_positions_backward_main(@builtin(workgroup_id) wg: vec3<u32>,
     out[i] = acc;
 }
 
-fn token_row(v: i32, lid: u32) {
+// Lists the hits of ids [base, base + CHUNK) for row v in `hits`, returns how many (after a barrier).
+// Thread t reads ids base + t * IDS_PER_THREAD onwards, so the list comes out in position order.
+fn list_hits(v: u32, base: u32, lid: u32, check: bool) -> u32 {
+    let n = params.batch * params.positions;
+    let first = base + lid * IDS_PER_THREAD;
+    var mine = 0u;
+    for (var k = 0u; k < IDS_PER_THREAD; k = k + 1u) {
+        if (first + k < n) {
+            let id = idx[first + k];
+            if (check) { _ = in_range(id); }
+            mine = mine + u32(id == i32(v));
+        }
+    }
+    hit_ends[lid] = mine;
+    workgroupBarrier();
+    for (var step = 1u; step < 256u; step = step << 1u) {  // an inclusive prefix sum, Hillis-Steele
+        var add = 0u;
+        if (lid >= step) { add = hit_ends[lid - step]; }
+        workgroupBarrier();
+        hit_ends[lid] = hit_ends[lid] + add;
+        workgroupBarrier();
+    }
+    var at = hit_ends[lid] - mine;
+    for (var k = 0u; k < IDS_PER_THREAD; k = k + 1u) {
+        if (first + k < n && idx[first + k] == i32(v)) {
+            hits[at] = first + k;
+            at = at + 1u;
+        }
+    }
+    let count = hit_ends[255];
+    workgroupBarrier();
+    return count;
+}
+
+fn token_block(v: u32, block: u32, lid: u32) {
     let cols = params.cols;
     let n = params.batch * params.positions;
-    for (var c0 = 0u; c0 < cols; c0 = c0 + 256u) {
-        let c = c0 + lid;
-        var acc = 0.0;
-        for (var base = 0u; base < n; base = base + 256u) {
-            workgroupBarrier();  // the previous chunk's ids are read by all
-            var id = -1;
-            if (base + lid < n) {
-                id = idx[base + lid];
-                if (v == 0 && c0 == 0u) { _ = in_range(id); }
-            }
-            chunk_ids[lid] = id;
-            workgroupBarrier();
-            let count = min(256u, n - base);
-            if (c < cols) {
-                for (var k = 0u; k < count; k = k + 1u) {
-                    if (chunk_ids[k] == v) { acc = acc + g[(base + k) * cols + c]; }
+    let lane = lid / COL_LANES;
+    let c_lo = block * params.block_cols;
+    let c_hi = min(c_lo + params.block_cols, cols);
+    for (var base = 0u; base < n; base = base + CHUNK) {
+        let count = list_hits(v, base, lid, v == 0u && block == 0u);
+        for (var c0 = c_lo; c0 < c_hi; c0 = c0 + COL_LANES) {
+            let c = c0 + lid % COL_LANES;
+            var acc = vec4<f32>(0.0);  // four hits in flight
+            if (c < c_hi) {
+                var k = lane;
+                for (; k + 3u * HIT_LANES < count; k = k + 4u * HIT_LANES) {
+                    acc = acc + vec4<f32>(g[hits[k] * cols + c], g[hits[k + HIT_LANES] * cols + c],
+                                          g[hits[k + 2u * HIT_LANES] * cols + c], g[hits[k + 3u * HIT_LANES] * cols + c]);
                 }
+                for (; k < count; k = k + HIT_LANES) { acc.x = acc.x + g[hits[k] * cols + c]; }
             }
+            lane_sums[lid] = (acc.x + acc.y) + (acc.z + acc.w);
+            workgroupBarrier();
+            if (lane == 0u && c < c_hi) {
+                var s = 0.0;
+                for (var h = 0u; h < HIT_LANES; h = h + 1u) { s = s + lane_sums[h * COL_LANES + lid]; }
+                let at = v * cols + c;
+                if (base == 0u) { tokens[at] = s; } else { tokens[at] = tokens[at] + s; }
+            }
+            workgroupBarrier();  // lane_sums and hits are read before they are reused
         }
-        if (c < cols) { tokens[u32(v) * cols + c] = acc; }
+    }
+    if (n == 0u) {
+        for (var c = c_lo + lid; c < c_hi; c = c + 256u) { tokens[v * cols + c] = 0.0; }
     }
 }
 
