@@ -30,10 +30,15 @@ LESSON = dict(block_size=128, n_layer=4, n_head=4, n_embd=256, batch_size=16)
 VOCAB = 65  # the reference's vocabulary (Shakespeare's characters)
 
 
-def time_call(fn, sync, min_seconds=0.3, max_reps=50, warmup_seconds=0.5) -> float:
-    """Seconds per call: warm-up calls for warmup_seconds (an idle H200 needs a few hundred ms of load to
-    raise its clocks: a cold 4096^2 matmul timed at half speed), then as many calls as fit in min_seconds
-    (at least 2)."""
+# Seconds of load before timing on a GPU: an idle H200 drops its SM clock to 345 MHz within a second (e.g. while
+# the host compiles shaders) and takes 0.6-2 s of load to climb back to 1980 (nvidia-smi, 200 ms samples); a
+# first step timed after 0.5 s of warm-up ran at 345-480 MHz, 6.57 ms against 4.1-4.3.
+GPU_WARMUP_SECONDS = 2.0
+
+
+def time_call(fn, sync, min_seconds=0.3, max_reps=50, warmup_seconds=GPU_WARMUP_SECONDS) -> float:
+    """Seconds per call: warm-up calls for warmup_seconds (GPU_WARMUP_SECONDS), then as many calls as fit in
+    min_seconds (at least 2)."""
     t0 = time.perf_counter()
     while True:
         fn()
@@ -82,8 +87,8 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
         loss = train_step(x, x, 3e-4)
         recording.append(time.perf_counter() - t0)  # the host's share: the GPU may still be running
         return loss.item()  # one host sync per step, like a logging loop
-    # warm-up: autotuning, caches, capture; on a GPU also half a second of load to raise its clocks (time_call)
-    warm_steps, warm_seconds = (6, 0.5) if backend.is_gpu else (1, 0.0)
+    # warm-up: autotuning, caches, capture; on a GPU also the load that raises its clocks (GPU_WARMUP_SECONDS)
+    warm_steps, warm_seconds = (6, GPU_WARMUP_SECONDS) if backend.is_gpu else (1, 0.0)
     t0, done = time.perf_counter(), 0
     while done < warm_steps or time.perf_counter() - t0 < warm_seconds:
         step()
