@@ -77,6 +77,7 @@ class MatmulSelector:
     # a matmul of fewer multiply-adds takes a few microseconds with any variant: tuning it (~50 ms) would not pay
     # back, and a growing generation window (`--no-cache`) would tune one new shape per token
     tune_min_macs = 1 << 26
+    heat_seconds = 1.0  # of load before timing (time_variants): paid once per tuned shape, the choice cached
 
     def __init__(self, runtime, autotune: bool | None = None):
         self.rt = runtime
@@ -144,12 +145,18 @@ class MatmulSelector:
 
     def time_variants(self, args, names=None, reps=3, rounds=2) -> dict[str, float]:
         """Milliseconds per call of each variant on these operands (GPU timestamps where available): the
-        best of `rounds` rounds over all of them, every variant compiled before any is timed (a GPU left
-        idle while the host compiles lowers its clocks, and the next variant timed would pay for it)."""
+        best of `rounds` rounds over all of them. Every variant is compiled first, then all of them run
+        back to back for `heat_seconds` before any is timed: an H200 left idle while the host compiles drops
+        its clock to 345 MHz within a second and needs about a second of load to climb back to 1980
+        (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be ranked by the clock."""
         names = [n for n in (names or self.candidates) if self._fits(n)]
-        for name in names:
-            self.variant(name).record(*args)
-        self.rt.sync()
+        heat_until = time.perf_counter() + (0.0 if self.rt.ctx.is_software else self.heat_seconds)
+        while True:
+            for name in names:
+                self.variant(name).record(*args)
+            self.rt.sync()
+            if time.perf_counter() >= heat_until:
+                break
         times = {}
         for _ in range(rounds):
             for name in names:
