@@ -43,9 +43,12 @@ KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
 # while the GPU, slower per dispatch than the host in a training step, stays busy with what it was given.
 # H200, lesson step, fixed chunks (experiments/replay_host_cost.py): 16 gave 5.80 ms, 32 5.67, 64 5.77,
 # 128 6.33, the whole step in one submission 6.73; later, 32 then doubling: 8.36 us of host per dispatch
-# against 9.30 for fixed 32s, at the same ms per step (BENCHMARKS.md).
-FIRST_CHUNK = 32
-CHUNK_GROWTH = 2
+# against 9.30 for fixed 32s, at the same ms per step. With the first chunk submitted at once and the rest
+# by the submit thread (two rounds each, lesson then mid): 16 then x4 gave 4.23/4.34 and 9.11/9.21 ms at
+# 4.65/6.31 and 4.53/4.29 us of host per dispatch; 32 then x2 4.58/4.34 and 9.26/9.22 ms at 5.13/6.46 and
+# 5.28/4.61 us; 8 then x4 4.33/4.55 and 9.13/9.14 ms (BENCHMARKS.md).
+FIRST_CHUNK = 16
+CHUNK_GROWTH = 4
 # Writes up to this many bytes are staged (`Runtime.write`): a training step's token ids, targets and optimizer
 # values then cost one queue write, not three (each ~26 us of host time on the H200: wgpu-native makes a
 # staging buffer per write)
