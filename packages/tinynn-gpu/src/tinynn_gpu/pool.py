@@ -117,7 +117,8 @@ class BufferPool:
         self.device = device
         self.max_binding = max_binding
         self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
-        self.bucket_sizes = {}  # nbytes -> its pool's buffer size: an eval forward allocates ~2 arrays a dispatch
+        # (shape, dtype) as asked -> `_kind`'s answer: an eval forward allocates ~2 arrays a dispatch
+        self.kinds = {}
         # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
         # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
         self.buffers = set()
@@ -125,13 +126,17 @@ class BufferPool:
         self.in_use_bytes = self.pooled_bytes = self.peak_bytes = 0
 
     def empty(self, shape, dtype=np.float32) -> GpuArray:
-        dtype = np.dtype(dtype)
-        nbytes = max(4, math.prod(shape) * dtype.itemsize)
+        try:
+            kind = self.kinds[shape, dtype]
+        except KeyError:
+            if len(self.kinds) >= SHAPES_CACHED:
+                self.kinds.clear()
+            kind = self.kinds[shape, dtype] = self._kind(shape, dtype)
+        except TypeError:  # an unhashable shape: a list
+            kind = self._kind(shape, dtype)
+        shape, dtype, nbytes, size = kind
         if nbytes > self.max_binding:
             raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
-        size = self.bucket_sizes.get(nbytes)
-        if size is None:
-            size = self.bucket_sizes[nbytes] = min(_bucket(nbytes), self.max_binding)
         pool = self.free[size]
         # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
         # not on the order Python freed them, so every training step reuses the same buffers in the same
@@ -146,6 +151,12 @@ class BufferPool:
         if self.in_use_bytes > self.peak_bytes:
             self.peak_bytes = self.in_use_bytes
         return GpuArray(entry[1], shape, dtype, _Lease(self, size, entry))
+
+    def _kind(self, shape, dtype) -> tuple:
+        """(shape as ints, np.dtype, bytes, the size of its pool's buffers) of an array."""
+        shape, dtype = as_shape(shape), np.dtype(dtype)
+        nbytes = max(4, math.prod(shape) * dtype.itemsize)
+        return shape, dtype, nbytes, min(_bucket(nbytes), self.max_binding)
 
     def _give_back(self, size: int, buffer) -> None:
         self._pool_entry(size, (buffer.uid, buffer))
