@@ -137,6 +137,8 @@ class BufferPool:
         shape, dtype, nbytes, size = kind
         if nbytes > self.max_binding:
             raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
+        if size > self.max_binding:  # a bucket past the limit holds arrays up to the limit
+            size = self.max_binding
         pool = self.free[size]
         # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
         # not on the order Python freed them, so every training step reuses the same buffers in the same
@@ -152,11 +154,12 @@ class BufferPool:
             self.peak_bytes = self.in_use_bytes
         return GpuArray(entry[1], shape, dtype, _Lease(self, size, entry))
 
-    def _kind(self, shape, dtype) -> tuple:
-        """(shape as ints, np.dtype, bytes, the size of its pool's buffers) of an array."""
+    @staticmethod
+    def _kind(shape, dtype) -> tuple:
+        """(shape as ints, np.dtype, bytes, its size bucket) of an array."""
         shape, dtype = as_shape(shape), np.dtype(dtype)
         nbytes = max(4, math.prod(shape) * dtype.itemsize)
-        return shape, dtype, nbytes, min(_bucket(nbytes), self.max_binding)
+        return shape, dtype, nbytes, _bucket(nbytes)
 
     def _give_back(self, size: int, buffer) -> None:
         self._pool_entry(size, (buffer.uid, buffer))
