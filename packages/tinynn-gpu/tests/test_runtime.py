@@ -34,6 +34,22 @@ def test_memory_stats_count_arrays_in_use_pooled_and_the_peak(gpu):
         rt.queue.write_buffer(buffer, 0, b"\0" * 4)
 
 
+def test_the_pool_sizes_an_array_by_the_limit_in_force(gpu, monkeypatch):
+    """The pool remembers each (shape, dtype)'s size bucket, never one clamped to a binding limit in force
+    only at the time; its shapes are Python ints however they were asked for."""
+    from tinynn_gpu.runtime import TooLarge
+    rt = gpu.rt
+    with monkeypatch.context() as patched:
+        patched.setattr(rt, "max_binding", 4000)
+        with pytest.raises(TooLarge):
+            rt.empty((40, 50))  # 8000 bytes
+        assert rt.empty((np.int64(31), 32)).buffer.size == 4000  # 3968 bytes: a 4096-byte bucket, held to the limit
+    assert rt.empty((40, 50)).buffer.size >= 8000
+    assert rt.empty((31, 32)).buffer.size == 4096
+    shape = rt.empty((np.int64(40), np.int32(50))).shape
+    assert shape == (40, 50) and all(type(n) is int for n in shape)
+
+
 def test_the_numpy_backend_reports_what_it_can():
     cpu = backends.reference()
     assert cpu.memory_stats() == {"in_use_bytes": None, "pooled_bytes": 0, "peak_bytes": None}

@@ -147,8 +147,14 @@ def max(a: Tensor, axis=None, keepdims=False) -> Tensor:
 # --- shape and layout ---
 
 def reshape(a: Tensor, shape) -> Tensor:
-    be = a.backend
     shape = tuple(np.empty(a.shape, dtype=np.bool_).reshape(shape).shape)  # resolves -1, checks the size
+    return _reshaped(a, shape)
+
+
+def _reshaped(a: Tensor, shape: tuple) -> Tensor:
+    """a as `shape`, a tuple of ints of a's size: reshape once the shape is checked, and the output of a
+    linear layer, whose shape needs no check (NumPy's check costs as much as the rest)."""
+    be = a.backend
     return _result(be.reshape(a.data, shape), be, (a,), lambda g: (be.reshape(g, a.shape),))
 
 
@@ -207,7 +213,7 @@ def matmul(a: Tensor, b: Tensor, transpose_a=False, transpose_b=False) -> Tensor
         raise ValueError(f"matmul needs operands with at least 2 dims, got {a.shape} and {b.shape}")
     if b.ndim == 2 and a.ndim > 2 and not transpose_a:  # one weight for every row: fold the batch into M
         out = matmul(reshape(a, (-1, a.shape[-1])), b, False, transpose_b)  # (batch*M, N)
-        return reshape(out, a.shape[:-1] + (out.shape[-1],))
+        return _reshaped(out, a.shape[:-1] + (out.shape[-1],))
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a, b = broadcast_to(a, batch + a.shape[-2:]), broadcast_to(b, batch + b.shape[-2:])
     k_a = a.shape[-2] if transpose_a else a.shape[-1]
@@ -240,7 +246,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tens
         g_x, g_w, g_b = be.linear_backward(g, rows.data, weight.data, pre, activation, has_bias=bias is not None)
         return (g_x, g_w) + ((g_b,) if bias is not None else ()) + _residual_grad(be, g, residual)
     parents = (rows, weight) + ((bias,) if bias is not None else ()) + ((residual,) if residual is not None else ())
-    return reshape(_result(y, be, parents, backward), x.shape[:-1] + (out_features,))
+    return _reshaped(_result(y, be, parents, backward), x.shape[:-1] + (out_features,))
 
 
 def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tensor, proj_bias: Tensor | None,
@@ -262,7 +268,7 @@ def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tenso
         g_x, g_w1, g_b1 = be.linear_backward(g_pre, rows.data, fc_weight.data, has_bias=fc_bias is not None)
         return tuple(v for v in (g_x, g_w1, g_b1, g_w2, g_b2) if v is not None) + _residual_grad(be, g, residual)
     parents = tuple(t for t in (rows, fc_weight, fc_bias, proj_weight, proj_bias, residual) if t is not None)
-    return reshape(_result(y, be, parents, backward), x.shape[:-1] + (out_features,))
+    return _reshaped(_result(y, be, parents, backward), x.shape[:-1] + (out_features,))
 
 
 def _check_linear(name, x_shape, weight, bias, residual) -> int:

@@ -39,6 +39,7 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 # rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
 # and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
 LAYERNORM_SPLIT_ROWS = 2048
+NO_EPILOGUE = Epilogue()  # frozen: one for every plain matmul
 
 
 class WgpuBackend(StepOps, DecodeOps, Backend):
@@ -303,7 +304,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         return self._reduce(a, axes, keepdims, 1)
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
-        return self._matmul(a, b, transpose_a, transpose_b, Epilogue())
+        return self._matmul(a, b, transpose_a, transpose_b, NO_EPILOGUE)
 
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
         if activation not in ACTIVATIONS:

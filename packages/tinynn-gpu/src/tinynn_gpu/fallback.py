@@ -3,6 +3,8 @@ allow, and otherwise the reference `Backend` provides under the same name (count
 before the op records any dispatch. Operands that send an op to the CPU: an array too large for one storage
 binding (it lives on the host), an int32 array where no int32 kernel exists; an op may also refuse by
 raising OnCpu (a head size no kernel takes, say). A captured step that falls back is not replayed.
+`reshape` is not wrapped: it only relabels an array (a host-resident one's host copy with it), whatever
+its operand, and an eager forward calls it about once per dispatch.
 """
 from __future__ import annotations
 
@@ -14,28 +16,33 @@ from tinynn.backends import Backend
 from tinynn_gpu.runtime import GpuArray, OnCpu, TooLarge
 
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
-INT_AWARE = {"full", "reshape", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
+INT_AWARE = {"full", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
              "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
              "cross_entropy_backward", "embedding_with_positions_forward", "embedding_with_positions_backward",
              "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
              "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
 FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
+VIEWS = {"reshape"}  # ops every operand can take on the GPU: no check, no fallback
 
 
 def cpu_reason(int_aware: bool, operands) -> str | None:
     """Why an op must run on the CPU with these operands (arrays, or lists and tuples of them), found before
     it records any dispatch (an in-place update that stopped half-way would then run twice on the first
-    parameters); None: the GPU. `int_aware`: the op takes int32 arrays. Runs before every op, so loops
-    in place of a generator."""
+    parameters); None: the GPU. `int_aware`: the op takes int32 arrays. Runs before every op: plain
+    loops, no generator, no tuple built per operand."""
     for x in operands:
-        for a in (x,) if isinstance(x, GpuArray) else x if isinstance(x, (list, tuple)) else ():
-            if not isinstance(a, GpuArray):
-                continue
-            if a.buffer is None:
-                return "an array exceeds the binding limit"
-            if not int_aware and a.dtype != FLOAT32:
-                return f"no {a.dtype} kernel"
+        if isinstance(x, GpuArray):
+            if x.buffer is None or (not int_aware and x.dtype != FLOAT32):
+                return _why(x)
+        elif isinstance(x, (list, tuple)):
+            for a in x:
+                if isinstance(a, GpuArray) and (a.buffer is None or (not int_aware and a.dtype != FLOAT32)):
+                    return _why(a)
     return None
+
+
+def _why(a: GpuArray) -> str:
+    return "an array exceeds the binding limit" if a.buffer is None else f"no {a.dtype} kernel"
 
 
 def with_cpu_fallback(cls, name):
@@ -59,6 +66,7 @@ def with_cpu_fallback(cls, name):
 
 
 def install(cls) -> None:
-    """Every op of the backend interface on cls, wrapped by with_cpu_fallback."""
+    """Every op of the backend interface on cls but VIEWS, wrapped by with_cpu_fallback."""
     for name in Backend.ops():
-        setattr(cls, name, with_cpu_fallback(cls, name))
+        if name not in VIEWS:
+            setattr(cls, name, with_cpu_fallback(cls, name))

@@ -10,7 +10,8 @@ shape or stride list; a shorter list is padded with 0). WGSL's uniform layout: s
 4-byte alignment, arrays of vec4 16-byte aligned, the struct rounded up to 16 bytes.
 
 Packing runs on every eager dispatch, so the layout is compiled to one `struct.Struct` and a list of
-default values; `pack` fills the list in and packs it in one call.
+default values; `pack` fills the list in (a scalar by one index look-up, an array through `_put_array`)
+and packs it in one call.
 """
 from __future__ import annotations
 
@@ -25,14 +26,15 @@ _COMMENT = re.compile(r"//[^\n]*")
 
 class ParamsLayout:
     """The byte layout of one WGSL `struct Params`: `pack(dict) -> bytes`."""
-    __slots__ = ("label", "fields", "size", "_struct", "_defaults", "_slots")
+    __slots__ = ("label", "fields", "size", "_struct", "_defaults", "_scalars", "_arrays")
 
     def __init__(self, label: str, fields: list[tuple[str, str, int]]):
         """fields: (name, WGSL scalar type, count) in declaration order; count 1 for a scalar, 4N for an
         array<vec4<T>, N>."""
         self.label = label
         self.fields = {}  # name -> (byte offset, type, count)
-        fmt, offset, defaults, slots = "<", 0, [], {}
+        fmt, offset, defaults = "<", 0, []
+        self._scalars, self._arrays = {}, {}  # name -> index in defaults; name -> (index, count)
         for name, kind, count in fields:
             if name in self.fields:
                 raise ValueError(f"{label}: Params declares {name!r} twice")
@@ -41,7 +43,10 @@ class ParamsLayout:
             fmt += f"{pad}x" if pad else ""
             offset += pad
             self.fields[name] = (offset, kind, count)
-            slots[name] = (len(defaults), count)
+            if count == 1:
+                self._scalars[name] = len(defaults)
+            else:
+                self._arrays[name] = (len(defaults), count)
             fmt += f"{count}{CODES[kind]}"
             defaults += [0.0 if kind == "f32" else 0] * count
             offset += 4 * count
@@ -49,7 +54,6 @@ class ParamsLayout:
         fmt += f"{self.size - offset}x" if self.size > offset else ""
         self._struct = struct.Struct(fmt)
         self._defaults = defaults
-        self._slots = slots
 
     @classmethod
     def parse(cls, wgsl: str, label: str = "kernel") -> ParamsLayout | None:
@@ -72,22 +76,26 @@ class ParamsLayout:
 
     def pack(self, values: dict) -> bytes:
         flat = self._defaults.copy()
-        slots = self._slots
+        scalars = self._scalars
         for name, value in values.items():
-            slot = slots.get(name)
-            if slot is None:
-                raise KeyError(f"{self.label}: Params has no field {name!r} (fields: {', '.join(slots)})")
-            i, count = slot
-            if count == 1:
-                flat[i] = value
+            i = scalars.get(name)
+            if i is None:
+                self._put_array(flat, name, value)
             else:
-                if len(value) > count:
-                    raise ValueError(f"{self.label}: Params field {name!r} holds {count} values, got {len(value)}")
-                flat[i:i + len(value)] = value
+                flat[i] = value
         try:
             return self._struct.pack(*flat)
         except struct.error:
             raise ValueError(self._explain(values)) from None
+
+    def _put_array(self, flat: list, name: str, value) -> None:
+        slot = self._arrays.get(name)
+        if slot is None:
+            raise KeyError(f"{self.label}: Params has no field {name!r} (fields: {', '.join(self.fields)})")
+        i, count = slot
+        if len(value) > count:
+            raise ValueError(f"{self.label}: Params field {name!r} holds {count} values, got {len(value)}")
+        flat[i:i + len(value)] = value
 
     def _explain(self, values: dict) -> str:
         """Which value does not fit its field (only on the error path: pack itself checks nothing)."""

@@ -32,7 +32,7 @@ class GpuArray:
 
     def __init__(self, buffer, shape, dtype, owner=None, host=None):
         self.buffer = buffer
-        self.shape = tuple(map(int, shape))
+        self.shape = as_shape(shape)
         self.dtype = np.dtype(dtype)
         self._owner = owner  # a _Lease that returns the buffer to the pool when the last array goes
         self.host = host
@@ -50,8 +50,10 @@ class GpuArray:
         return self.size * self.dtype.itemsize
 
     def view(self, shape) -> GpuArray:
-        host = None if self.host is None else self.host.reshape(shape)
-        return GpuArray(self.buffer, shape, self.dtype, self._owner, host)
+        if self.host is not None:
+            host = self.host.reshape(shape)
+            return GpuArray(None, host.shape, self.dtype, host=host)
+        return GpuArray(self.buffer, shape, self.dtype, self._owner)
 
     def __repr__(self):
         return f"GpuArray(shape={self.shape}, dtype={self.dtype})"
@@ -61,14 +63,19 @@ class _Lease:
     """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
     the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost). An array in a
     reference cycle takes its lease into the cycle collector's garbage; the runtime holds every buffer
-    (`BufferPool.buffers`), so the buffer itself is never finalized there before its lease pools it."""
-    __slots__ = ("runtime", "size", "buffer", "__weakref__")
+    (`BufferPool.buffers`), so the buffer itself is never finalized there before its lease pools it.
+    `entry` is the buffer's (uid, buffer) in the pool's heaps, made once per buffer, not per lease."""
+    __slots__ = ("runtime", "size", "entry", "__weakref__")
 
-    def __init__(self, runtime, size, buffer):
-        self.runtime, self.size, self.buffer = runtime, size, buffer
+    def __init__(self, runtime, size, entry):
+        self.runtime, self.size, self.entry = runtime, size, entry
+
+    @property
+    def buffer(self):
+        return self.entry[1]
 
     def __del__(self):
-        self.runtime._give_back(self.size, self.buffer)
+        self.runtime._pool_entry(self.size, self.entry)
 
 
 def _bucket(nbytes: int) -> int:
@@ -84,6 +91,24 @@ def _round4(n: int) -> int:
     return -(-n // 4) * 4
 
 
+_shapes: dict = {}  # a shape as given -> the same shape as a tuple of Python ints
+SHAPES_CACHED = 4096
+
+
+def as_shape(shape) -> tuple:
+    """shape as a tuple of Python ints. Every eager op makes arrays of a few shapes, and looking one up
+    costs a fifth of converting it (equal shapes, e.g. of NumPy ints, convert alike)."""
+    try:
+        return _shapes[shape]
+    except KeyError:
+        if len(_shapes) >= SHAPES_CACHED:  # a growing generation window makes a new shape per token
+            _shapes.clear()
+        found = _shapes[shape] = tuple(map(int, shape))
+        return found
+    except TypeError:  # unhashable: a list
+        return tuple(map(int, shape))
+
+
 class BufferPool:
     """Storage buffers by size bucket, for arrays. The runtime extends it: `empty_cache`, which must first
     submit what is recorded, is the runtime's."""
@@ -92,7 +117,8 @@ class BufferPool:
         self.device = device
         self.max_binding = max_binding
         self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
-        self.bucket_sizes = {}  # nbytes -> its pool's buffer size: an eval forward allocates ~2 arrays a dispatch
+        # (shape, dtype) as asked -> `_kind`'s answer: an eval forward allocates ~2 arrays a dispatch
+        self.kinds = {}
         # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
         # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
         self.buffers = set()
@@ -100,30 +126,48 @@ class BufferPool:
         self.in_use_bytes = self.pooled_bytes = self.peak_bytes = 0
 
     def empty(self, shape, dtype=np.float32) -> GpuArray:
-        dtype = np.dtype(dtype)
-        nbytes = max(4, math.prod(shape) * dtype.itemsize)
+        try:
+            kind = self.kinds[shape, dtype]
+        except KeyError:
+            if len(self.kinds) >= SHAPES_CACHED:
+                self.kinds.clear()
+            kind = self.kinds[shape, dtype] = self._kind(shape, dtype)
+        except TypeError:  # an unhashable shape: a list
+            kind = self._kind(shape, dtype)
+        shape, dtype, nbytes, size = kind
         if nbytes > self.max_binding:
             raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
-        size = self.bucket_sizes.get(nbytes)
-        if size is None:
-            size = self.bucket_sizes[nbytes] = min(_bucket(nbytes), self.max_binding)
+        if size > self.max_binding:  # a bucket past the limit holds arrays up to the limit
+            size = self.max_binding
         pool = self.free[size]
         # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
         # not on the order Python freed them, so every training step reuses the same buffers in the same
         # places and finds its bind groups in the cache.
         if pool:
-            buffer = heapq.heappop(pool)[1]
+            entry = heapq.heappop(pool)
             self.pooled_bytes -= size
         else:
             buffer = self._create_buffer(size)
+            entry = (buffer.uid, buffer)
         self.in_use_bytes += size
-        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
-        return GpuArray(buffer, shape, dtype, _Lease(self, size, buffer))
+        if self.in_use_bytes > self.peak_bytes:
+            self.peak_bytes = self.in_use_bytes
+        return GpuArray(entry[1], shape, dtype, _Lease(self, size, entry))
+
+    @staticmethod
+    def _kind(shape, dtype) -> tuple:
+        """(shape as ints, np.dtype, bytes, its size bucket) of an array."""
+        shape, dtype = as_shape(shape), np.dtype(dtype)
+        nbytes = max(4, math.prod(shape) * dtype.itemsize)
+        return shape, dtype, nbytes, _bucket(nbytes)
 
     def _give_back(self, size: int, buffer) -> None:
+        self._pool_entry(size, (buffer.uid, buffer))
+
+    def _pool_entry(self, size: int, entry) -> None:
         self.in_use_bytes -= size
         self.pooled_bytes += size
-        self._push(self.free[size], (buffer.uid, buffer))
+        self._push(self.free[size], entry)
 
     def _create_buffer(self, size: int):
         """A new storage buffer; out of memory, the pool is emptied and the allocation tried once more."""
