@@ -140,8 +140,9 @@ class MatmulSelector:
             else:
                 name = self.default_variant(batch, m, n, k)
             self.choices[key] = name
-        self.last = self.variant(name).describe()
-        return self.variant(name).record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+        variant = self.variant(name)
+        self.last = variant.describe()
+        return variant.record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
 
     def time_variants(self, args, names=None, reps=3, rounds=2) -> dict[str, float]:
         """Milliseconds per call of each variant on these operands (GPU timestamps where available): the
