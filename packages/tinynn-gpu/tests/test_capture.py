@@ -37,7 +37,17 @@ def run(backend, steps, change=None, b_of=lambda i: B):
 
 
 def weights(model):
-    return np.concatenate([p.numpy().ravel() for p in model.parameters()])
+    """Every parameter flattened, but the attention keys' bias. Softmax does not change when one number is
+    added to a row's scores, so that bias's gradient is zero in exact arithmetic and float32 rounding noise
+    in practice, which AdamW (dividing by the gradient's own size) turns into steps no two backends agree
+    on: on the H200 it drifted past the tolerance (lavapipe: 76% of it, 1.2e-6 against -6.5e-6)."""
+    parts = []
+    for name, p in model.named_parameters():
+        x = p.numpy().ravel()
+        if name.endswith("attn.qkv.bias"):  # [queries | keys | values]
+            x = np.concatenate([x[: x.size // 3], x[2 * x.size // 3:]])
+        parts.append(x)
+    return np.concatenate(parts)
 
 
 @pytest.fixture(params=["direct", "threaded", "methods"])
