@@ -6,7 +6,7 @@ releases the GIL in native calls, so they could overlap the next chunk's recordi
 
     python packages/tinynn-gpu/experiments/replay_host_cost.py [--config apps/bench/lesson.json] [--steps 30]
 
-How the schedule in runtime.py was chosen: fixed chunks first (H200, lesson step, direct calls, ms per
+How the schedule in replay.py was chosen: fixed chunks first (H200, lesson step, direct calls, ms per
 step: 16 gave 5.80, 32 5.67, 64 5.77, 128 6.33, one submission 6.73), then growing ones, which keep the
 first submission as early while paying the host's fixed price per submission fewer times.
 """
@@ -23,7 +23,7 @@ import numpy as np
 from tinynn import backends, config
 from tinynn.bench import LESSON, lesson_step
 from tinynn.config import TrainConfig
-from tinynn_gpu import runtime
+from tinynn_gpu import replay as schedule
 
 
 def timed_steps(be, train_step, x, steps, replay=None):
@@ -66,7 +66,7 @@ def threaded_replay():
 
     def replay(rt, tape, result):
         calls = rt.native
-        program = tape.programs.get(True) or tape.programs.setdefault(True, runtime._compile(tape.events, True))
+        program = tape.programs.get(True) or tape.programs.setdefault(True, schedule.compile_program(tape.events, True))
         rt.flush()
         out = rt.empty(result.shape, result.dtype)
         copies = [(result.buffer._internal, 0, out.buffer._internal, 0, max(4, result.nbytes))]
@@ -99,14 +99,14 @@ def main():
     rt, calls = be.rt, be.rt.native
     out = {"device": be.device_name, "dispatches": tape.dispatches, "recording": rt.describe()["recording"],
            "rows": []}
-    plain = runtime.FIRST_CHUNK, runtime.CHUNK_GROWTH
+    plain = schedule.FIRST_CHUNK, schedule.CHUNK_GROWTH
     schedules = [(32, 1), (16, 2), (32, 2), (64, 2), (100000, 1)]
     for path, native_calls in (("direct", calls), ("methods", None)):
         if path == "direct" and calls is None:
             continue
         rt.use_native(native_calls, "experiment")
         for first, growth in schedules if path == "direct" else [plain]:
-            runtime.FIRST_CHUNK, runtime.CHUNK_GROWTH = first, growth
+            schedule.FIRST_CHUNK, schedule.CHUNK_GROWTH = first, growth
             tape.programs.clear()
             variants = [("inline", plain_replay)] + ([("threaded submit", threaded_replay())] if native_calls else [])
             for name, replay in variants:
@@ -114,7 +114,7 @@ def main():
                 out["rows"].append({"path": path, "first": first, "growth": growth, "submit": name,
                                     "ms_per_step": round(ms, 3), "host_ms_per_step": round(host, 3),
                                     "host_us_per_dispatch": round(1e3 * host / tape.dispatches, 2)})
-    runtime.FIRST_CHUNK, runtime.CHUNK_GROWTH = plain
+    schedule.FIRST_CHUNK, schedule.CHUNK_GROWTH = plain
     tape.programs.clear()
     rt.use_native(calls, rt.native_reason)
     ids = np.zeros((cfg.batch_size, cfg.block_size), np.int32)

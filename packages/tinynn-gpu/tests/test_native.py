@@ -10,7 +10,7 @@ import wgpu
 
 import tinynn
 
-from tinynn_gpu import native, runtime
+from tinynn_gpu import native, replay, runtime
 
 WGSL = """
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
@@ -76,12 +76,12 @@ class Handle:
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_a_replay_grows_its_chunks_and_submits_before_each_write(direct, monkeypatch):
-    monkeypatch.setattr(runtime, "FIRST_CHUNK", 8)
-    monkeypatch.setattr(runtime, "CHUNK_GROWTH", 2)
+    monkeypatch.setattr(replay, "FIRST_CHUNK", 8)
+    monkeypatch.setattr(replay, "CHUNK_GROWTH", 2)
     pipe, other, group, x, y = map(Handle, ("pipe", "other", "group", "x", "y"))
     dispatches = [("dispatch", other if i == 10 else pipe, group, (i + 1, 1, 1)) for i in range(35)]
     events = [("write", x, b"1", 0)] + dispatches[:30] + [("write", y, b"2", 8)] + dispatches[30:]
-    program = runtime._compile(events, direct)
+    program = replay.compile_program(events, direct)
     name = (lambda h: h._internal) if direct else (lambda h: h)
     assert [kind for kind, _ in program] == ["write", "dispatches", "dispatches", "dispatches", "write", "dispatches"]
     assert program[0][1] == (name(x), b"1", 0) and program[4][1] == (name(y), b"2", 8)
@@ -112,7 +112,7 @@ def test_a_replay_returns_before_the_submit_thread_is_done_and_the_next_write_wa
     rt = gpu.rt
     calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
     rt.use_native(calls, reason, threaded=True)
-    monkeypatch.setattr(runtime, "FIRST_CHUNK", 1)
+    monkeypatch.setattr(replay, "FIRST_CHUNK", 1)
     if not staged:
         monkeypatch.setattr(runtime, "STAGED_WRITE_BYTES", 0)
     gate, submitted = threading.Event(), []

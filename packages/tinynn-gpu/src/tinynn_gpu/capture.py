@@ -38,7 +38,7 @@ class Tape:
         self.keep = []  # what holds the tape's buffers: arrays' leases, raw buffers
         self.claimed = []  # buffers taken out of the pool for the tape; they go back with it
         self.broken = None  # why this step cannot be replayed
-        self.programs = {}  # the events compiled for replay (runtime._compile), per recording path
+        self.programs = {}  # the events compiled for replay (replay.compile_program), per recording path
         self.dispatches = 0
 
     def hold(self, value):

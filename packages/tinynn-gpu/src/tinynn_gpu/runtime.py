@@ -6,11 +6,10 @@ and submits only when it must, the read-backs, and the replay of captured steps.
   by their bytes; bind groups by (pipeline, buffers), because creating a bind group costs ~50 us and a
   training step repeats them all.
 - Recording goes through wgpu-native's C functions directly where `native.probe` found them working
-  (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods. A replayed step is
-  compiled once into flat lists of what those calls take (`_compile`), and replayed in growing chunks,
-  each in an encoder of its own, finished and submitted while the next is recorded: on a worker thread
-  where there are cores for it, and then the replay returns without waiting for the thread, which every
-  later use of the queue does first (`_drain`).
+  (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods.
+- The replay of captured steps: replay.py (`Replaying`, a mixin of `Runtime`). It may leave chunks with a
+  submit thread (native.Submitter) when it returns: every later use of the queue waits for them (`_drain`).
+- Small writes are staged: one queue write per submission, the copies in order with the dispatches.
 - The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
   is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it.
 """
@@ -29,6 +28,7 @@ from tinynn.numpy_backend import EMBEDDING_RANGE, TARGET_RANGE
 from tinynn_gpu import native
 from tinynn_gpu.params import ParamsLayout
 from tinynn_gpu.pool import STORAGE_USAGE, BufferPool, GpuArray, TooLarge, _bucket, _round4  # noqa: F401 (re-exported)
+from tinynn_gpu.replay import Replaying
 
 MAX_GROUPS = 65535  # per dispatch dimension
 WG = 256  # threads per workgroup of the 1-D kernels
@@ -38,17 +38,6 @@ QUERY_CAPACITY = 4096  # WebGPU's most timestamps in one query set
 # each becomes: `read` copies the word back with every read-back and raises, so a bad input surfaces at the
 # step's one read-back with the NumPy backend's message, and never as a silently wrong number.
 KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
-# Dispatches per submission in a replay: a small first chunk gets the GPU going; later ones grow, because each
-# submission costs the host a fixed price (an encoder, finish's per-resource tracking, the driver's submit)
-# while the GPU, slower per dispatch than the host in a training step, stays busy with what it was given.
-# H200, lesson step, fixed chunks (experiments/replay_host_cost.py): 16 gave 5.80 ms, 32 5.67, 64 5.77,
-# 128 6.33, the whole step in one submission 6.73; later, 32 then doubling: 8.36 us of host per dispatch
-# against 9.30 for fixed 32s, at the same ms per step. With the first chunk submitted at once and the rest
-# by the submit thread (two rounds each, lesson then mid): 16 then x4 gave 4.23/4.34 and 9.11/9.21 ms at
-# 4.65/6.31 and 4.53/4.29 us of host per dispatch; 32 then x2 4.58/4.34 and 9.26/9.22 ms at 5.13/6.46 and
-# 5.28/4.61 us; 8 then x4 4.33/4.55 and 9.13/9.14 ms (BENCHMARKS.md).
-FIRST_CHUNK = 16
-CHUNK_GROWTH = 4
 # Writes up to this many bytes are staged (`Runtime.write`): a training step's token ids, targets and optimizer
 # values then cost one queue write, not three (each ~26 us of host time on the H200: wgpu-native makes a
 # staging buffer per write)
@@ -77,7 +66,7 @@ class OnCpu(Exception):
     of the work."""
 
 
-class Runtime(BufferPool):
+class Runtime(Replaying, BufferPool):
     def __init__(self, ctx):
         super().__init__(ctx.device, ctx.limits["max-storage-buffer-binding-size"])
         self.ctx = ctx
@@ -368,76 +357,6 @@ class Runtime(BufferPool):
             self._profile["calls"][label] += 1
         labels.clear()
 
-    def replay(self, tape, result: GpuArray | None = None) -> GpuArray | None:
-        """Re-encode a captured step: the same dispatches and writes, no Python autograd, no cache look-ups.
-        Submitted in chunks (`_compile`), so the GPU starts on the step while the rest is encoded. With
-        `result` (an array the step wrote), returns a copy of it, recorded into the step's last submission."""
-        direct = self.native is not None
-        program = tape.programs.get(direct)
-        if program is None:
-            program = tape.programs[direct] = _compile(tape.events, direct)
-        inputs = []  # the staged writes' copies (source, offset, destination, offset, bytes) for the first chunk
-        if direct and self.encoder is None and self.staged_copies and program and program[0][0] == "dispatches":
-            self._drain()  # only staged writes are waiting (a step's inputs): they ride in the first chunk
-            inputs = [(self.upload_buffer._internal, at, buffer._internal, offset, nbytes)
-                      for buffer, offset, at, nbytes in self.staged_copies]
-            self._queue_write(self.upload_buffer, b"".join(self.staged), 0)
-            self.staged.clear()
-            self.staged_copies.clear()
-        else:
-            self.flush()
-        out = None if result is None else self.empty(result.shape, result.dtype)
-        copies = []  # handles for the end of the last chunk, as `inputs`
-        if out is not None and direct and program and program[-1][0] == "dispatches":
-            copies = [(result.buffer._internal, 0, out.buffer._internal, 0, _round4(max(4, result.nbytes)))]
-        if direct:
-            self._replay_native(program, inputs, copies)
-        else:
-            self._replay_methods(program)
-        if out is not None and not copies:
-            self._copy_into(result, out)
-        self.counters["dispatches"] += tape.dispatches
-        self.counters["submissions"] += sum(kind == "dispatches" for kind, _ in program)
-        self.counters["replays"] += 1
-        return out
-
-    def _replay_native(self, program, inputs, copies):
-        """Each chunk in an encoder of its own, through C calls; `inputs` (copies) go at the start of the
-        first, `copies` at the end of the last. The
-        first chunk is submitted here, at once (the GPU waits for it; a hand-over to a thread costs its
-        wake-up). With a submitter, the later chunks and the writes between them go to its thread, which
-        ends, finishes and submits chunk k while chunk k + 1 is recorded here, and the replay returns as
-        soon as the last is handed over: the GPU is still busy with the first chunks, and the next use of
-        the queue waits (`_drain`)."""
-        calls = self.native
-        queue_work = calls  # until the first chunk is submitted
-        last = len(program) - 1
-        for i, (kind, item) in enumerate(program):
-            if kind == "write":
-                queue_work.write(*item)
-                continue
-            encoder, compute_pass = calls.begin(inputs)
-            calls.record(compute_pass, item)
-            queue_work.submit(encoder, compute_pass, copies if i == last else ())
-            queue_work, inputs = self.submitter or calls, ()
-
-    def _replay_methods(self, program):
-        for kind, item in program:
-            if kind == "write":
-                self.queue.write_buffer(item[0], item[2], item[1])
-                continue
-            encoder = self.device.create_command_encoder()
-            compute_pass = encoder.begin_compute_pass()
-            set_pipeline, set_bind_group, dispatch = (compute_pass.set_pipeline, compute_pass.set_bind_group,
-                                                      compute_pass.dispatch_workgroups)
-            for pipe, dispatches in item:
-                set_pipeline(pipe)
-                for group, x, y, z in dispatches:
-                    set_bind_group(0, group)
-                    dispatch(x, y, z)
-            compute_pass.end()
-            self.queue.submit([encoder.finish()])
-
     def _drain(self) -> None:
         """Wait until the submit thread has submitted what a replay handed to it; raises what that raised."""
         if self.submitter is not None:
@@ -490,33 +409,6 @@ class Runtime(BufferPool):
             self.compute_pass.end()
             self.compute_pass = None
             self._pass_pipeline = None
-
-
-def _compile(events, direct: bool) -> list[tuple]:
-    """A tape's events as the replay runs them: ("write", (buffer, bytes, byte offset)) and ("dispatches", runs), the
-    first chunk of dispatches FIRST_CHUNK long and each one after a full chunk CHUNK_GROWTH times longer (a
-    write ends a chunk early; the next keeps its length), a run being
-    (pipeline, [(bind group, x, y, z), ...]) under one pipeline. Direct calls take native handles; the tape's
-    events keep their objects (and so the handles) alive."""
-    handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
-    program, limit, count, last, runs = [], FIRST_CHUNK, 0, None, None
-    for event in events:
-        if event[0] == "write":
-            program.append(("write", (handle(event[1]), event[2], event[3])))
-            runs = None  # a write goes in before the dispatches after it: they start a new chunk
-            continue
-        _, pipe, group, (x, y, z) = event
-        if runs is None or count == limit:
-            if runs is not None:
-                limit *= CHUNK_GROWTH
-            runs, count, last = [], 0, None
-            program.append(("dispatches", runs))
-        if pipe is not last:
-            runs.append((handle(pipe), []))
-            last = pipe
-        runs[-1][1].append((handle(group), x, y, z))
-        count += 1
-    return program
 
 
 def _trim(cache: dict) -> None:
