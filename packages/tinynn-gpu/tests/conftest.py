@@ -46,3 +46,13 @@ def poisoned(gpu, monkeypatch):
 def rng(request):
     import zlib
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(params=["subgroup", "workgroup"])
+def subgroup_path(request, poisoned, monkeypatch):
+    """The poisoned GPU backend with its kernels forced onto their subgroup path or onto the one that needs
+    none (workgroup-memory sums; attention's one thread per row): TINYNN_SUBGROUPS."""
+    if request.param == "subgroup" and "subgroup" not in poisoned.ctx.features:
+        pytest.skip("the adapter has no subgroup operations")
+    monkeypatch.setenv("TINYNN_SUBGROUPS", "1" if request.param == "subgroup" else "0")
+    return poisoned

@@ -43,35 +43,26 @@ def check_against_reference(gpu, batch, seq, n_head, head_size, seed):
     assert rel_err(gpu.to_numpy(g_qkv), g_ref) <= RTOL_BACKWARD
 
 
-@pytest.fixture(params=["subgroup", "workgroup"])
-def lanes_path(request, poisoned, monkeypatch):
-    """The poisoned GPU backend, its attention kernels forced onto subgroup lanes or one thread per row."""
-    if request.param == "subgroup" and "subgroup" not in poisoned.ctx.features:
-        pytest.skip("the adapter has no subgroup operations")
-    monkeypatch.setenv("TINYNN_SUBGROUPS", "1" if request.param == "subgroup" else "0")
-    return poisoned
-
-
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.integers(1, 2), seq=seq_lens, n_head=st.integers(1, 3), head_size=head_sizes,
        seed=st.integers(0, 2**31))
 @example(batch=1, seq=1, n_head=1, head_size=128, seed=0)
 @example(batch=1, seq=33, n_head=2, head_size=16, seed=1)
-def test_attention_matches_the_reference(lanes_path, batch, seq, n_head, head_size, seed):
-    fallbacks = sum(lanes_path.fallbacks.values())
-    check_against_reference(lanes_path, batch, seq, n_head, head_size, seed)
-    assert sum(lanes_path.fallbacks.values()) == fallbacks, "the kernels refused a supported head size"
+def test_attention_matches_the_reference(subgroup_path, batch, seq, n_head, head_size, seed):
+    fallbacks = sum(subgroup_path.fallbacks.values())
+    check_against_reference(subgroup_path, batch, seq, n_head, head_size, seed)
+    assert sum(subgroup_path.fallbacks.values()) == fallbacks, "the kernels refused a supported head size"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS + ((16, 4),), ids=lambda t: f"{t[0]}x{t[1]}")
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seq=seq_lens, seed=st.integers(0, 2**31))
-def test_every_layout(lanes_path, monkeypatch, layout, seq, seed):
+def test_every_layout(subgroup_path, monkeypatch, layout, seq, seed):
     """Head size 40: two lanes a row on the subgroup path."""
-    if workgroup_bytes(40, *layout) > lanes_path.attention.max_bytes:
+    if workgroup_bytes(40, *layout) > subgroup_path.attention.max_bytes:
         pytest.skip(f"layout {layout} needs more workgroup memory than this adapter has")
     monkeypatch.setenv("TINYNN_ATTENTION_LAYOUT", f"{layout[0]}x{layout[1]}")
-    check_against_reference(lanes_path, 1, seq, 2, 40, seed)
+    check_against_reference(subgroup_path, 1, seq, 2, 40, seed)
 
 
 def test_lanes_split_rows_evenly():

@@ -24,15 +24,6 @@ def rel_err(actual, expected):
     return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
-@pytest.fixture(params=["subgroup", "workgroup"])
-def group_sum_path(request, poisoned, monkeypatch):
-    """The poisoned GPU backend, its workgroup sums forced onto one path."""
-    if request.param == "subgroup" and "subgroup" not in poisoned.ctx.features:
-        pytest.skip("the adapter has no subgroup operations")
-    monkeypatch.setenv("TINYNN_SUBGROUPS", "1" if request.param == "subgroup" else "0")
-    return poisoned
-
-
 def dispatches(gpu, fn):
     """fn()'s result and how many kernels it dispatched (the poisoning fills not counted)."""
     entries, plain = [], gpu.rt.dispatch
@@ -88,8 +79,8 @@ def test_linear_forward_and_backward(poisoned, n, n_in, n_out, has_bias, gelu, h
 @given(shape=st.lists(st.one_of(st.integers(1, 5), st.sampled_from([33, 257, 3000])), min_size=1, max_size=3)
        .filter(lambda shape: np.prod(shape) <= 100_000),  # small enough for lavapipe, and bound on the GPU
        pick=st.integers(0, 7), seed=st.integers(0, 2**31))
-def test_reductions_in_one_dispatch(group_sum_path, shape, pick, seed):
-    gpu = group_sum_path
+def test_reductions_in_one_dispatch(subgroup_path, shape, pick, seed):
+    gpu = subgroup_path
     axes = tuple(i for i in range(len(shape)) if pick >> i & 1) or (len(shape) - 1,)
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     got, count = dispatches(gpu, lambda: gpu.sum(gpu.from_numpy(x), axes))
@@ -101,8 +92,8 @@ def test_reductions_in_one_dispatch(group_sum_path, shape, pick, seed):
     np.testing.assert_array_equal(gpu.to_numpy(gpu.max(gpu.from_numpy(x), axes)), x.max(axis=axes))
 
 
-def test_max_lets_nan_win(group_sum_path):
-    gpu = group_sum_path
+def test_max_lets_nan_win(subgroup_path):
+    gpu = subgroup_path
     x = np.arange(600, dtype=np.float32).reshape(2, 300)
     x[1, 17] = np.nan
     for axes in ((1,), (0,)):
@@ -143,9 +134,9 @@ sizes = st.one_of(st.integers(1, 600), st.sampled_from([ADAMW_CHUNK - 1, ADAMW_C
 
 @FEW
 @given(shapes=st.lists(sizes, min_size=1, max_size=12), seed=st.integers(0, 2**31))
-def test_global_norm_and_adamw_over_many_tensors(group_sum_path, shapes, seed):
+def test_global_norm_and_adamw_over_many_tensors(subgroup_path, shapes, seed):
     """More tensors than one AdamW dispatch's slots on lavapipe (7), sizes across the chunk boundaries."""
-    gpu, g = group_sum_path, np.random.default_rng(seed)
+    gpu, g = subgroup_path, np.random.default_rng(seed)
     params, grads, ms, vs = ([g.standard_normal(n).astype(np.float32) for n in shapes] for _ in range(4))
     vs = [np.abs(v) for v in vs]
     norm = gpu.global_norm([gpu.from_numpy(a) for a in grads])
