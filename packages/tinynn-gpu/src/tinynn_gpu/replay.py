@@ -65,12 +65,11 @@ class Replaying:
 
     def _replay_native(self, program, inputs, copies):
         """Each chunk in an encoder of its own, through C calls; `inputs` (copies) go at the start of the
-        first, `copies` at the end of the last. The
-        first chunk is submitted here, at once (the GPU waits for it; a hand-over to a thread costs its
-        wake-up). With a submitter, the later chunks and the writes between them go to its thread, which
-        ends, finishes and submits chunk k while chunk k + 1 is recorded here, and the replay returns as
-        soon as the last is handed over: the GPU is still busy with the first chunks, and the next use of
-        the queue waits (`_drain`)."""
+        first, `copies` at the end of the last. The first chunk is submitted here, at once (the GPU waits
+        for it; a hand-over to a thread costs its wake-up). With a submitter, the later chunks and the
+        writes between them go to its thread, which ends, finishes and submits chunk k while chunk k + 1 is
+        recorded here, and the replay returns as soon as the last is handed over: the GPU is still busy with
+        the first chunks, and the next use of the queue waits (`_drain`)."""
         calls = self.native
         queue_work = calls  # until the first chunk is submitted
         last = len(program) - 1
