@@ -58,9 +58,6 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         self.attention = Attention(self.rt)
         self.packing = Packing(self.rt)
         self._constants = {}
-        # bound in place of an absent optional array (a kernel never touches it then); distinct buffers, because
-        # one buffer may not fill two writable bindings of a dispatch, nor a readable and a writable one
-        self.unused = [self.rt.empty((1,)) for _ in range(4)]
 
     @property
     def counters(self):
@@ -409,14 +406,14 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         gx = self._empty(x.shape)
         wanted = weight is not None or has_bias
         splits = -(-rows // LAYERNORM_SPLIT_ROWS) if wanted else 1
-        gw, gb = (self._empty((c,)), self._empty((c,))) if wanted else self.unused[1:3]
-        partials = self._empty((2 * splits * c,)) if splits > 1 else self.unused[3]
+        gw, gb = (self._empty((c,)), self._empty((c,))) if wanted else (self.rt.stand_in(1), self.rt.stand_in(2))
+        partials = self._empty((2 * splits * c,)) if splits > 1 else self.rt.stand_in(3)
         params = {"rows": rows, "cols": c, "has_g_add": int(g_add is not None),
                   "param_groups": -(-c // 8) * splits if wanted else 0, "split_rows": LAYERNORM_SPLIT_ROWS,
                   "splits": splits}
         self.rt.dispatch("layernorm", "layernorm_backward_main", params["param_groups"] + rows,
                          {0: bindable(x), 1: bindable(w), 5: bindable(mean), 6: bindable(rstd), 7: bindable(g),
-                          8: self.unused[0] if g_add is None else bindable(g_add), 4: gx, 9: partials, 10: gw, 11: gb},
+                          8: self.rt.stand_in(0) if g_add is None else bindable(g_add), 4: gx, 9: partials, 10: gw, 11: gb},
                          params)
         if splits > 1:
             self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", groups(c),

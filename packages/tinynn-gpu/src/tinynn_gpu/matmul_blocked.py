@@ -185,10 +185,6 @@ class BlockedMatmul:
         self.modules = {}
         self.description = f"blocked {config.name}"  # made once: the selector asks for it every matmul
         self.plans = {}  # (layout, shape, epilogue parts) -> (module, splits, [(groups, params)], params)
-        # stand-ins bound where the epilogue has no array (the kernel never touches them then); distinct
-        # buffers, because two writable bindings may not share one
-        self.unused_read = runtime.empty((1,))
-        self.unused_pre, self.unused_row_sums = runtime.empty((1,)), runtime.empty((1,))
 
     def describe(self) -> str:
         return self.description
@@ -208,16 +204,16 @@ class BlockedMatmul:
             row_target = self.rt.empty((batch * splits * m,)) if row_sums is not None else None
         else:
             target, row_target = out, row_sums
-        bindings = {4: _or(epilogue.bias, self.unused_read), 5: _or(epilogue.residual, self.unused_read),
-                    6: _or(epilogue.pre, self.unused_pre)}
-        main = {**bindings, 0: a, 1: b, 2: target, 7: _or(row_target, self.unused_row_sums)}
+        bindings = {4: _or(epilogue.bias, self.rt.stand_in(0)), 5: _or(epilogue.residual, self.rt.stand_in(0)),
+                    6: _or(epilogue.pre, self.rt.stand_in(1))}
+        main = {**bindings, 0: a, 1: b, 2: target, 7: _or(row_target, self.rt.stand_in(2))}
         for groups, launch_params in launches:
             self.rt.dispatch(module, "matmul_main", groups, main, launch_params)
         if splits > 1:
             total = batch * m * n
             self.rt.dispatch(module, "matmul_finish_main", grid(-(-total // 256)),
-                             {**bindings, 2: out, 7: _or(row_sums, self.unused_row_sums), 8: target,
-                              9: _or(row_target, self.unused_read)}, params)
+                             {**bindings, 2: out, 7: _or(row_sums, self.rt.stand_in(2)), 8: target,
+                              9: _or(row_target, self.rt.stand_in(0))}, params)
         return True
 
     def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):

@@ -14,7 +14,6 @@ WORKGROUP_BYTES = 4 * (4096 + 256)  # its `partial` and `shares`: above WebGPU's
 class RowsMatmul:
     def __init__(self, runtime):
         self.rt = runtime
-        self.unused_read, self.unused_pre = runtime.empty((1,)), runtime.empty((1,))  # an unused slot's binding
         self.usable = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384) >= WORKGROUP_BYTES
 
     def fits(self, batch, m, k, transpose_a, transpose_b, epilogue) -> bool:
@@ -27,8 +26,8 @@ class RowsMatmul:
 
     def record(self, a, b, out, m, n, k, epilogue) -> bool:
         """Record out = epilogue(a @ b.T); True: the epilogue was applied."""
-        bindings = {0: a, 1: b, 2: out, 4: epilogue.bias or self.unused_read,
-                    5: epilogue.residual or self.unused_read, 6: epilogue.pre or self.unused_pre}
+        bindings = {0: a, 1: b, 2: out, 4: epilogue.bias or self.rt.stand_in(0),
+                    5: epilogue.residual or self.rt.stand_in(0), 6: epilogue.pre or self.rt.stand_in(1)}
         self.rt.dispatch("matmul_rows", "matmul_rows_main", -(-n // COLUMNS), bindings,
                          {"m": m, "n": n, "k": k, "has_bias": int(epilogue.bias is not None),
                           "activation": int(epilogue.activation == "gelu"),

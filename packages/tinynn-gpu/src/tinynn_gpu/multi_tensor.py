@@ -74,7 +74,6 @@ class MultiTensor:
         self.square_slots = max(1, min(MAX_SLOTS, storage - 2, bindings // 4))  # + partials, table
         # the kernels name every slot's bindings, so a group smaller than `slots` binds these in the gaps
         # (distinct buffers: two writable bindings may not share one); their tables give them no work
-        self.unused = [runtime.empty((1,)) for _ in range(4 * max(self.slots, self.square_slots))]
         self._shaders = {}  # uses subgroups -> Shader
         self._tables = {}  # a group's table, uploaded once: a training step reuses the same groups
 
@@ -88,7 +87,7 @@ class MultiTensor:
 
     def _or_unused(self, tensors, i, k):
         """Slot i's tensor of kind k (0 param, 1 grad, 2 m, 3 v), or its stand-in when the group is short."""
-        return tensors[i] if i < len(tensors) else self.unused[4 * i + k]
+        return tensors[i] if i < len(tensors) else self.rt.stand_in(4 * i + k)
 
     def table(self, arrays, chunk, weight_decays=None):
         """The group's table as a u32 array on the GPU (each workgroup's slot, then each slot's first

@@ -34,8 +34,6 @@ class Packing:
                        limits.get("max-bindings-per-bind-group", 1000) - 3)  # those and the uniform
         self.slots = max(1, min(MAX_SLOTS, bindings))
         self.shaders = {op: runtime.shader(generate(op, self.slots), f"{op} x{self.slots}") for op in OPS}
-        # a group smaller than `slots` binds these in the gaps (distinct: unpack writes them); empty ranges
-        self.unused = [runtime.empty((1,)) for _ in range(self.slots)]
         self._ends = {}  # a group's cumulative sizes, uploaded once: a training step packs the same arrays
 
     def copy(self, op: str, flat, arrays) -> None:
@@ -48,7 +46,8 @@ class Packing:
             if ends not in self._ends:
                 self._ends[ends] = self.rt.upload(np.array(ends, np.uint32))
             bindings = {2: flat, 4: self._ends[ends]}
-            bindings.update({5 + i: group[i] if i < len(group) else self.unused[i] for i in range(self.slots)})
+            # a group smaller than `slots` binds distinct stand-ins in the gaps (unpack's are writable): empty ranges
+            bindings.update({5 + i: group[i] if i < len(group) else self.rt.stand_in(i) for i in range(self.slots)})
             self.rt.dispatch(self.shaders[op], f"{op}_main", groups(ends[-1]), bindings,
                              {"count": ends[-1], "first": first})
             first += ends[-1]

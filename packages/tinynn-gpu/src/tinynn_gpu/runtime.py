@@ -87,6 +87,7 @@ class Runtime(Replaying, BufferPool):
         self._sync_source = None
         self._profile = None  # while profiling: {"queries", "labels", "times"}
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
+        self.stand_ins = []  # `stand_in`'s arrays
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
         self.native, self.native_reason, self.submitter = None, "", None
         self.use_native(*native.probe(self.device))
@@ -134,6 +135,14 @@ class Runtime(Replaying, BufferPool):
     def _copy_into(self, arr: GpuArray, out: GpuArray) -> None:
         self._end_pass()
         self._encoder().copy_buffer_to_buffer(arr.buffer, 0, out.buffer, 0, _round4(max(4, arr.nbytes)))
+
+    def stand_in(self, i: int) -> GpuArray:
+        """The i-th one-element array bound where a kernel's optional array is absent (the kernel never
+        touches it then). A dispatch's slots take different i: one buffer may not fill two writable
+        bindings of a dispatch, nor a readable and a writable one."""
+        while len(self.stand_ins) <= i:
+            self.stand_ins.append(self.empty((1,)))
+        return self.stand_ins[i]
 
     def upload(self, x: np.ndarray) -> GpuArray:
         arr = self.empty(x.shape, x.dtype)

@@ -23,7 +23,7 @@ class StepOps:
         """The norm and, given max_norm, the clip coefficient: the sums of squares, then one finish for both."""
         partials, count = self.multi.sum_squares([bindable(a) for a in arrays], lambda n: self._empty((n,)))
         norm = self._empty(())
-        coefficient = self._empty(()) if max_norm is not None else self.unused[1]
+        coefficient = self._empty(()) if max_norm is not None else self.rt.stand_in(1)
         self.rt.dispatch("norm", "norm_finish_main", 1, {0: partials, 2: norm, 4: coefficient},
                          {"count": count, "clip": int(max_norm is not None), "max_norm": max_norm or 0.0})
         return norm, (coefficient if max_norm is not None else None)
