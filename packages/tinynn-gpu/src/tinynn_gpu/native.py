@@ -110,6 +110,7 @@ class Submitter:
     def __init__(self, calls: NativeCalls, counters=None):
         self.calls = calls
         self.counters = {} if counters is None else counters
+        self.counters.setdefault("submit_thread_us", 0)  # added here, not by the thread while others read them
         self.jobs = queue.Queue()
         self.error = None
         self.thread = threading.Thread(target=self._run, name="tinynn-submit", daemon=True)
@@ -126,8 +127,7 @@ class Submitter:
             except Exception as e:  # raised in the caller's thread, by wait()
                 self.error = self.error or e
             finally:
-                self.counters["submit_thread_us"] = self.counters.get("submit_thread_us", 0) + \
-                    1e6 * (time.perf_counter() - t0)
+                self.counters["submit_thread_us"] += 1e6 * (time.perf_counter() - t0)
                 self.jobs.task_done()
 
     def submit(self, encoder, compute_pass, copies=()) -> None:

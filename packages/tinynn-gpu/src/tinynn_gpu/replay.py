@@ -43,9 +43,8 @@ class Replaying:
             self._drain()  # only staged writes are waiting (a step's inputs): they ride in the first chunk
             inputs = [(self.upload_buffer._internal, at, buffer._internal, offset, nbytes)
                       for buffer, offset, at, nbytes in self.staged_copies]
-            self._queue_write(self.upload_buffer, b"".join(self.staged), 0)
-            self.staged.clear()
             self.staged_copies.clear()
+            self._upload_staged()
         else:
             self.flush()
         out = None if result is None else self.empty(result.shape, result.dtype)
@@ -60,6 +59,7 @@ class Replaying:
             self._copy_into(result, out)
         self.counters["dispatches"] += tape.dispatches
         self.counters["submissions"] += sum(kind == "dispatches" for kind, _ in program)
+        self.counters["queue_writes"] += sum(kind == "write" for kind, _ in program)
         self.counters["replays"] += 1
         return out
 

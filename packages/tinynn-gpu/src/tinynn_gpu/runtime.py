@@ -189,6 +189,13 @@ class Runtime(Replaying, BufferPool):
             self._end_pass()
             self.encoder.copy_buffer_to_buffer(self.upload_buffer, at, buffer, offset, data.nbytes)
 
+    def _upload_staged(self) -> None:
+        """The staged writes' bytes into the upload buffer in one queue write, just before the submission
+        whose copies read them (not sooner: those copies' offsets count from the first staged write)."""
+        if self.staged:
+            self._queue_write(self.upload_buffer, b"".join(self.staged), 0)
+            self.staged.clear()
+
     def _queue_write(self, buffer, data, offset: int) -> None:
         if self.native is not None:
             self.native.write(buffer._internal, data, offset)
@@ -379,9 +386,7 @@ class Runtime(Replaying, BufferPool):
             return
         self._encoder()  # records the staged copies, when they are all there is
         self._end_pass()
-        if self.staged:  # before the submission whose copies read them
-            self._queue_write(self.upload_buffer, b"".join(self.staged), 0)
-            self.staged.clear()
+        self._upload_staged()
         self.queue.submit([self.encoder.finish()])
         self.encoder = None
         self.counters["submissions"] += 1
