@@ -35,16 +35,19 @@ fn in_range(id: i32) -> bool {
     return ok;
 }
 
+// weight[idx[n], col]; 0 (and the error flag) for an id out of range
+fn token_row_value(n: u32, col: u32) -> f32 {
+    let id = idx[n];
+    if (!in_range(id)) { return 0.0; }
+    return weight[u32(id) * params.cols + col];
+}
+
 @compute @workgroup_size(256)
 fn embedding_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
     let i = element_index(wg, nwg, lid);
-    let cols = params.cols;
     if (i >= params.total) { return; }
-    let id = idx[i / cols];
-    var value = 0.0;
-    if (in_range(id)) { value = weight[u32(id) * cols + i % cols]; }
-    out[i] = value;
+    out[i] = token_row_value(i / params.cols, i % params.cols);
 }
 
 // out = weight[idx] + positions[:T], a GPT's input: ids (..., T), `positions` here T.
@@ -55,10 +58,7 @@ fn embedding_with_positions_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @
     let cols = params.cols;
     if (i >= params.total) { return; }
     let n = i / cols;
-    let id = idx[n];
-    var value = 0.0;
-    if (in_range(id)) { value = weight[u32(id) * cols + i % cols]; }
-    out[i] = value + positions[(n % params.positions) * cols + i % cols];
+    out[i] = token_row_value(n, i % cols) + positions[(n % params.positions) * cols + i % cols];
 }
 
 // embedding_with_positions' backward in one dispatch. The first rows * blocks workgroups write the token
