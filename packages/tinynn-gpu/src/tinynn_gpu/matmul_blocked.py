@@ -81,12 +81,12 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> l
     """One operand's tile copy (BK x B{M,N}, stored as vec4 along m or n) as (opening, fetch, stash) per slot
     of a thread: the opening is a guard where not every thread has the slot and the slot's place in the tile;
     fetch reads global memory into the registers {operand}_{slot}, stash writes them into the workgroup tile
-    at `{operand}_buf`, row stride BM/4 + 1 (or BN/4 + 1) vec4s. Fetch takes its tile's first k as
+    in buffer `{operand}_buf`, rows of BM/4 + 1 (or BN/4 + 1) vec4s. Fetch takes its tile's first k as
     `{origin}`, so that double buffering can fetch the next tile while the current one is in use.
     Scalar loads: each slot is one tile entry. vec4 loads: along m (or n) a quad is one tile entry; along k
     a thread loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries."""
     width4 = (cfg.bm if operand == "a" else cfg.bn) // 4
-    stride, tile = width4 + 1, f"{operand}_tile"
+    tile = f"{operand}_tile"
     index = ("row0" if operand == "a" else "col0") + " + 4u * w4"
 
     def load(i, k):
@@ -100,7 +100,7 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> l
         if quads:  # neighbouring threads take neighbouring quads of k
             where = f"let kq = ({slot}) % {cfg.bk // 4}u; let w4 = ({slot}) / {cfg.bk // 4}u;"
             fetch = " ".join(f"{reg}[{c}] = {load(f'{index} + {c}u', '{origin} + 4u * kq')};" for c in range(4))
-            stash = " ".join(f"{tile}[{operand}_buf + (4u * kq + {j}u) * {stride}u + w4] = "
+            stash = " ".join(f"{tile}[{operand}_buf][4u * kq + {j}u][w4] = "
                              f"vec4<f32>({reg}[0].{x}, {reg}[1].{x}, {reg}[2].{x}, {reg}[3].{x});"
                              for j, x in enumerate(XYZW))
         else:
@@ -110,7 +110,7 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> l
                 where = f"let k = ({slot}) / {width4}u; let w4 = ({slot}) % {width4}u;"
             fetch = f"{reg} = {load(index, '{origin} + k')};" if vec4 else \
                 f"{reg} = vec4<f32>({', '.join(load(f'{index} + {c}u', '{origin} + k') for c in range(4))});"
-            stash = f"{tile}[{operand}_buf + k * {stride}u + w4] = {reg};"
+            stash = f"{tile}[{operand}_buf][k][w4] = {reg};"
         guard = f"if ({slot} < {total}u) " if (i + 1) * cfg.threads > total else ""
         copies.append((f"{guard}{{ {where} ", fetch, stash))
     return copies
@@ -126,6 +126,8 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
     qm, qn = cfg.tm // 4, cfg.tn // 4
     a_stride, b_stride = cfg.bm // 4 + 1, cfg.bn // 4 + 1
     declare = [f"    var acc_{i}_{q} = vec4<f32>(0.0);" for i in range(cfg.tm) for q in range(qn)]
+    declare += [f"    let a_column_{q} = ty + {q}u * THREADS_M;" for q in range(qm)]  # this thread's tile columns
+    declare += [f"    let b_column_{q} = tx + {q}u * THREADS_N;" for q in range(qn)]
     declare += _registers(cfg, "a", not transpose_a, vec4) + _registers(cfg, "b", transpose_b, vec4)
     copies = _tile_copy(cfg, "a", not transpose_a, vec4) + _tile_copy(cfg, "b", transpose_b, vec4)
 
@@ -133,7 +135,7 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
         return [f"{indent}{where}{f.format(origin=origin)} }}" for where, f, _ in copies]
 
     def stash(buffer, indent):
-        return [f"{indent}let a_buf = {buffer} * A_TILE;", f"{indent}let b_buf = {buffer} * B_TILE;"] + \
+        return [f"{indent}let a_buf = {buffer};", f"{indent}let b_buf = {buffer};"] + \
             [f"{indent}{where}{s} }}" for where, _, s in copies]
 
     def copy(origin, indent):  # fetch and stash in one statement: no register lives past it
@@ -148,19 +150,19 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
         fetch_next = ["        {"] + copy("k0", "            ") + ["        }", "        workgroupBarrier();"]
     inner = []
     for kk in range(cfg.bk):
-        inner += [f"        let a{kk}_{q} = a_tile[a_now + {kk * a_stride}u + ty + {q}u * THREADS_M];"
+        inner += [f"        let a{kk}_{q} = a_tile[buf][{kk}u][a_column_{q}];"
                   for q in range(qm)]
-        inner += [f"        let b{kk}_{q} = b_tile[b_now + {kk * b_stride}u + tx + {q}u * THREADS_N];"
+        inner += [f"        let b{kk}_{q} = b_tile[buf][{kk}u][b_column_{q}];"
                   for q in range(qn)]
         inner += [f"        acc_{i}_{q} = acc_{i}_{q} + a{kk}_{i // 4}.{XYZW[i % 4]} * b{kk}_{q};"
                   for i in range(cfg.tm) for q in range(qn)]
-    row_sum = [f"            row_sum = row_sum + a_tile[a_now + {kk * a_stride}u + lid];" for kk in range(cfg.bk)]
+    row_sum = [f"            row_sum = row_sum + a_tile[buf][{kk}u][lid];" for kk in range(cfg.bk)]
     store = [f"    store(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
              f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, raw);" for i in range(cfg.tm) for q in range(qn)]
     fills = {
         "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
-        "THREADS": cfg.threads, "GROUP": cfg.group, "BUFFERS": cfg.buffers, "A_TILE_VEC4": cfg.bk * a_stride,
-        "B_TILE_VEC4": cfg.bk * b_stride,
+        "THREADS": cfg.threads, "GROUP": cfg.group, "BUFFERS": cfg.buffers, "A_STRIDE": a_stride,
+        "B_STRIDE": b_stride,
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
         "ELEMENT": "vec4<f32>" if vec4 else "f32", "SUFFIX": "4" if vec4 else "",

@@ -6,7 +6,11 @@
 // its own variable and unrolls the BK loop: naga does not unroll loops, and an accumulator array indexed
 // in a loop would live in slow local memory instead of registers.
 // Per BK step the block's A (BM x BK) and B (BK x BN) tiles go through workgroup memory as vec4s, so the
-// inner product reads 4 values per load. A thread's rows and columns are interleaved with its
+// inner product reads 4 values per load. The tiles are nested arrays indexed [buffer][k][column], not flat
+// ones: naga clamps every dynamic index (wgpu's bounds checks), and a clamped flat index is a new
+// address per load, while here k is a constant and a thread's column is the same every step, so its
+// clamp is made once and each load is a constant offset from one address (H200, steady clock: 2-9% faster
+// on the lesson model's shapes, the same at 4096^2). A thread's rows and columns are interleaved with its
 // neighbours' (4-wide groups THREADS_M or THREADS_N apart) so a warp reads consecutive vec4s: no bank
 // conflicts; each tile row (one k) is padded by a vec4, so that threads storing neighbouring k (an operand
 // stored with k contiguous) hit different banks too. Double-buffered variants (BUFFERS = 2) keep two tiles:
@@ -62,11 +66,9 @@ const THREADS: u32 = {{THREADS}}u;
 const GROUP: u32 = {{GROUP}}u;
 
 const BUFFERS: u32 = {{BUFFERS}}u;  // 2: double-buffered
-const A_TILE: u32 = {{A_TILE_VEC4}}u;  // one buffer's A tile, vec4s
-const B_TILE: u32 = {{B_TILE_VEC4}}u;
-
-var<workgroup> a_tile: array<vec4<f32>, {{A_TILE_VEC4}} * BUFFERS>;  // [buffer][k][m / 4 + 1]
-var<workgroup> b_tile: array<vec4<f32>, {{B_TILE_VEC4}} * BUFFERS>;  // [buffer][k][n / 4 + 1]
+// [buffer][k][m / 4 + 1] and [buffer][k][n / 4 + 1], nested: see the header
+var<workgroup> a_tile: array<array<array<vec4<f32>, {{A_STRIDE}}>, BK>, BUFFERS>;
+var<workgroup> b_tile: array<array<array<vec4<f32>, {{B_STRIDE}}>, BK>, BUFFERS>;
 
 fn load_a{{SUFFIX}}(base: u32, m: u32, k: u32, k_end: u32) -> {{ELEMENT}} {
     if (m >= params.m || k >= k_end) { return {{ZERO}}; }
@@ -138,8 +140,6 @@ fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     var buf = 0u;  // the buffer holding this step's tiles
     for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
 {{FETCH}}
-        let a_now = buf * A_TILE;
-        let b_now = buf * B_TILE;
 {{INNER}}
         if (sum_rows && lid < BM / 4u) {
 {{ROW_SUM}}
