@@ -28,7 +28,8 @@ from tinynn_gpu.matmul_rows import RowsMatmul
 
 LESSON_TILES = (8, 16, 32)
 # The winners of the H200 sweep over the three benchmark models' training shapes (experiments/matmul_shapes.py)
-# and of 4096^2: small blocks and split-K for M = 2048 against N or K of 256-3072, 128x128 for big outputs.
+# and of 4096^2: small blocks and split-K for M = 2048 against N or K of 256-3072, 128x128 for big outputs;
+# the BK = 32 ones won on lesson shapes with K = 256 or split K (a steady-clock sweep of BK 8/16/32, session 5).
 BLOCK_CONFIGS = (
     BlockConfig(32, 64, 16, 4, 4),
     BlockConfig(64, 64, 16, 4, 4),
@@ -44,8 +45,12 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 64, 16, 4, 4, splits=8, vec4=True),
     BlockConfig(64, 64, 16, 4, 4, splits=4, vec4=True, double=True),
     BlockConfig(32, 64, 16, 4, 4, splits=8, vec4=True, double=True),
+    BlockConfig(64, 64, 32, 4, 4),
+    BlockConfig(128, 64, 32, 8, 4, splits=2),
+    BlockConfig(64, 64, 32, 8, 4, splits=4, vec4=True),
+    BlockConfig(32, 64, 32, 4, 4, splits=4, vec4=True, double=True),
 )
-CACHE_VERSION = 3  # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep
+CACHE_VERSION = 4  # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32
 
 
 def lesson_source(tile: int) -> str:
@@ -151,6 +156,8 @@ class MatmulSelector:
         its clock to 345 MHz within a second and needs about a second of load to climb back to 1980
         (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be ranked by the clock."""
         names = [n for n in (names or self.candidates) if self._fits(n)]
+        for name in names:  # compiled before the heating starts: compiling them all can take seconds
+            self.variant(name).record(*args)
         heat_until = time.perf_counter() + (0.0 if self.rt.ctx.is_software else self.heat_seconds)
         while True:
             for name in names:
