@@ -138,3 +138,17 @@ def test_a_staged_write_larger_than_the_upload_buffer_grows_it_and_a_huge_one_is
     np.testing.assert_array_equal(gpu.to_numpy(small), np.arange(4))
     np.testing.assert_array_equal(gpu.to_numpy(big), x)
     assert gpu.to_numpy(huge).tolist() == [3.0] * 20000
+
+
+def test_time_pass_times_back_to_back_dispatches_in_one_pass(gpu):
+    rt = gpu.rt
+    a = gpu.from_numpy(np.arange(1 << 16, dtype=np.float32))
+    sums = []
+    rt.flush()
+    dispatches, submissions = rt.counters["dispatches"], rt.counters["submissions"]
+    ms = rt.time_pass(lambda: sums.append(gpu.binary("add", a, a)), reps=5)
+    assert ms > 0 and rt.compute_pass is None
+    assert rt.counters["dispatches"] == dispatches + 5 and rt.counters["submissions"] == submissions + 1
+    assert np.array_equal(gpu.to_numpy(sums[-1]), 2 * np.arange(1 << 16, dtype=np.float32))
+    with pytest.raises(RuntimeError, match="inside a captured step or a profile"):
+        rt.profile(lambda: rt.time_pass(lambda: None, 1))

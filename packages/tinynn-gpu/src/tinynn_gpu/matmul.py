@@ -149,12 +149,13 @@ class MatmulSelector:
         self.last = variant.describe()
         return variant.record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
 
-    def time_variants(self, args, names=None, reps=3, rounds=2) -> dict[str, float]:
-        """Milliseconds per call of each variant on these operands (GPU timestamps where available): the
-        best of `rounds` rounds over all of them. Every variant is compiled first, then all of them run
-        back to back for `heat_seconds` before any is timed: an H200 left idle while the host compiles drops
-        its clock to 345 MHz within a second and needs about a second of load to climb back to 1980
-        (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be ranked by the clock."""
+    def time_variants(self, args, names=None, reps=8, rounds=2) -> dict[str, float]:
+        """Milliseconds per call of each variant on these operands (`reps` calls back to back in one timed
+        pass where the adapter has timestamps): the best of `rounds` rounds over all of them. Every variant
+        is compiled first, then all of them run back to back for `heat_seconds` before any is timed: an H200
+        left idle while the host compiles drops its clock to 345 MHz within a second and needs about a second
+        of load to climb back to 1980 (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be
+        ranked by the clock."""
         names = [n for n in (names or self.candidates) if self._fits(n)]
         for name in names:  # compiled before the heating starts: compiling them all can take seconds
             self.variant(name).record(*args)
@@ -173,8 +174,7 @@ class MatmulSelector:
 
     def _time(self, name, args, reps) -> float:
         if "timestamp-query" in self.rt.ctx.features:  # all of its kernels counted (split-K adds a finish)
-            rows = self.rt.profile(lambda: [self.variant(name).record(*args) for _ in range(reps)])
-            return sum(r["ms"] for r in rows) / reps
+            return self.rt.time_pass(lambda: self.variant(name).record(*args), reps)
         t0 = time.perf_counter()
         for _ in range(reps):
             self.variant(name).record(*args)

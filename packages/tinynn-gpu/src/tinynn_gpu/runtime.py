@@ -349,6 +349,27 @@ class Runtime(Replaying, BufferPool):
         rows = [{"kernel": k, "calls": profile["calls"][k], "ms": t / 1e6} for k, t in profile["times"].items()]
         return sorted(rows, key=lambda r: -r["ms"])
 
+    def time_pass(self, fn, reps: int) -> float:
+        """GPU milliseconds per call of fn() (which records dispatches), from `reps` calls recorded into one
+        compute pass with timestamps at its start and end only: dispatches back to back with the barriers
+        between them, as in a training step, without the per-dispatch passes and timestamps of `profile`
+        (a few microseconds each, which would count against a kernel split into two dispatches)."""
+        if "timestamp-query" not in self.ctx.features:
+            raise RuntimeError(f"{self.ctx.name} has no timestamp-query feature")
+        if self.tape is not None or self._profile is not None:
+            raise RuntimeError("time_pass cannot run inside a captured step or a profile")
+        self.flush()
+        queries = self.device.create_query_set(type="timestamp", count=2)
+        self.compute_pass = self._encoder().begin_compute_pass(timestamp_writes={
+            "query_set": queries, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+        for _ in range(reps):
+            fn()
+        self._end_pass()
+        resolved = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        self._encoder().resolve_query_set(queries, 0, 2, resolved, 0)
+        start, end = self.read(GpuArray(resolved, (2,), np.uint64))  # nanoseconds
+        return float(end - start) / 1e6 / reps
+
     def _begin_timed_pass(self, label):
         if 2 * len(self._profile["labels"]) + 2 > QUERY_CAPACITY:
             self._collect_timestamps()
