@@ -22,11 +22,11 @@ seq_lens = st.one_of(st.integers(1, 70), st.sampled_from([1, 8, 15, 16, 17, 31, 
 head_sizes = st.sampled_from([16, 20, 64, 128])
 
 
-def rel_err(actual, expected):
+def rel_err(actual, expected, floor=1e-30):
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
     assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
+    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), floor))
 
 
 def check_against_reference(gpu, batch, seq, n_head, head_size, seed, backward=True):
@@ -39,7 +39,9 @@ def check_against_reference(gpu, batch, seq, n_head, head_size, seed, backward=T
     d_qkv = gpu.from_numpy(qkv)
     y, lse = gpu.attention_forward(d_qkv, n_head, scale)
     assert rel_err(gpu.to_numpy(y), y_ref) <= RTOL_FORWARD
-    assert rel_err(gpu.to_numpy(lse), lse_ref) <= RTOL_FORWARD
+    # lse near 0 (T = 1: one score, often a cancelling dot product) has no relative precision; an error e in it
+    # scales the probabilities by exp(e): so at least 1 per element
+    assert rel_err(gpu.to_numpy(lse), lse_ref, floor=np.sqrt(lse_ref.size)) <= RTOL_FORWARD
     if backward:
         g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head,
                                        scale)
@@ -52,6 +54,7 @@ def check_against_reference(gpu, batch, seq, n_head, head_size, seed, backward=T
        seed=st.integers(0, 2**31))
 @example(batch=1, seq=1, n_head=1, head_size=128, seed=0)
 @example(batch=1, seq=33, n_head=2, head_size=16, seed=1)
+@example(batch=1, seq=1, n_head=1, head_size=16, seed=2740)  # lse = -0.0106: 1.7e-5 relative, 1.7e-7 absolute
 def test_attention_matches_the_reference(subgroup_path, batch, seq, n_head, head_size, seed):
     fallbacks = sum(subgroup_path.fallbacks.values())
     check_against_reference(subgroup_path, batch, seq, n_head, head_size, seed)
