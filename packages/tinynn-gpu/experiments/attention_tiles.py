@@ -1,7 +1,9 @@
 """Fused-attention layouts side by side: each (ROWS, SPLITS) of CANDIDATES that fits the adapter, with subgroup
 lanes and with one thread a row, is checked against the float64 NumPy reference, then its forward and
 backward kernels are timed with GPU timestamps, on the attention shapes of the benchmark configs
-(apps/bench). This is where attention.LAYOUTS' order comes from.
+(apps/bench); then the tiled forward (attention_tiled.wgsl), checked and timed the same way, with each
+(ROWS, KEYS, SN) of TILE_CANDIDATES that fits. This is where attention.LAYOUTS' and attention.TILES' order
+comes from.
 
     python packages/tinynn-gpu/experiments/attention_tiles.py [--reps 20] [--json F]
 """
@@ -12,11 +14,13 @@ import os
 import numpy as np
 
 from tinynn import backends
-from tinynn_gpu.attention import THREADS, lanes_for, workgroup_bytes
+from tinynn_gpu.attention import THREADS, Tile, lanes_for, workgroup_bytes
 
 SHAPES = {"lesson": (16, 128, 4, 64), "mid": (16, 128, 6, 64), "big": (8, 256, 12, 64),
           "hs128": (8, 256, 6, 128), "hs32": (16, 128, 8, 32)}  # (B, T, n_head, head size)
 CANDIDATES = ((16, 4), (16, 2), (16, 1), (8, 8), (8, 4), (32, 2), (32, 1), (64, 1))  # (rows, splits)
+TILE_CANDIDATES = ((64, 32, 2), (64, 32, 4), (32, 32, 2), (32, 32, 4), (32, 64, 4), (32, 64, 2), (64, 16, 1),
+                   (32, 32, 1), (64, 64, 4), (16, 32, 4), (16, 32, 2))  # (rows, keys, keys a thread)
 
 
 def rel_err(actual, expected):
@@ -30,6 +34,8 @@ def main():
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names of SHAPES")
     parser.add_argument("--layouts", default=",".join(f"{r}x{s}" for r, s in CANDIDATES), help="e.g. 8x4,16x4")
     parser.add_argument("--paths", default="subgroup,workgroup", help="subgroup lanes, one thread a row, or both")
+    parser.add_argument("--tiles", default=",".join("x".join(map(str, t)) for t in TILE_CANDIDATES),
+                        help="e.g. 64x32x2")
     args = parser.parse_args()
     gpu, ref = backends.select("gpu"), backends.reference()
     limit = gpu.attention.max_bytes
@@ -46,6 +52,7 @@ def main():
         d_qkv, d_grad = gpu.from_numpy(qkv), gpu.from_numpy(grad)
         layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",")]
         paths = [{"subgroup": "1", "workgroup": "0"}[p] for p in args.paths.split(",")]
+        os.environ["TINYNN_ATTENTION_TILE"] = "0"  # the per-row forward
         for (rows, splits), path in ((layout, path) for path in paths for layout in layouts):
             lanes = lanes_for(hs, subgroups=path == "1")
             if workgroup_bytes(hs, rows, splits) > limit or rows * splits * lanes > THREADS:
@@ -71,8 +78,24 @@ def main():
                                 for k, v in sorted(times.items()))
             print(f"{label:7s} {rows:3d}x{splits:<2d} lanes {lanes} us: {kernels}  total {sum(times.values()):7.1f}  "
                   f"err {max(errs):.1e}{'' if row['ok'] else '  WRONG'}", flush=True)
-    os.environ.pop("TINYNN_ATTENTION_LAYOUT")
-    os.environ.pop("TINYNN_SUBGROUPS")
+        os.environ.pop("TINYNN_ATTENTION_LAYOUT", None)
+        for tile in (Tile(*(int(n) for n in t.split("x"))) for t in args.tiles.split(",")):
+            if tile.check(hs, limit):
+                continue
+            os.environ["TINYNN_ATTENTION_TILE"] = str(tile)
+            y, lse = gpu.attention_forward(d_qkv, n_head, scale)
+            errs = [rel_err(gpu.to_numpy(y), y_ref), rel_err(gpu.to_numpy(lse), lse_ref)]
+
+            def run():
+                for _ in range(args.reps):
+                    gpu.attention_forward(d_qkv, n_head, scale)
+            us = sum(row["ms"] for row in gpu.profile(run)) * 1e3 / args.reps
+            results.append({"shape": label, "tile": str(tile), "us": {"forward": us}, "rel_err": errs,
+                            "ok": max(errs) <= 2e-5})
+            print(f"{label:7s} tiled {str(tile):8s} us: forward {us:7.1f}  err {max(errs):.1e}"
+                  f"{'' if max(errs) <= 2e-5 else '  WRONG'}", flush=True)
+    for name in ("TINYNN_ATTENTION_LAYOUT", "TINYNN_SUBGROUPS", "TINYNN_ATTENTION_TILE"):
+        os.environ.pop(name, None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

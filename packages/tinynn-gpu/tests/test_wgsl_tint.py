@@ -44,6 +44,8 @@ def every_kernel():
     # one lane a row: the subgroup shuffles, like group_sum's, would want `enable subgroups;` here
     yield from ((f"attention hs{hs} {rows}x{splits}", attention.source(hs, rows, splits, lanes=1))
                 for hs in (16, 20, 64, 128) for rows, splits in attention.LAYOUTS)
+    yield from ((f"attention tiled hs{hs} {tile}", attention.tiled_source(hs, tile))
+                for hs in (16, 20, 64, 128) for tile in attention.TILES)
 
 
 def test_every_kernel_compiles_on_tint(tint):

@@ -1,15 +1,20 @@
-"""Fused causal self-attention on the GPU: kernels/attention.wgsl filled in and unrolled per head size and
-layout, and the launches of its forward (one dispatch) and backward (two: dQ, then dK/dV).
+"""Fused causal self-attention on the GPU: the launches of its forward (one dispatch) and backward (two: dQ,
+then dK/dV), from two templates filled in and unrolled per head size.
 
-A layout is (ROWS, SPLITS, LANES): a workgroup owns ROWS rows (queries; keys in the dK/dV kernel), LANES
-threads share a row (subgroup shuffles add their parts of a dot product; 1 without the `subgroup` feature)
-and SPLITS groups of threads walk over the other side interleaved. `choose_layout` takes ROWS and SPLITS
-from LAYOUTS, the first whose workgroup memory fits the device; TINYNN_ATTENTION_LAYOUT=ROWSxSPLITS forces
-one (experiments/attention_tiles.py times them all).
+The forward is kernels/attention_tiled.wgsl, a register-blocked matmul-like kernel, with the first tile of
+TILES whose workgroup memory fits the device; where none fits, attention.wgsl's per-row forward runs.
+TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward.
+
+The backward is kernels/attention.wgsl's per-row kernels. A layout is (ROWS, SPLITS, LANES): a workgroup
+owns ROWS rows (queries; keys in the dK/dV kernel), LANES threads share a row (subgroup shuffles add their
+parts of a dot product; 1 without the `subgroup` feature) and SPLITS groups of threads walk over the other
+side interleaved. `choose_layout` takes ROWS and SPLITS from LAYOUTS, the first whose workgroup memory fits
+the device; TINYNN_ATTENTION_LAYOUT=ROWSxSPLITS forces one (experiments/attention_tiles.py times them all).
 """
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from tinynn.errors import TinynnError
 from tinynn_gpu.context import kernel_source
@@ -20,6 +25,7 @@ from tinynn_gpu.group_sum import uses_subgroups
 LAYOUTS = ((8, 4), (8, 2), (8, 1))
 THREADS = 256  # at most, per workgroup
 SUBGROUP_LANES = 4  # WebGPU's smallest subgroup
+XYZW = "xyzw"
 
 
 def unsupported_head_size(head_size: int) -> str:
@@ -57,6 +63,102 @@ def choose_layout(head_size: int, max_bytes: int) -> tuple[int, int]:
         if workgroup_bytes(head_size, rows, splits) <= max_bytes:
             return rows, splits
     raise TinynnError(f"attention: no layout fits head size {head_size} in {max_bytes} bytes of workgroup memory")
+
+
+class Tile(NamedTuple):
+    """The tiled forward's blocking: ROWS queries per workgroup (4 a thread), KEYS keys per step (SN a thread)."""
+    rows: int
+    keys: int
+    sn: int
+
+    @property
+    def tx(self) -> int:  # threads sharing a query row
+        return self.keys // self.sn
+
+    @property
+    def threads(self) -> int:
+        return self.tx * self.rows // 4
+
+    def columns(self, head_size: int) -> int:
+        """The vec4 columns of a value row its TX threads cover: the head's, rounded up to a multiple of TX."""
+        return -(-(head_size // 4) // self.tx) * self.tx
+
+    def workgroup_bytes(self, head_size: int) -> int:
+        """Queries, keys (then values), probabilities and per-thread row parts, in padded vec4 rows."""
+        hs4, ty = head_size // 4, self.rows // 4
+        return 16 * (self.rows * (hs4 + 1) + self.keys * (self.columns(head_size) + 1) + self.keys * (ty + 1) +
+                     self.tx * ty)
+
+    def check(self, head_size: int, max_bytes: int) -> str:
+        """Why this tile cannot run the head size here, or ""."""
+        if self.rows % 4 or self.keys % self.sn or not 1 <= self.threads <= THREADS:
+            return f"tile {self}: rows must be a multiple of 4, keys of sn, threads at most {THREADS}"
+        if self.workgroup_bytes(head_size) > max_bytes:
+            return f"tile {self}: head size {head_size} needs more than {max_bytes} bytes of workgroup memory"
+        return ""
+
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.keys}x{self.sn}"
+
+
+# the tiled forward's tiles, fastest first, as timed on an H200 (experiments/attention_tiles.py, us a call):
+# 64x32x4 22.2 lesson, 31.6 mid, 76.8 big, 125 at head size 32 (the per-row forward 31.6, 40.0, 140.2, 131;
+# 64x32x2 and 32x32x2 within 10%, fewer keys a step or fewer threads slower); at head size 128 only 32x32x2
+# fits its 48 KiB: 240 (the per-row forward 443). 16x32x2 fits head size 128 in 32 KiB (lavapipe).
+TILES = (Tile(64, 32, 4), Tile(32, 32, 2), Tile(16, 32, 2))
+
+
+def choose_tile(head_size: int, max_bytes: int) -> Tile | None:
+    """The tiled forward's tile, or None for the per-row kernel."""
+    forced = os.environ.get("TINYNN_ATTENTION_TILE")
+    if forced == "0":
+        return None
+    if forced:
+        try:
+            tile = Tile(*(int(n) for n in forced.lower().split("x")))
+        except (TypeError, ValueError):
+            raise TinynnError(f"TINYNN_ATTENTION_TILE must look like 64x32x2 (rows, keys, keys a thread) or 0, "
+                              f"got {forced!r}") from None
+        why = tile.check(head_size, max_bytes)
+        if why:
+            raise TinynnError(f"TINYNN_ATTENTION_TILE={forced}: {why}")
+        return tile
+    return next((tile for tile in TILES if not tile.check(head_size, max_bytes)), None)
+
+
+def tiled_source(head_size: int, tile: Tile) -> str:
+    """attention_tiled.wgsl for one head size and tile, its two products' inner steps unrolled: SCORE_STEP
+    vec4s of the head (S) and VALUE_STEP keys (O) an iteration."""
+    hs4, sn, tx = head_size // 4, tile.sn, tile.tx
+    nq = tile.columns(head_size) // tx
+    score_step = next(n for n in (4, 2, 1) if hs4 % n == 0)
+    value_step = next(n for n in (8, 4, 2, 1) if tile.keys % n == 0)
+    scores, values = [], []
+    for u in range(score_step):
+        scores += [f"            let q{i}_{u} = q_tile[4u * ty + {i}u][d + {u}u];" for i in range(4)]
+        scores += [f"            let k{j}_{u} = kv_tile[tx + {j}u * TX][d + {u}u];" for j in range(sn)]
+        scores += [f"            s_{i}_{j} = s_{i}_{j} + dot(q{i}_{u}, k{j}_{u});"
+                   for i in range(4) for j in range(sn)]
+    for u in range(value_step):
+        values += [f"            let p{u} = p_tile[k + {u}u][ty];"]
+        values += [f"            let v{q}_{u} = kv_tile[k + {u}u][tx + {q}u * TX];" for q in range(nq)]
+        values += [f"            o_{i}_{q} = o_{i}_{q} + p{u}.{XYZW[i]} * v{q}_{u};"
+                   for i in range(4) for q in range(nq)]
+    text = kernel_source("attention_tiled", {
+        "HS4": hs4, "ROWS": tile.rows, "KEYS": tile.keys, "SN": sn, "KV_STRIDE": tile.columns(head_size) + 1,
+        "SCORE_STEP": score_step, "SCORES": "\n".join(scores), "VALUE_STEP": value_step,
+        "VALUES": "\n".join(values),
+        "ROW_MAXIMA": ", ".join(_max([f"s_{i}_{j}" for j in range(sn)]) for i in range(4)),
+        "ROW_SUMS": ", ".join(" + ".join(f"p_{i}_{j}" for j in range(sn)) for i in range(4))})
+    return unroll(text, {"$i": 4, "$j": sn, "$q": nq, "$r": -(-tile.keys * hs4 // tile.threads)})
+
+
+def _max(terms: list[str]) -> str:
+    """WGSL's max of the terms, as a balanced tree."""
+    if len(terms) == 1:
+        return terms[0]
+    half = len(terms) // 2
+    return f"max({_max(terms[:half])}, {_max(terms[half:])})"
 
 
 def lane_sum_body(lanes: int) -> str:
@@ -97,6 +199,7 @@ class Attention:
         self.rt = runtime
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
         self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
+        self.tiled_shaders = {}  # (head size, Tile) -> Shader
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -105,9 +208,20 @@ class Attention:
             self.shaders[key] = self.rt.shader(source(*key), f"attention hs{head_size} {rows}x{splits}x{key[3]}")
         return self.shaders[key], rows
 
+    def _tiled_shader(self, head_size: int):
+        tile = choose_tile(head_size, self.max_bytes)
+        if tile is None:
+            return None, 0
+        key = (head_size, tile)
+        if key not in self.tiled_shaders:
+            self.tiled_shaders[key] = self.rt.shader(tiled_source(*key), f"attention tiled hs{head_size} {tile}")
+        return self.tiled_shaders[key], tile.rows
+
     def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
-        shader, rows = self._shader(c3 // 3 // n_head)
+        shader, rows = self._tiled_shader(c3 // 3 // n_head)
+        if shader is None:
+            shader, rows = self._shader(c3 // 3 // n_head)
         self.rt.dispatch(shader, "attention_forward_main", (-(-seq // rows), batch * n_head, 1),
                          {0: qkv, 2: y, 4: lse}, {"seq": seq, "n_head": n_head, "scale": scale})
 
