@@ -371,7 +371,7 @@ class Runtime(Replaying, BufferPool):
                                              usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
         self._end_pass()
         self._encoder().resolve_query_set(self._profile["queries"], 0, 2 * len(labels), resolved, 0)
-        stamps = self.read(GpuArray(resolved, (2 * len(labels),), np.uint64))  # nanoseconds
+        stamps = self.read(GpuArray(resolved, (2 * len(labels),), np.dtype(np.uint64)))  # nanoseconds
         for label, start, end in zip(labels, stamps[0::2], stamps[1::2]):
             self._profile["times"][label] += float(end - start)
             self._profile["calls"][label] += 1
