@@ -281,11 +281,12 @@ def _rows(x: Tensor):
 
 def _check_linear(name, x_shape, weight, bias, residual) -> int:
     """Refuse operands that do not fit x_shape @ weight.T + bias (+ residual); -> out_features."""
-    out_features = weight.shape[0]
-    if len(x_shape) < 1 or weight.ndim != 2 or x_shape[-1] != weight.shape[1]:
-        raise ValueError(f"{name}: x {x_shape} and weight {weight.shape} do not fit")
+    w_shape = weight.shape
+    out_features = w_shape[0]
+    if len(x_shape) < 1 or len(w_shape) != 2 or x_shape[-1] != w_shape[1]:
+        raise ValueError(f"{name}: x {x_shape} and weight {w_shape} do not fit")
     if bias is not None and bias.shape != (out_features,):
-        raise ValueError(f"{name}: bias {bias.shape} does not fit weight {weight.shape}")
+        raise ValueError(f"{name}: bias {bias.shape} does not fit weight {w_shape}")
     if residual is not None and residual.shape != x_shape[:-1] + (out_features,):
         raise ValueError(f"{name}: residual {residual.shape} is not the output's shape "
                          f"{x_shape[:-1] + (out_features,)}")

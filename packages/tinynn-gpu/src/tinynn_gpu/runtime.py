@@ -140,9 +140,12 @@ class Runtime(Replaying, BufferPool):
         """The i-th one-element array bound where a kernel's optional array is absent (the kernel never
         touches it then). A dispatch's slots take different i: one buffer may not fill two writable
         bindings of a dispatch, nor a readable and a writable one."""
-        while len(self.stand_ins) <= i:
-            self.stand_ins.append(self.empty((1,)))
-        return self.stand_ins[i]
+        try:
+            return self.stand_ins[i]
+        except IndexError:
+            while len(self.stand_ins) <= i:
+                self.stand_ins.append(self.empty((1,)))
+            return self.stand_ins[i]
 
     def upload(self, x: np.ndarray) -> GpuArray:
         arr = self.empty(x.shape, x.dtype)
