@@ -238,7 +238,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tens
     residual stream with linear(h, w, b, residual=x). One node of the graph, reshapes included: an eager
     forward pays for every Tensor it makes."""
     out_features = _check_linear("linear", x.shape, weight, bias, residual)
-    be, rows, out_shape = x.backend, _rows(x), x.shape[:-1] + (out_features,)
+    be, rows, out_shape = x.backend, _rows(x), x.shape[:-1] + (out_features,)  # rows (N, in)
     res = None if residual is None else be.reshape(residual.data, (rows.shape[0], out_features))  # (N, out)
     y, pre = be.linear_forward(rows, weight.data, _data(bias), res, activation)  # (N, out)
 
@@ -258,7 +258,7 @@ def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tenso
     pass of its own). Weights (out_features, in_features); biases and residual optional."""
     hidden = _check_linear("mlp", x.shape, fc_weight, fc_bias, None)
     out_features = _check_linear("mlp", x.shape[:-1] + (hidden,), proj_weight, proj_bias, residual)
-    be, rows, out_shape = x.backend, _rows(x), x.shape[:-1] + (out_features,)
+    be, rows, out_shape = x.backend, _rows(x), x.shape[:-1] + (out_features,)  # rows (N, in)
     res = None if residual is None else be.reshape(residual.data, (rows.shape[0], out_features))  # (N, out)
     h, pre = be.linear_forward(rows, fc_weight.data, _data(fc_bias), None, "gelu")  # (N, hidden) each
     y, _ = be.linear_forward(h, proj_weight.data, _data(proj_bias), res, None)  # (N, out)
