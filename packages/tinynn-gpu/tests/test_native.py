@@ -54,7 +54,7 @@ def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
     submitter = native.Submitter(calls) if threaded else calls
     out = rt.empty((4,))
     pipe = rt.pipeline(rt.shader(WGSL, "one"), "main")
-    group = rt.bind_group(pipe, [(0, out.buffer)])
+    group = rt.bind_group(pipe, (0,), [out.buffer])
 
     def submit(groups):
         encoder, compute_pass = calls.begin()

@@ -45,6 +45,19 @@ def test_f32_and_u32_fields_pack_differently():
     assert struct.unpack_from("<I", data, 0)[0] == 0x3F800000
 
 
+def test_every_order_of_the_same_names_packs_alike_and_each_call_its_own_values():
+    """pack keeps one picker per order of names: each order must place every value, and a kept picker must
+    take the values of the dict in hand (and still refuse one that does not fit)."""
+    layout = ParamsLayout.parse(WGSL, "test")
+    first = layout.pack({"n": 7, "scale": 0.5, "last": 3})
+    assert layout.pack({"last": 3, "scale": 0.5, "n": 7}) == first
+    assert struct.unpack_from("<If", layout.pack({"n": 8, "scale": 2.5, "last": 3}), 0) == (8, 2.5)
+    with pytest.raises(ValueError, match="'n' \\(u32\\) cannot hold -1"):
+        layout.pack({"n": -1, "scale": 0.5, "last": 3})
+    single = ParamsLayout.parse("struct Params { x: f32 }")
+    assert single.pack({"x": 2.0}) == struct.pack("<f", 2.0) + bytes(12) and single.pack({}) == bytes(16)
+
+
 def test_unknown_field_is_an_error_naming_it():
     layout = ParamsLayout.parse(WGSL, "elementwise")
     with pytest.raises(KeyError, match="elementwise: Params has no field 'rows'"):

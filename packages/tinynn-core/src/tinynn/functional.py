@@ -235,18 +235,20 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tens
     """activation(x @ weight.T + bias) + residual, weight shaped (out_features, in_features) as in PyTorch.
     Bias, activation ("gelu") and residual are each optional and fused into the matmul (one kernel on the
     GPU): a transformer's MLP input layer is linear(x, w, b, activation="gelu"), its output layers add the
-    residual stream with linear(h, w, b, residual=x)."""
+    residual stream with linear(h, w, b, residual=x). One node of the graph, reshapes included: an eager
+    forward pays for every Tensor it makes."""
     out_features = _check_linear("linear", x.shape, weight, bias, residual)
-    rows = reshape(x, (-1, x.shape[-1]))  # (N, in)
-    be = x.backend
+    be, rows, out_shape = x.backend, _rows(x), x.shape[:-1] + (out_features,)  # rows (N, in)
     res = None if residual is None else be.reshape(residual.data, (rows.shape[0], out_features))  # (N, out)
-    y, pre = be.linear_forward(rows.data, weight.data, _data(bias), res, activation)
+    y, pre = be.linear_forward(rows, weight.data, _data(bias), res, activation)  # (N, out)
 
-    def backward(g):  # g (N, out)
-        g_x, g_w, g_b = be.linear_backward(g, rows.data, weight.data, pre, activation, has_bias=bias is not None)
-        return (g_x, g_w) + ((g_b,) if bias is not None else ()) + _residual_grad(be, g, residual)
-    parents = (rows, weight) + ((bias,) if bias is not None else ()) + ((residual,) if residual is not None else ())
-    return _reshaped(_result(y, be, parents, backward), x.shape[:-1] + (out_features,))
+    def backward(g):  # g: the output's shape
+        g = be.reshape(g, y.shape)  # (N, out)
+        g_x, g_w, g_b = be.linear_backward(g, rows, weight.data, pre, activation, has_bias=bias is not None)
+        return (be.reshape(g_x, x.shape), g_w) + ((g_b,) if bias is not None else ()) + \
+            _residual_grad(be, g, residual)
+    parents = (x, weight) + ((bias,) if bias is not None else ()) + ((residual,) if residual is not None else ())
+    return _result(be.reshape(y, out_shape), be, parents, backward)
 
 
 def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tensor, proj_bias: Tensor | None,
@@ -256,28 +258,35 @@ def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tenso
     pass of its own). Weights (out_features, in_features); biases and residual optional."""
     hidden = _check_linear("mlp", x.shape, fc_weight, fc_bias, None)
     out_features = _check_linear("mlp", x.shape[:-1] + (hidden,), proj_weight, proj_bias, residual)
-    rows = reshape(x, (-1, x.shape[-1]))  # (N, in)
-    be = x.backend
+    be, rows, out_shape = x.backend, _rows(x), x.shape[:-1] + (out_features,)  # rows (N, in)
     res = None if residual is None else be.reshape(residual.data, (rows.shape[0], out_features))  # (N, out)
-    h, pre = be.linear_forward(rows.data, fc_weight.data, _data(fc_bias), None, "gelu")  # (N, hidden) each
-    y, _ = be.linear_forward(h, proj_weight.data, _data(proj_bias), res, None)
+    h, pre = be.linear_forward(rows, fc_weight.data, _data(fc_bias), None, "gelu")  # (N, hidden) each
+    y, _ = be.linear_forward(h, proj_weight.data, _data(proj_bias), res, None)  # (N, out)
 
-    def backward(g):  # g (N, out)
+    def backward(g):  # g: the output's shape
+        g = be.reshape(g, y.shape)  # (N, out)
         g_pre, g_w2, g_b2 = be.linear_backward(g, h, proj_weight.data, has_bias=proj_bias is not None,
                                                x_activation="gelu", x_pre=pre)
-        g_x, g_w1, g_b1 = be.linear_backward(g_pre, rows.data, fc_weight.data, has_bias=fc_bias is not None)
-        return tuple(v for v in (g_x, g_w1, g_b1, g_w2, g_b2) if v is not None) + _residual_grad(be, g, residual)
-    parents = tuple(t for t in (rows, fc_weight, fc_bias, proj_weight, proj_bias, residual) if t is not None)
-    return _reshaped(_result(y, be, parents, backward), x.shape[:-1] + (out_features,))
+        g_x, g_w1, g_b1 = be.linear_backward(g_pre, rows, fc_weight.data, has_bias=fc_bias is not None)
+        return tuple(v for v in (be.reshape(g_x, x.shape), g_w1, g_b1, g_w2, g_b2) if v is not None) + \
+            _residual_grad(be, g, residual)
+    parents = tuple(t for t in (x, fc_weight, fc_bias, proj_weight, proj_bias, residual) if t is not None)
+    return _result(be.reshape(y, out_shape), be, parents, backward)
+
+
+def _rows(x: Tensor):
+    """x's data as rows (N, in) for a linear layer; its shape from x's own, so NumPy need not check it."""
+    return x.backend.reshape(x.data, (math.prod(x.shape[:-1]), x.shape[-1]))
 
 
 def _check_linear(name, x_shape, weight, bias, residual) -> int:
     """Refuse operands that do not fit x_shape @ weight.T + bias (+ residual); -> out_features."""
-    out_features = weight.shape[0]
-    if len(x_shape) < 1 or weight.ndim != 2 or x_shape[-1] != weight.shape[1]:
-        raise ValueError(f"{name}: x {x_shape} and weight {weight.shape} do not fit")
+    w_shape = weight.shape
+    out_features = w_shape[0]
+    if len(x_shape) < 1 or len(w_shape) != 2 or x_shape[-1] != w_shape[1]:
+        raise ValueError(f"{name}: x {x_shape} and weight {w_shape} do not fit")
     if bias is not None and bias.shape != (out_features,):
-        raise ValueError(f"{name}: bias {bias.shape} does not fit weight {weight.shape}")
+        raise ValueError(f"{name}: bias {bias.shape} does not fit weight {w_shape}")
     if residual is not None and residual.shape != x_shape[:-1] + (out_features,):
         raise ValueError(f"{name}: residual {residual.shape} is not the output's shape "
                          f"{x_shape[:-1] + (out_features,)}")

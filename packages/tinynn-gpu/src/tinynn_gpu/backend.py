@@ -58,6 +58,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         self.attention = Attention(self.rt)
         self.packing = Packing(self.rt)
         self._constants = {}
+        self._empty = self.rt.empty  # an uninitialised array (shape, dtype=float32): ~2 per eager dispatch
 
     @property
     def counters(self):
@@ -105,9 +106,6 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
 
     def sync(self):
         self.rt.sync()
-
-    def _empty(self, shape, dtype=np.float32):
-        return self.rt.empty(tuple(shape), dtype)
 
     def _fill(self, out, value: float):
         self.rt.dispatch("elementwise", "fill_main", groups(out.size), {2: bindable(out)},
@@ -357,46 +355,41 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
     def _copy(self, src, dst):
         self._scatter(src, dst, 0, src.shape, contiguous_strides(src.shape))
 
-    # --- fused neural-network ops ---
-    def _rows(self, entry, shape, bindings, params, module="softmax"):
-        rows = math.prod(shape[:-1])
-        self.rt.dispatch(module, entry, rows, bindings, params)
-
+    # --- fused neural-network ops (one workgroup per row) ---
     def softmax_forward(self, x, causal=False, scale=1.0):
-        out = self._empty(x.shape)
+        out, rows = self._empty(x.shape), math.prod(x.shape[:-1])
         t_q = x.shape[-2] if causal else 1
-        self._rows("softmax_forward_main", x.shape, {0: bindable(x), 2: out},
-                   {"rows": math.prod(x.shape[:-1]), "len": x.shape[-1], "causal": int(causal), "t_q": t_q,
-                    "scale": float(scale)})
+        self.rt.dispatch("softmax", "softmax_forward_main", rows, {0: bindable(x), 2: out},
+                         {"rows": rows, "len": x.shape[-1], "causal": int(causal), "t_q": t_q, "scale": float(scale)})
         return out
 
     def softmax_backward(self, y, g, scale=1.0):
-        out = self._empty(y.shape)
-        self._rows("softmax_backward_main", y.shape, {0: bindable(y), 1: bindable(g), 2: out},
-                   {"rows": math.prod(y.shape[:-1]), "len": y.shape[-1], "scale": float(scale)})
+        out, rows = self._empty(y.shape), math.prod(y.shape[:-1])
+        self.rt.dispatch("softmax", "softmax_backward_main", rows, {0: bindable(y), 1: bindable(g), 2: out},
+                         {"rows": rows, "len": y.shape[-1], "scale": float(scale)})
         return out
 
     def log_softmax_forward(self, x):
-        out = self._empty(x.shape)
-        self._rows("log_softmax_forward_main", x.shape, {0: bindable(x), 2: out},
-                   {"rows": math.prod(x.shape[:-1]), "len": x.shape[-1]})
+        out, rows = self._empty(x.shape), math.prod(x.shape[:-1])
+        self.rt.dispatch("softmax", "log_softmax_forward_main", rows, {0: bindable(x), 2: out},
+                         {"rows": rows, "len": x.shape[-1]})
         return out
 
     def log_softmax_backward(self, y, g):
-        out = self._empty(y.shape)
-        self._rows("log_softmax_backward_main", y.shape, {0: bindable(y), 1: bindable(g), 2: out},
-                   {"rows": math.prod(y.shape[:-1]), "len": y.shape[-1]})
+        out, rows = self._empty(y.shape), math.prod(y.shape[:-1])
+        self.rt.dispatch("softmax", "log_softmax_backward_main", rows, {0: bindable(y), 1: bindable(g), 2: out},
+                         {"rows": rows, "len": y.shape[-1]})
         return out
 
     def layernorm_forward(self, x, weight, bias, eps):
-        c = x.shape[-1]
-        rows = math.prod(x.shape[:-1])
-        y, mean, rstd = self._empty(x.shape), self._empty(x.shape[:-1]), self._empty(x.shape[:-1])
+        c, lead = x.shape[-1], x.shape[:-1]
+        rows = math.prod(lead)
+        y, mean, rstd = self._empty(x.shape), self._empty(lead), self._empty(lead)
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
-        self._rows("layernorm_forward_main", x.shape,
-                   {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd},
-                   {"rows": rows, "cols": c, "eps": eps}, module="layernorm")
+        self.rt.dispatch("layernorm", "layernorm_forward_main", rows,
+                         {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd},
+                         {"rows": rows, "cols": c, "eps": eps})
         return y, mean, rstd
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):

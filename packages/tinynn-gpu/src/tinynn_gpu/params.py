@@ -9,12 +9,15 @@ struct lacks is an error. Fields are u32, i32 or f32 scalars, or `array<vec4<T>,
 shape or stride list; a shorter list is padded with 0). WGSL's uniform layout: scalars take 4 bytes at
 4-byte alignment, arrays of vec4 16-byte aligned, the struct rounded up to 16 bytes.
 
-Packing runs on every eager dispatch, so the layout is compiled to one `struct.Struct` and a list of
-default values; `pack` fills the list in (a scalar by one index look-up, an array through `_put_array`)
-and packs it in one call.
+Packing runs on every eager dispatch, so the layout is compiled to one `struct.Struct` and its default
+values. A call site passes the same names in the same order every time, so for each such order of scalar
+fields `pack` keeps an `itemgetter` that picks the struct's values from the dict's values followed by the
+defaults: the values go in without a Python loop. A dict with an array field (a shape, say) is filled in
+by a loop (`_fill`).
 """
 from __future__ import annotations
 
+import operator
 import re
 import struct
 
@@ -26,7 +29,7 @@ _COMMENT = re.compile(r"//[^\n]*")
 
 class ParamsLayout:
     """The byte layout of one WGSL `struct Params`: `pack(dict) -> bytes`."""
-    __slots__ = ("label", "fields", "size", "_struct", "_defaults", "_scalars", "_arrays")
+    __slots__ = ("label", "fields", "size", "_struct", "_defaults", "_scalars", "_arrays", "_picks")
 
     def __init__(self, label: str, fields: list[tuple[str, str, int]]):
         """fields: (name, WGSL scalar type, count) in declaration order; count 1 for a scalar, 4N for an
@@ -53,7 +56,8 @@ class ParamsLayout:
         self.size = max(16, -(-offset // 16) * 16)
         fmt += f"{self.size - offset}x" if self.size > offset else ""
         self._struct = struct.Struct(fmt)
-        self._defaults = defaults
+        self._defaults = tuple(defaults)
+        self._picks = {}  # the names of a dict, in its order -> `_pick`'s answer
 
     @classmethod
     def parse(cls, wgsl: str, label: str = "kernel") -> ParamsLayout | None:
@@ -75,27 +79,49 @@ class ParamsLayout:
         return cls(label, fields)
 
     def pack(self, values: dict) -> bytes:
-        flat = self._defaults.copy()
-        scalars = self._scalars
-        for name, value in values.items():
-            i = scalars.get(name)
-            if i is None:
-                self._put_array(flat, name, value)
-            else:
-                flat[i] = value
+        names = tuple(values)
+        pick = self._picks.get(names)
+        if pick is None:
+            pick = self._picks[names] = self._pick(names)
         try:
-            return self._struct.pack(*flat)
+            if pick is _FILL:
+                return self._struct.pack(*self._fill(values))
+            return self._struct.pack(*pick(tuple(values.values()) + self._defaults))
         except struct.error:
             raise ValueError(self._explain(values)) from None
 
-    def _put_array(self, flat: list, name: str, value) -> None:
+    def _pick(self, names: tuple):
+        """The struct's values, in order, from a dict with these names (all scalar fields): an itemgetter
+        over its values followed by the defaults. _FILL where a name is an array field."""
+        for name in names:
+            if name not in self._scalars:
+                self._array(name)  # refuses an unknown name
+                return _FILL
+        given = {self._scalars[name]: i for i, name in enumerate(names)}  # index in the defaults -> in names
+        indices = [given.get(j, len(names) + j) for j in range(len(self._defaults))]
+        if len(indices) == 1:  # an itemgetter of one index gives the value, not a tuple of it
+            return lambda source: (source[indices[0]],)
+        return operator.itemgetter(*indices)
+
+    def _fill(self, values: dict) -> list:
+        flat = list(self._defaults)
+        for name, value in values.items():
+            i = self._scalars.get(name)
+            if i is None:
+                i, count = self._array(name)
+                if len(value) > count:
+                    raise ValueError(f"{self.label}: Params field {name!r} holds {count} values, got {len(value)}")
+                flat[i:i + len(value)] = value
+            else:
+                flat[i] = value
+        return flat
+
+    def _array(self, name: str) -> tuple[int, int]:
+        """An array field's (index in the defaults, count)."""
         slot = self._arrays.get(name)
         if slot is None:
             raise KeyError(f"{self.label}: Params has no field {name!r} (fields: {', '.join(self.fields)})")
-        i, count = slot
-        if len(value) > count:
-            raise ValueError(f"{self.label}: Params field {name!r} holds {count} values, got {len(value)}")
-        flat[i:i + len(value)] = value
+        return slot
 
     def _explain(self, values: dict) -> str:
         """Which value does not fit its field (only on the error path: pack itself checks nothing)."""
@@ -107,3 +133,6 @@ class ParamsLayout:
                 except struct.error as e:
                     return f"{self.label}: Params field {name!r} ({kind}) cannot hold {v!r}: {e}"
         return f"{self.label}: cannot pack {values}"
+
+
+_FILL = object()  # `_pick`'s answer for names that include an array field

@@ -27,13 +27,15 @@ class TooLarge(Exception):
 
 
 class GpuArray:
-    """An array in a GPU buffer; or, when it is too large to bind, on the host (`buffer` None, `host` set)."""
+    """An array in a GPU buffer; or, when it is too large to bind, on the host (`buffer` None, `host` set).
+    Made with its shape a tuple of Python ints and its dtype a np.dtype (`as_shape`, `np.dtype`): the pool
+    makes ~2 arrays per eager dispatch from shapes it has converted once (`BufferPool.kinds`)."""
     __slots__ = ("buffer", "shape", "dtype", "_owner", "host", "__weakref__")
 
-    def __init__(self, buffer, shape, dtype, owner=None, host=None):
+    def __init__(self, buffer, shape: tuple, dtype: np.dtype, owner=None, host=None):
         self.buffer = buffer
-        self.shape = as_shape(shape)
-        self.dtype = np.dtype(dtype)
+        self.shape = shape
+        self.dtype = dtype
         self._owner = owner  # a _Lease that returns the buffer to the pool when the last array goes
         self.host = host
 
@@ -53,7 +55,7 @@ class GpuArray:
         if self.host is not None:
             host = self.host.reshape(shape)
             return GpuArray(None, host.shape, self.dtype, host=host)
-        return GpuArray(self.buffer, shape, self.dtype, self._owner)
+        return GpuArray(self.buffer, as_shape(shape), self.dtype, self._owner)
 
     def __repr__(self):
         return f"GpuArray(shape={self.shape}, dtype={self.dtype})"

@@ -75,7 +75,7 @@ class Runtime(Replaying, BufferPool):
         self.kernels = {}  # kernel file name -> Shader
         self.entry_points = {}  # (kernel file name or Shader, entry point) -> (Shader, pipeline): one look-up
         self.uniforms = {}  # bytes -> uniform buffer
-        self.bind_groups = {}  # (pipeline, (slot, buffer), ...) -> bind group
+        self.bind_groups = {}  # (pipeline, slots, buffer, ...) -> bind group
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
         self.encoder = None
         self.compute_pass = None
@@ -121,7 +121,7 @@ class Runtime(Replaying, BufferPool):
         for buffer in self.staging.values():
             buffer.destroy()
         self.staging.clear()
-        for key in [k for k in self.bind_groups if any(buf in dead for _, buf in k[1:])]:
+        for key in [k for k in self.bind_groups if any(buf in dead for buf in k[2:])]:
             del self.bind_groups[key]  # they name destroyed buffers
 
     def copy(self, arr: GpuArray) -> GpuArray:
@@ -140,9 +140,12 @@ class Runtime(Replaying, BufferPool):
         """The i-th one-element array bound where a kernel's optional array is absent (the kernel never
         touches it then). A dispatch's slots take different i: one buffer may not fill two writable
         bindings of a dispatch, nor a readable and a writable one."""
-        while len(self.stand_ins) <= i:
-            self.stand_ins.append(self.empty((1,)))
-        return self.stand_ins[i]
+        try:
+            return self.stand_ins[i]
+        except IndexError:
+            while len(self.stand_ins) <= i:
+                self.stand_ins.append(self.empty((1,)))
+            return self.stand_ins[i]
 
     def upload(self, x: np.ndarray) -> GpuArray:
         arr = self.empty(x.shape, x.dtype)
@@ -279,15 +282,16 @@ class Runtime(Replaying, BufferPool):
             _trim(self.uniforms)
         return buf
 
-    def bind_group(self, pipeline, slots):
-        """The bind group of these (binding slot, buffer) pairs.
-        Keyed by the objects, in the caller's order: no sorting, and a key keeps its buffers alive (a call
-        site passes its slots in one order; another order costs one more bind group, once)."""
-        key = (pipeline, *slots)
+    def bind_group(self, pipeline, slots: tuple, buffers: list):
+        """The bind group of buffers[i] at binding slot slots[i].
+        Keyed by the objects, in the caller's order: no sorting, no pair per slot, and a key keeps its
+        buffers alive (a call site passes its slots in one order; another order costs one more bind group,
+        once)."""
+        key = (pipeline, slots, *buffers)
         group = self.bind_groups.get(key)
         if group is None:
             entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-                       for slot, buf in slots]
+                       for slot, buf in zip(slots, buffers)]
             group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
             self.bind_groups[key] = group
             self.counters["bind_groups_created"] += 1
@@ -309,12 +313,15 @@ class Runtime(Replaying, BufferPool):
             shader = module if isinstance(module, Shader) else self.kernel(module)
             found = self.entry_points[(module, entry)] = (shader, self.pipeline(shader, entry))
         shader, pipe = found
-        slots = [(slot, v.buffer if v.__class__ is GpuArray else v) for slot, v in bindings.items()]
+        buffers = [v.buffer if v.__class__ is GpuArray else v for v in bindings.values()]
         if shader.params is not None:
-            slots.append((3, self.uniform(shader.params.pack(params or {}))))
+            buffers.append(self.uniform(shader.params.pack(params or {})))
+            slots = (*bindings, 3)
         elif params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
-        group = self.bind_group(pipe, slots)
+        else:
+            slots = tuple(bindings)
+        group = self.bind_group(pipe, slots, buffers)
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, groups))
             for value in bindings.values():
@@ -388,7 +395,7 @@ class Runtime(Replaying, BufferPool):
                                              usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
         self._end_pass()
         self._encoder().resolve_query_set(self._profile["queries"], 0, 2 * len(labels), resolved, 0)
-        stamps = self.read(GpuArray(resolved, (2 * len(labels),), np.uint64))  # nanoseconds
+        stamps = self.read(GpuArray(resolved, (2 * len(labels),), np.dtype(np.uint64)))  # nanoseconds
         for label, start, end in zip(labels, stamps[0::2], stamps[1::2]):
             self._profile["times"][label] += float(end - start)
             self._profile["calls"][label] += 1
