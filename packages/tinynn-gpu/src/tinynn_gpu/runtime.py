@@ -374,7 +374,7 @@ class Runtime(Replaying, BufferPool):
         self._end_pass()
         resolved = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
         self._encoder().resolve_query_set(queries, 0, 2, resolved, 0)
-        start, end = self.read(GpuArray(resolved, (2,), np.uint64))  # nanoseconds
+        start, end = self.read(GpuArray(resolved, (2,), np.dtype(np.uint64)))  # nanoseconds
         return float(end - start) / 1e6 / reps
 
     def _begin_timed_pass(self, label):
