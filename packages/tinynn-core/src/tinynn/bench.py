@@ -110,9 +110,10 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
             "submissions_per_step": per_step.get("submissions"),
             "host_us_per_replayed_dispatch": 1e3 * host_ms / dispatches if dispatches else None,
             # a backend that submits from a worker thread (the GPU's replay): that thread's busy time, which
-            # overlaps the calling thread's (host_ms_per_step counts only the caller)
+            # overlaps the calling thread's (host_ms_per_step counts only the caller); None when no thread
+            # worked in these steps (its counter outlives a thread that was closed)
             "submit_thread_us_per_dispatch": per_step["submit_thread_us"] / dispatches
-            if dispatches and "submit_thread_us" in per_step else None,
+            if dispatches and per_step.get("submit_thread_us") else None,
             "host_us_per_eager_dispatch": eager_dispatch_us(backend, train_step.model, x) if backend.is_gpu else None,
             "peak_memory_bytes": backend.memory_stats()["peak_bytes"], "fallbacks": dict(backend.fallbacks),
             "config": {k: getattr(cfg, k) for k in LESSON}}
