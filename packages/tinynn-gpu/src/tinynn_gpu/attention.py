@@ -17,7 +17,7 @@ import os
 from typing import NamedTuple
 
 from tinynn.errors import TinynnError
-from tinynn_gpu.context import kernel_source
+from tinynn_gpu.context import kernel_file, kernel_source
 from tinynn_gpu.group_sum import uses_subgroups
 
 # fastest first, as timed on an H200 (experiments/attention_tiles.py): 8x4 beat 16x4, 16x2, 8x8 and 32x2 by
@@ -145,7 +145,8 @@ def tiled_source(head_size: int, tile: Tile) -> str:
         values += [f"            o_{i}_{q} = o_{i}_{q} + p{u}.{XYZW[i]} * v{q}_{u};"
                    for i in range(4) for q in range(nq)]
     text = kernel_source("attention_tiled", {
-        "HS4": hs4, "ROWS": tile.rows, "KEYS": tile.keys, "SN": sn, "KV_STRIDE": tile.columns(head_size) + 1,
+        "HEAD": kernel_file("attention_head"), "HS4": hs4, "ROWS": tile.rows, "KEYS": tile.keys, "SN": sn,
+        "KV_STRIDE": tile.columns(head_size) + 1,
         "SCORE_STEP": score_step, "SCORES": "\n".join(scores), "VALUE_STEP": value_step,
         "VALUES": "\n".join(values),
         "ROW_MAXIMA": ", ".join(_max([f"s_{i}_{j}" for j in range(sn)]) for i in range(4)),
@@ -175,8 +176,8 @@ def source(head_size: int, rows: int, splits: int, lanes: int) -> str:
     if rows * splits * lanes > THREADS:
         raise TinynnError(f"attention layout {rows}x{splits} with {lanes} lanes exceeds {THREADS} threads")
     hs4 = head_size // 4
-    text = kernel_source("attention", {"HS4": hs4, "ROWS": rows, "SPLITS": splits, "LANES": lanes,
-                                       "LANE_SUM": lane_sum_body(lanes)})
+    text = kernel_source("attention", {"HEAD": kernel_file("attention_head"), "HS4": hs4, "ROWS": rows,
+                                       "SPLITS": splits, "LANES": lanes, "LANE_SUM": lane_sum_body(lanes)})
     return unroll(text, {"$n": hs4 // lanes})
 
 

@@ -50,7 +50,8 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 64, 32, 8, 4, splits=4, vec4=True),
     BlockConfig(32, 64, 32, 4, 4, splits=4, vec4=True, double=True),
 )
-CACHE_VERSION = 4  # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32
+# 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32
+CACHE_VERSION = 4
 
 
 def lesson_source(tile: int) -> str:

@@ -67,15 +67,7 @@ fn role(lid: u32) -> Role {
     return Role((lid / LANES) % ROWS, lane, split, split * LANES + lane);
 }
 
-// Where one (batch, head) starts, in vec4s: its q in qkv, its row in y / g (B, T, C).
-struct Head { bh: u32, qkv: u32, yg: u32 }
-
-fn head(bh: u32) -> Head {
-    let nh = params.n_head;
-    let b = bh / nh;
-    let h = bh % nh;
-    return Head(bh, b * params.seq * 3u * nh * HS4 + h * HS4, b * params.seq * nh * HS4 + h * HS4);
-}
+{{HEAD}}
 
 fn qkv_row(hd: Head, t: u32, part: u32) -> u32 {  // part 0 q, 1 k, 2 v
     return hd.qkv + t * 3u * params.n_head * HS4 + part * params.n_head * HS4;

@@ -48,15 +48,7 @@ var<workgroup> kv_tile: array<array<vec4<f32>, KV_STRIDE>, KEYS>;  // the keys, 
 var<workgroup> p_tile: array<array<vec4<f32>, P_STRIDE>, KEYS>;  // [key][ty]: P of rows 4ty..4ty+3
 var<workgroup> row_part: array<array<vec4<f32>, TY>, TX>;  // [tx][ty]: a thread's row maxima, then sums
 
-// Where one (batch, head) starts, in vec4s: its q in qkv, its row in y (B, T, C).
-struct Head { bh: u32, qkv: u32, y: u32 }
-
-fn head(bh: u32) -> Head {
-    let nh = params.n_head;
-    let b = bh / nh;
-    let h = bh % nh;
-    return Head(bh, b * params.seq * 3u * nh * HS4 + h * HS4, b * params.seq * nh * HS4 + h * HS4);
-}
+{{HEAD}}
 
 // Vec4 c of row t's part (0 q, 1 k, 2 v); zeros past the sequence.
 fn qkv_at(hd: Head, t: u32, part: u32, c: u32) -> vec4<f32> {
@@ -120,7 +112,7 @@ fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     for (var t = 0u; t < TX; t = t + 1u) { total = total + row_part[t][ty]; }
     let out_row_$i = q0 + 4u * ty + $iu;
     let out_col_$q = tx + $qu * TX;
-    let out_at_$i = hd.y + out_row_$i * params.n_head * HS4;
+    let out_at_$i = hd.yg + out_row_$i * params.n_head * HS4;
     if (out_row_$i < params.seq && out_col_$q < HS4) { out[out_at_$i + out_col_$q] = o_$i_$q / total[$i]; }
     if (out_row_$i < params.seq && tx == 0u) { lse[hd.bh * params.seq + out_row_$i] = m[$i] + log(total[$i]); }
 }

@@ -5,19 +5,19 @@
 // TM x TN results in registers as TM*TN/4 vec4 accumulators. The generator writes every accumulator as
 // its own variable and unrolls the BK loop: naga does not unroll loops, and an accumulator array indexed
 // in a loop would live in slow local memory instead of registers.
-// Per BK step the block's A (BM x BK) and B (BK x BN) tiles go through workgroup memory as vec4s, so the
-// inner product reads 4 values per load. The tiles are nested arrays indexed [buffer][k][column], not flat
-// ones: naga clamps every dynamic index (wgpu's bounds checks), and a clamped flat index is a new
-// address per load, while here k is a constant and a thread's column is the same every step, so its
-// clamp is made once and each load is a constant offset from one address (H200, steady clock: 2-9% faster
-// on the lesson model's shapes, the same at 4096^2). A thread's rows and columns are interleaved with its
-// neighbours' (4-wide groups THREADS_M or THREADS_N apart) so a warp reads consecutive vec4s: no bank
-// conflicts; each tile row (one k) is padded by a vec4, so that threads storing neighbouring k (an operand
-// stored with k contiguous) hit different banks too. Double-buffered variants (BUFFERS = 2) keep two tiles:
-// the next step's global loads go into registers before this step's products and into the other buffer
-// after them, so their latency hides behind the arithmetic, with one barrier per step. Edges: out-of-range loads read 0 and out-of-range stores are skipped; no thread leaves
-// before a barrier. Workgroups are visited GROUP block-rows at a time so that the A and B panels being
-// read stay in L2 (the raster order would stream all of B once per block-row).
+// Per BK step the block's A (BM x BK) and B (BK x BN) tiles go through workgroup memory as vec4s, so the inner
+// product reads 4 values per load. The tiles are nested arrays indexed [buffer][k][column], not flat ones:
+// naga clamps every dynamic index (wgpu's bounds checks), and a clamped flat index is a new address per load,
+// while here k is a constant and a thread's column is the same every step, so its clamp is made once and each
+// load is a constant offset from one address (H200, steady clock: 2-9% faster on the lesson model's shapes,
+// the same at 4096^2). A thread's rows and columns are interleaved with its neighbours' (4-wide groups
+// THREADS_M or THREADS_N apart) so a warp reads consecutive vec4s: no bank conflicts; each tile row (one k) is
+// padded by a vec4, so that threads storing neighbouring k (an operand stored with k contiguous) hit different
+// banks too. Double-buffered variants (BUFFERS = 2) keep two tiles: the next step's global loads go into
+// registers before this step's products and into the other buffer after them, so their latency hides behind
+// the arithmetic, with one barrier per step. Edges: out-of-range loads read 0 and out-of-range stores are
+// skipped; no thread leaves before a barrier. Workgroups are visited GROUP block-rows at a time so that the A
+// and B panels being read stay in L2 (the raster order would stream all of B once per block-row).
 // Grids above 65535 workgroups in y or z are launched as several dispatches; y_offset and z_offset say
 // where this one starts.
 //
