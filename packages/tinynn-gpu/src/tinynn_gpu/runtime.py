@@ -371,10 +371,7 @@ class Runtime(Replaying, BufferPool):
             "query_set": queries, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
         for _ in range(reps):
             fn()
-        self._end_pass()
-        resolved = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-        self._encoder().resolve_query_set(queries, 0, 2, resolved, 0)
-        start, end = self.read(GpuArray(resolved, (2,), np.dtype(np.uint64)))  # nanoseconds
+        start, end = self._timestamps(queries, 2)
         return float(end - start) / 1e6 / reps
 
     def _begin_timed_pass(self, label):
@@ -391,15 +388,20 @@ class Runtime(Replaying, BufferPool):
         labels = self._profile["labels"]
         if not labels:
             return
-        resolved = self.device.create_buffer(size=16 * len(labels),
-                                             usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
-        self._end_pass()
-        self._encoder().resolve_query_set(self._profile["queries"], 0, 2 * len(labels), resolved, 0)
-        stamps = self.read(GpuArray(resolved, (2 * len(labels),), np.dtype(np.uint64)))  # nanoseconds
+        stamps = self._timestamps(self._profile["queries"], 2 * len(labels))
         for label, start, end in zip(labels, stamps[0::2], stamps[1::2]):
             self._profile["times"][label] += float(end - start)
             self._profile["calls"][label] += 1
         labels.clear()
+
+    def _timestamps(self, queries, count: int) -> np.ndarray:
+        """The first `count` timestamps of a query set, in nanoseconds, after the open pass ends (a read-back:
+        the host waits for the GPU)."""
+        resolved = self.device.create_buffer(size=8 * count,
+                                             usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        self._end_pass()
+        self._encoder().resolve_query_set(queries, 0, count, resolved, 0)
+        return self.read(GpuArray(resolved, (count,), np.dtype(np.uint64)))
 
     def _drain(self) -> None:
         """Wait until the submit thread has submitted what a replay handed to it; raises what that raised."""
