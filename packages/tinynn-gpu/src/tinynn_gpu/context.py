@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from tinynn.backends import BackendUnavailable
+from tinynn_gpu import unchecked
 
 # the limits we need above WebGPU's defaults (256 MiB buffers, 128 MiB storage bindings, 8 storage buffers)
 WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
@@ -36,6 +37,14 @@ class GpuContext:
     features: set
     modules: dict = field(default_factory=dict)  # kernel file name -> GPUShaderModule
     sources: dict = field(default_factory=dict)  # kernel file name -> its WGSL (as compiled)
+    unchecked: object = None  # unchecked.probe's compile(label, code), when it works here
+    checks_reason: str = ""  # why modules keep wgpu's runtime checks
+
+    def compile(self, label: str, code: str):
+        """A shader module of this WGSL: without wgpu's runtime checks where unchecked.py found that works."""
+        if self.unchecked is not None:
+            return self.unchecked(label, code)
+        return self.device.create_shader_module(label=label, code=code)
 
     @property
     def name(self) -> str:
@@ -50,7 +59,8 @@ class GpuContext:
                 "graphics_backend": self.info.get("backend_type"),
                 "max_storage_binding_bytes": self.limits["max-storage-buffer-binding-size"],
                 "max_storage_buffers_per_stage": self.limits.get("max-storage-buffers-per-shader-stage"),
-                "timestamp_query": "timestamp-query" in self.features}
+                "timestamp_query": "timestamp-query" in self.features,
+                "shader_runtime_checks": f"on ({self.checks_reason})" if self.unchecked is None else "off"}
 
 
 def is_software(info: dict) -> bool:
@@ -118,10 +128,11 @@ def create() -> GpuContext:
     if storage < STORAGE_BUFFERS_NEEDED:  # refused here, not as a failed pipeline in the middle of a step
         raise BackendUnavailable(f"{ctx.name} binds {storage} storage buffers per shader stage; tinynn's kernels "
                                  f"need {STORAGE_BUFFERS_NEEDED}")
+    ctx.unchecked, ctx.checks_reason = unchecked.probe(device)
     for name in KERNEL_FILES:
         try:
             ctx.sources[name] = kernel_source(name)
-            ctx.modules[name] = device.create_shader_module(label=name, code=ctx.sources[name])
+            ctx.modules[name] = ctx.compile(name, ctx.sources[name])
         except Exception as e:
             raise BackendUnavailable(f"kernel {name}.wgsl failed to compile on {ctx.name}: {e}") from None
     return ctx

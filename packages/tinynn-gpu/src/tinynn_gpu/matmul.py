@@ -96,7 +96,8 @@ class MatmulSelector:
         self.candidates = [f"blocked {c.name}" for c in BLOCK_CONFIGS]  # what tuning tries: never a lesson tile
         self._built = {}
         self.choices: dict[str, str] = {}  # exact shape key -> variant name
-        self.cache_key = f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}"
+        checks = "unchecked" if runtime.ctx.unchecked else "checked"  # the checks change what is fastest
+        self.cache_key = f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}|{checks}"
         self.cache_path = Path(os.environ.get("TINYNN_CACHE_DIR") or Path.home() / ".cache" / "tinynn") / \
             "matmul-autotune.json"
         if self.autotune:

@@ -254,7 +254,7 @@ class Runtime(Replaying, BufferPool):
         key = hashlib.sha256(code.encode()).hexdigest()
         shader = self.shaders.get(key)
         if shader is None:
-            module = module or self.device.create_shader_module(label=label, code=code)
+            module = module or self.ctx.compile(label, code)
             shader = self.shaders[key] = Shader(module, ParamsLayout.parse(code, label), key, label)
         return shader
 
