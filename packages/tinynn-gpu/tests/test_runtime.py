@@ -107,6 +107,28 @@ def test_a_read_into_an_array_of_another_shape_or_dtype_is_refused(gpu):
     assert gpu.rt.read(arr, out=out) is out and out.ravel().tolist() == list(range(6))
 
 
+@pytest.mark.parametrize("wait", ["polling loop", "blocking poll", "wgpu-py map_sync"])
+def test_a_read_back_returns_what_the_last_dispatch_wrote_however_it_waits(gpu, wait, monkeypatch):
+    """The read-back waits for the work submitted before it: a polling loop (hardware adapters), one blocking
+    poll (software ones), or wgpu-py's map_sync (without the direct calls). Reads of several sizes and offsets,
+    each right behind the dispatch that writes it."""
+    rt = gpu.rt
+    calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
+    monkeypatch.setattr(rt, "spin_reads", wait == "polling loop")
+    if wait == "wgpu-py map_sync":
+        rt.use_native(None, "switched off by the test")
+    try:
+        for n in (1, 3, 1000, 70_000):
+            x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+            doubled = gpu.binary("add", gpu.from_numpy(x), gpu.from_numpy(x))
+            np.testing.assert_array_equal(gpu.to_numpy(doubled), 2 * x)
+            part = np.empty(min(n, 5), np.float32)
+            rt.read(doubled, out=part, start=n - part.size)
+            np.testing.assert_array_equal(part, 2 * x[n - part.size:])
+    finally:
+        rt.use_native(calls, reason, threaded)
+
+
 def test_staged_writes_land_in_order_with_the_dispatches_around_them_in_one_queue_write(gpu):
     rt = gpu.rt
     rt.flush()

@@ -90,6 +90,9 @@ class Runtime(Replaying, BufferPool):
         self.stand_ins = []  # `stand_in`'s arrays
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
         self.native, self.native_reason, self.submitter = None, "", None
+        # a read-back waits by polling the device in a loop (native.NativeCalls.read) on a hardware adapter with
+        # cores to spare; a software adapter's work runs on the CPU that loop would take
+        self.spin_reads = not ctx.is_software and (os.cpu_count() or 1) >= SUBMIT_THREAD_CPUS
         self.use_native(*native.probe(self.device))
 
     def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
@@ -231,12 +234,17 @@ class Runtime(Replaying, BufferPool):
         self._encoder().copy_buffer_to_buffer(arr.buffer, start * arr.dtype.itemsize, staging, 0, flags_at)
         self._encoder().copy_buffer_to_buffer(self.error_flags, 0, staging, flags_at, 4)
         self.flush()
-        staging.map_sync(wgpu.MapMode.READ, 0, flags_at + 4)
-        mapped = staging.read_mapped(0, flags_at + 4, copy=False)  # copied once, below, before unmap
+        if self.native is not None:
+            mapped = np.empty(flags_at + 4, np.uint8)
+            self.native.read(staging._internal, mapped, self.spin_reads)
+        else:
+            staging.map_sync(wgpu.MapMode.READ, 0, flags_at + 4)
+            mapped = staging.read_mapped(0, flags_at + 4, copy=False)  # copied once, below, before unmap
         flags = int.from_bytes(mapped[flags_at:], "little")
         out[...] = np.frombuffer(mapped, dtype=arr.dtype, count=out.size).reshape(out.shape)
-        del mapped
-        staging.unmap()
+        if self.native is None:
+            del mapped
+            staging.unmap()
         self.counters["host_syncs"] += 1
         if flags:
             self.queue.write_buffer(self.error_flags, 0, bytes(4))  # raised once
