@@ -3,9 +3,7 @@ it (the loss read back after every step, like a logging loop) against the same s
 every `--every` steps (the GPU then has the next step queued while it works), and the round trip of a
 4-byte read-back with nothing queued.
 
-    python packages/tinynn-gpu/experiments/step_bubble.py apps/bench/lesson.json [--steps 40] [--every 10] [--no-spin]
-
---no-spin: read-backs wait in one blocking poll instead of polling in a loop (Runtime.spin_reads).
+    python packages/tinynn-gpu/experiments/step_bubble.py apps/bench/lesson.json [--steps 40] [--every 10]
 """
 import argparse
 import statistics
@@ -20,12 +18,8 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--no-spin", action="store_true")
     args = parser.parse_args()
     gpu = backends.select("gpu")
-    if args.no_spin:
-        gpu.rt.spin_reads = False
-    print("reads:", "spin" if getattr(gpu.rt, "spin_reads", False) else "block/wgpu-py", flush=True)
     for path in args.configs:
         cfg = config.load(path)
         train_step, x = bench.lesson_step(gpu, cfg)

@@ -11,7 +11,8 @@ and submits only when it must, the read-backs, and the replay of captured steps.
   submit thread (native.Submitter) when it returns: every later use of the queue waits for them (`_drain`).
 - Small writes are staged: one queue write per submission, the copies in order with the dispatches.
 - The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
-  is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it.
+  is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it. With
+  the direct calls the map waits in this thread (native.NativeCalls.read), not through wgpu-py's poll thread.
 """
 from __future__ import annotations
 
@@ -90,9 +91,6 @@ class Runtime(Replaying, BufferPool):
         self.stand_ins = []  # `stand_in`'s arrays
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
         self.native, self.native_reason, self.submitter = None, "", None
-        # a read-back waits by polling the device in a loop (native.NativeCalls.read) on a hardware adapter with
-        # cores to spare; a software adapter's work runs on the CPU that loop would take
-        self.spin_reads = not ctx.is_software and (os.cpu_count() or 1) >= SUBMIT_THREAD_CPUS
         self.use_native(*native.probe(self.device))
 
     def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
@@ -236,7 +234,7 @@ class Runtime(Replaying, BufferPool):
         self.flush()
         if self.native is not None:
             mapped = np.empty(flags_at + 4, np.uint8)
-            self.native.read(staging._internal, mapped, self.spin_reads)
+            self.native.read(staging._internal, mapped)
         else:
             staging.map_sync(wgpu.MapMode.READ, 0, flags_at + 4)
             mapped = staging.read_mapped(0, flags_at + 4, copy=False)  # copied once, below, before unmap
