@@ -6,8 +6,13 @@ its isolated times are kept), then coordinate descent over the step's matmul sha
 candidate, timing the whole replayed step (recaptured per choice set; the median of per-step wall times,
 one host sync per step as `tinynn bench`), from the autotune's choices and from `default_variant`. Each trial
 also times a replay of the step's matmul dispatches alone (the tape filtered to them), a cheaper proxy.
-Then the sets found against the autotune's and the untuned ones, alternating A/B/A/B. Prints one line per
-key and writes everything as JSON.
+Then the sets found against the autotune's (which since MatmulSelector.tune_in_step are ranked inside the
+step's matmul sequence), the isolated winners (its choices before that) and the untuned ones, alternating
+A/B/A/B. Prints one line per key and writes everything as JSON. --budget 0: no descent, the A/B alone.
+
+H200, lesson and mid (before tune_in_step; BENCHMARKS.md): per-trial step times move by +-0.1 ms, more than
+one shape's choice is worth, and the descent's picks ended 0.25 ms slower than the autotune's; the step's
+matmul dispatches replayed alone ranked the four choice sets as the step did.
 
     python packages/tinynn-gpu/experiments/step_tune.py apps/bench/lesson.json [apps/bench/mid.json]
         [--budget 60,60] [--steps 15] [--out step_tune.json]
@@ -45,6 +50,16 @@ class StepTrials:
             times = self.isolated[key] = tune_alone(args)
             return min(times, key=times.get)
         self.mm._tune = tune
+        self.isolated_choices, self.in_step_seconds = None, []  # the choices before tune_in_step; its time
+        tune_in_step = self.mm.tune_in_step
+
+        def ranked_in_step():
+            if self.isolated_choices is None:
+                self.isolated_choices = dict(self.mm.choices)
+            t0 = time.perf_counter()
+            tune_in_step()
+            self.in_step_seconds.append(time.perf_counter() - t0)
+        self.mm.tune_in_step = ranked_in_step
         self.trials = 0
 
     def call(self):
@@ -155,12 +170,14 @@ def run_config(gpu, path, budget, steps, log) -> dict:
     trials.warm(1.0)
     noise = [trials.step_ms(tuned, steps) for _ in range(4)]
     log(f"   autotuned step, 4 trials: {', '.join(f'{v:.3f}' for v in noise)} ms")
-    t0 = time.perf_counter()
-    deadline = t0 + budget * 0.6
-    from_tuned = descend(trials, tuned, keys, steps, deadline, "from autotune", log)
-    from_default = descend(trials, untuned, keys, steps, t0 + budget, "from default", log)
-    sets = {"autotune": tuned, "default": untuned, "best from autotune": from_tuned["choices"],
-            "best from default": from_default["choices"]}
+    log(f"   tune_in_step took {', '.join(f'{s:.2f}' for s in trials.in_step_seconds)} s")
+    sets = {"autotune": tuned, "default": untuned, "isolated": {**untuned, **(trials.isolated_choices or {})}}
+    descents = {}
+    if budget > 0:
+        t0 = time.perf_counter()
+        descents["from autotune"] = descend(trials, tuned, keys, steps, t0 + budget * 0.6, "from autotune", log)
+        descents["from default"] = descend(trials, untuned, keys, steps, t0 + budget, "from default", log)
+        sets.update({f"best {name}": descent["choices"] for name, descent in descents.items()})
     ab = {name: [] for name in sets}
     seq = {name: [] for name in sets}
     for _ in range(4):
@@ -171,11 +188,11 @@ def run_config(gpu, path, budget, steps, log) -> dict:
         log(f"   {name:<20} step {' '.join(f'{v:.3f}' for v in ab[name])} ms (mean {statistics.mean(ab[name]):.3f}); "
             f"matmuls alone {statistics.mean(seq[name]):.3f} ms")
     log(f"   {trials.trials} trials")
-    for name in ("best from autotune", "best from default"):
-        log(f"   {name}: " + "; ".join(f"{k}: {v}" for k, v in sets[name].items() if v != tuned[k]))
+    for name in sets:
+        log(f"   {name} differs from autotune: " + "; ".join(f"{k}: {v}" for k, v in sets[name].items() if v != tuned[k]))
     return {"config": path, "keys": keys, "sets": sets, "ab_step_ms": ab, "ab_matmul_seq_ms": seq,
-            "noise_step_ms": noise, "descents": {"from autotune": from_tuned, "from default": from_default},
-            "isolated_ms": trials.isolated}
+            "noise_step_ms": noise, "descents": descents, "isolated_ms": trials.isolated,
+            "in_step_seconds": trials.in_step_seconds}
 
 
 def main():
