@@ -6,13 +6,14 @@ its isolated times are kept), then coordinate descent over the step's matmul sha
 candidate, timing the whole replayed step (recaptured per choice set; the median of per-step wall times,
 one host sync per step as `tinynn bench`), from the autotune's choices and from `default_variant`. Each trial
 also times a replay of the step's matmul dispatches alone (the tape filtered to them), a cheaper proxy.
-Then the sets found against the autotune's (which since MatmulSelector.tune_in_step are ranked inside the
-step's matmul sequence), the isolated winners (its choices before that) and the untuned ones, alternating
-A/B/A/B. Prints one line per key and writes everything as JSON. --budget 0: no descent, the A/B alone.
+Then the sets found against the autotune's and the untuned ones, alternating A/B/A/B. Prints one line per
+key and writes everything as JSON. --budget 0: no descent, the A/B alone.
 
-H200, lesson and mid (before tune_in_step; BENCHMARKS.md): per-trial step times move by +-0.1 ms, more than
-one shape's choice is worth, and the descent's picks ended 0.25 ms slower than the autotune's; the step's
-matmul dispatches replayed alone ranked the four choice sets as the step did.
+What it found (H200, session 6, `step_tune.py apps/bench/lesson.json apps/bench/mid.json --budget 70,55`):
+a trial's step time (median of 15 steps) moves by +-0.1 ms, more than one shape's choice is worth (0.01-0.05
+ms), so the descent chased noise: its sets lost to the autotune's by 0.25 ms at lesson (3.99-4.02 against
+3.77 ms, default 3.67) and 0.06 ms at mid. The step's matmul dispatches replayed alone are precise (+-0.01
+ms over 10 replays) and ranked all four sets as the step did, on both configs. See matmul_rank_methods.py.
 
     python packages/tinynn-gpu/experiments/step_tune.py apps/bench/lesson.json [apps/bench/mid.json]
         [--budget 60,60] [--steps 15] [--out step_tune.json]
@@ -50,16 +51,6 @@ class StepTrials:
             times = self.isolated[key] = tune_alone(args)
             return min(times, key=times.get)
         self.mm._tune = tune
-        self.isolated_choices, self.in_step_seconds = None, []  # the choices before tune_in_step; its time
-        tune_in_step = self.mm.tune_in_step
-
-        def ranked_in_step():
-            if self.isolated_choices is None:
-                self.isolated_choices = dict(self.mm.choices)
-            t0 = time.perf_counter()
-            tune_in_step()
-            self.in_step_seconds.append(time.perf_counter() - t0)
-        self.mm.tune_in_step = ranked_in_step
         self.trials = 0
 
     def call(self):
@@ -170,8 +161,7 @@ def run_config(gpu, path, budget, steps, log) -> dict:
     trials.warm(1.0)
     noise = [trials.step_ms(tuned, steps) for _ in range(4)]
     log(f"   autotuned step, 4 trials: {', '.join(f'{v:.3f}' for v in noise)} ms")
-    log(f"   tune_in_step took {', '.join(f'{s:.2f}' for s in trials.in_step_seconds)} s")
-    sets = {"autotune": tuned, "default": untuned, "isolated": {**untuned, **(trials.isolated_choices or {})}}
+    sets = {"autotune": tuned, "default": untuned}
     descents = {}
     if budget > 0:
         t0 = time.perf_counter()
@@ -191,8 +181,7 @@ def run_config(gpu, path, budget, steps, log) -> dict:
     for name in sets:
         log(f"   {name} differs from autotune: " + "; ".join(f"{k}: {v}" for k, v in sets[name].items() if v != tuned[k]))
     return {"config": path, "keys": keys, "sets": sets, "ab_step_ms": ab, "ab_matmul_seq_ms": seq,
-            "noise_step_ms": noise, "descents": descents, "isolated_ms": trials.isolated,
-            "in_step_seconds": trials.in_step_seconds}
+            "noise_step_ms": noise, "descents": descents, "isolated_ms": trials.isolated}
 
 
 def main():

@@ -11,7 +11,6 @@ from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
 from tinynn.train import TrainStep
 from tinynn_gpu import create_backend
-from tinynn_gpu.matmul import MatmulSelector
 
 CFG = GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
@@ -164,30 +163,6 @@ def test_captured_step_replays_exactly_what_eager_computes(gpu, monkeypatch):
     assert gpu.counters["replays"] == replays
     cpu, _ = captured_losses(backends.reference(), 12)
     np.testing.assert_allclose(replayed, cpu, rtol=1e-3)
-
-
-def test_the_last_eager_call_ranks_the_step_matmuls_in_their_sequence(gpu, monkeypatch, tmp_path):
-    """A captured step's last eager call logs its matmuls; the selector ranks them in that sequence (a fake
-    timer: the planted winner is fastest) before the capture, which records the winners."""
-    monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
-    selector = MatmulSelector(gpu.rt, autotune=True)
-    monkeypatch.setattr(selector, "tune_min_macs", 0)
-    monkeypatch.setattr(selector, "candidates", selector.candidates[:3])
-    monkeypatch.setattr(selector, "_tune", lambda key, args: selector.candidates[0])
-    winner, used, variant = selector.candidates[2], [], selector.variant
-    monkeypatch.setattr(selector, "variant", lambda name: used.append(name) or variant(name))
-
-    def fake_time(record, reps):
-        used.clear()
-        record()
-        return sum(name != winner for name in used)
-    monkeypatch.setattr(selector, "_time_call", fake_time)
-    monkeypatch.setattr(gpu, "mm", selector)
-    losses, step = captured_losses(gpu, 5)
-    assert step._run.tape is not None
-    assert set(selector.choices.values()) == {winner} and selector.in_step == set(selector.choices)
-    cpu, _ = captured_losses(backends.reference(), 5)
-    np.testing.assert_allclose(losses, cpu, rtol=1e-3)
 
 
 def test_replayed_steps_sync_once_and_skip_python(gpu):

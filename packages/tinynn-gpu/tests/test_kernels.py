@@ -185,42 +185,6 @@ def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monke
     assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
 
 
-def test_a_step_ranks_its_matmuls_inside_their_sequence_and_caches_the_winners(gpu, tmp_path, monkeypatch, rng):
-    """tune_in_step: each logged shape's candidates timed as the whole logged sequence (a fake timer here, whose
-    time is the number of calls not made with that shape's planted winner), the winners kept and cached."""
-    monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(MatmulSelector, "tune_min_macs", 0)
-    tuner = MatmulSelector(gpu.rt, autotune=True)
-    monkeypatch.setattr(tuner, "_tune", lambda key, args: tuner.candidates[0])  # the isolated ranking's pick
-    a, b = gpu.from_numpy(rng.standard_normal(40 * 33).astype(np.float32)), gpu.rt.empty((33 * 40,))
-    bias, out = gpu.rt.empty((40,)), gpu.rt.empty((40 * 40,))
-    tuner.listen()
-    tuner.record(a, b, out, 1, 40, 24, 33, False, True, False, Epilogue(bias=bias))
-    tuner.record(a, b, out, 1, 24, 40, 33, True, False, False)
-    tuner.record(a, b, out, 1, 40, 24, 33, False, True, False)
-    keys = list(tuner.choices)
-    winners = {keys[0]: tuner.candidates[5], keys[1]: tuner.candidates[-1]}
-    used, variant = [], tuner.variant
-    monkeypatch.setattr(tuner, "variant", lambda name: used.append(name) or variant(name))
-
-    def fake_time(record, reps):
-        used.clear()
-        record()
-        assert len(used) == 3  # the whole sequence
-        return sum(name != winners[key] for name, key in zip(used, [keys[0], keys[1], keys[0]]))
-    monkeypatch.setattr(tuner, "_time_call", fake_time)
-    tuner.tune_in_step()
-    assert tuner.choices == winners and tuner.in_step == set(winners) and tuner.sequence is None
-    cached = json.loads((tmp_path / "matmul-autotune.json").read_text())
-    assert cached["in_step"][tuner.cache_key] == winners
-    again = MatmulSelector(gpu.rt, autotune=True)
-    assert again.choices == winners and again.in_step == set(winners)
-    again.listen()  # a shape already ranked in a step is not timed again
-    again.record(a, b, out, 1, 40, 24, 33, False, True, False)
-    monkeypatch.setattr(again, "_time_call", lambda *args: pytest.fail("a ranked shape was timed again"))
-    again.tune_in_step()
-
-
 def test_a_matmul_too_small_to_repay_tuning_takes_the_default_variant(gpu, tmp_path, monkeypatch, rng):
     monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
     tuner = MatmulSelector(gpu.rt, autotune=True)

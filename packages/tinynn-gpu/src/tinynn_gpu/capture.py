@@ -4,9 +4,8 @@ A training step with fixed shapes makes the same dispatches every time, in the s
 buffers: only the values differ. So after a few eager calls (autotuning, pipeline compilation and buffer
 reuse settle), one call is run with a `Tape` listening to the runtime, and every later call re-encodes the
 tape's (pipeline, bind group, workgroups) list without running Python autograd again, the way CUDA graphs
-or tinygrad's JIT do. The last eager call logs its matmuls, so that the selector ranks their variants inside
-the step (matmul.py) before the capture bakes them in. The step reads its inputs from arrays written before
-each call (`write_`), so the tape itself never changes.
+or tinygrad's JIT do. The step reads its inputs from arrays written before each call (`write_`), so the
+tape itself never changes.
 
 What the tape cannot see it is told: the step's guard key (`Backend.capture`'s `key`) names everything the
 recorded dispatches baked in besides array values (the parameters' arrays, hyperparameters passed as kernel
@@ -88,29 +87,14 @@ class CapturedStep:
                 if self.tape is not None or self.eager_reason:
                     self._start_over()
         self.calls += 1
-        if self.eager_reason or self.calls < EAGER_CALLS:
+        if self.eager_reason or self.calls <= EAGER_CALLS:
             return self.fn()
-        if self.calls == EAGER_CALLS:
-            return self._last_eager()
         if self.tape is None:
             return self._capture()
         if self.result is not None and self.copy_result:  # the copy rides in the replay's last submission
             return self._wrap(self.backend.rt.replay(self.tape, self.result))
         self.backend.rt.replay(self.tape)
         return self._wrap(self.result)
-
-    def _last_eager(self):
-        """The last eager call, its matmuls logged: before the capture bakes the matmul choices in, the
-        selector ranks their candidates inside the step's matmul sequence (MatmulSelector.tune_in_step)."""
-        selector = self.backend.mm
-        selector.listen()
-        try:
-            result = self.fn()
-        except BaseException:
-            selector.sequence = None
-            raise
-        selector.tune_in_step()
-        return result
 
     def _start_over(self):
         if self.tape is not None:

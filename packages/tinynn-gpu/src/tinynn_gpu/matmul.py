@@ -12,17 +12,10 @@ first matmul of a shape big enough to be worth it (`tune_min_macs`) times every 
 operands, with GPU timestamps where the adapter has them, and the winner is kept in a JSON file keyed by
 adapter and wgpu version (TINYNN_CACHE_DIR, default
 ~/.cache/tinynn). Without tuning, `default_variant` is a fixed choice measured on an H200 (BENCHMARKS.md).
-
-A matmul timed alone misranks close candidates: on the H200 the lesson step's matmuls ran 0.07 ms slower
-(and the step 0.10 ms) with the isolated winners than with the fixed choices they beat alone. So a captured
-step (capture.py) has its matmul calls logged in its last eager call (`listen`), and before the capture
-`tune_in_step` ranks each of its shapes' candidates again inside that call sequence: the step's matmuls, in
-order, timed as one pass, one shape's variant changed at a time. Those winners are cached too.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -57,9 +50,8 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 64, 32, 8, 4, splits=4, vec4=True),
     BlockConfig(32, 64, 32, 4, 4, splits=4, vec4=True, double=True),
 )
-# 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
-# 5: the choices ranked inside a step, beside the isolated ones
-CACHE_VERSION = 5
+# 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32
+CACHE_VERSION = 4
 
 
 def lesson_source(tile: int) -> str:
@@ -104,18 +96,12 @@ class MatmulSelector:
         self.candidates = [f"blocked {c.name}" for c in BLOCK_CONFIGS]  # what tuning tries: never a lesson tile
         self._built = {}
         self.choices: dict[str, str] = {}  # exact shape key -> variant name
-        self.in_step: set[str] = set()  # keys whose choice was ranked inside a step's matmul sequence
-        self.sequence = None  # while listening: the step's matmul calls (key, shape, epilogue's parts)
         checks = "unchecked" if runtime.ctx.unchecked else "checked"  # the checks change what is fastest
         self.cache_key = f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}|{checks}"
         self.cache_path = Path(os.environ.get("TINYNN_CACHE_DIR") or Path.home() / ".cache" / "tinynn") / \
             "matmul-autotune.json"
         if self.autotune:
-            cache = self._read_cache()
-            self.choices.update(cache["choices"].get(self.cache_key, {}))
-            ranked = cache["in_step"].get(self.cache_key, {})
-            self.choices.update(ranked)
-            self.in_step.update(ranked)
+            self.choices.update(self._read_cache().get(self.cache_key, {}))
         self.forced = os.environ.get("TINYNN_MATMUL")  # one variant for every shape, e.g. "lesson8"
         if self.forced and self.forced not in self.variants:
             raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
@@ -161,9 +147,6 @@ class MatmulSelector:
             else:
                 name = self.default_variant(batch, m, n, k)
             self.choices[key] = name
-        if self.sequence is not None:
-            parts = tuple(field for field, value in zip(Epilogue._fields, epilogue) if value is not None)
-            self.sequence.append((key, (batch, m, n, k, transpose_a, transpose_b, shared_b), parts))
         variant = self.variant(name)
         self.last = variant.describe()
         return variant.record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
@@ -176,17 +159,29 @@ class MatmulSelector:
         of load to climb back to 1980 (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be
         ranked by the clock."""
         names = [n for n in (names or self.candidates) if self._fits(n)]
-        def each():
+        for name in names:  # compiled before the heating starts: compiling them all can take seconds
+            self.variant(name).record(*args)
+        heat_until = time.perf_counter() + (0.0 if self.rt.ctx.is_software else self.heat_seconds)
+        while True:
             for name in names:
                 self.variant(name).record(*args)
-        each()  # compiled before the heating starts: compiling them all can take seconds
-        self._heat(each)
+            self.rt.sync()
+            if time.perf_counter() >= heat_until:
+                break
         times = {}
         for _ in range(rounds):
-            for name in names:  # all of its kernels counted (split-K adds a finish)
-                times[name] = min(times.get(name, float("inf")),
-                                  self._time_call(lambda: self.variant(name).record(*args), reps))
+            for name in names:
+                times[name] = min(times.get(name, float("inf")), self._time(name, args, reps))
         return times
+
+    def _time(self, name, args, reps) -> float:
+        if "timestamp-query" in self.rt.ctx.features:  # all of its kernels counted (split-K adds a finish)
+            return self.rt.time_pass(lambda: self.variant(name).record(*args), reps)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            self.variant(name).record(*args)
+        self.rt.sync()
+        return (time.perf_counter() - t0) / reps * 1e3
 
     def _fits(self, name) -> bool:
         config = self.variants[name]
@@ -199,105 +194,26 @@ class MatmulSelector:
         except ValueError:
             return False
 
-    def listen(self) -> None:
-        """Log the matmul calls from now on, for `tune_in_step`."""
-        self.sequence = []
-
-    def tune_in_step(self, reps=2, rounds=2) -> None:
-        """Rank again, inside the logged call sequence, the candidates of its shapes not ranked that way yet
-        (with autotuning on, and big enough to tune): coordinate descent, one pass in order of multiply-adds,
-        each shape's candidates timed as the whole sequence with the other shapes' current choices (`reps`
-        sequences back to back, the best of `rounds`). Stand-in operands, one set per shape (values do not
-        change the time; the step's own arrays may be gone). Lesson model on an H200: ~1 s."""
-        sequence, self.sequence = self.sequence, None
-        if not sequence or not self.autotune or self.forced or self.rt.profiling or self.rt.tape is not None:
-            return
-        shapes = {key: shape for key, shape, _ in sequence}
-        keys = sorted((key for key in shapes if key not in self.in_step and math.prod(shapes[key][:4]) >=
-                       self.tune_min_macs), key=lambda key: -math.prod(shapes[key][:4]))
-        if not keys:
-            return
-        operands = {key: self._stand_ins(shapes[key]) for key in shapes}
-        calls = [(key, operands[key][0], shape, Epilogue(**{part: operands[key][1][part] for part in parts}))
-                 for key, shape, parts in sequence]
-        choices = {key: self.choices[key] for key in shapes}
-
-        def run():
-            for key, (a, b, out), (batch, m, n, k, ta, tb, shared), epilogue in calls:
-                self.variant(choices[key]).record(a, b, out, batch, m, n, k, ta, tb, shared, epilogue)
-        for key in keys:  # every candidate compiled before the heating
-            for name in self._fitting():
-                choices[key] = name
-                run()
-            choices[key] = self.choices[key]
-        self._heat(run)
-        for key in keys:
-            times = {}
-            for _ in range(rounds):
-                for name in self._fitting():
-                    choices[key] = name
-                    times[name] = min(times.get(name, float("inf")), self._time_call(run, reps))
-            choices[key] = min(times, key=times.get)
-        self.choices.update({key: choices[key] for key in keys})
-        self.in_step.update(keys)
-        cache = self._read_cache()
-        cache["in_step"].setdefault(self.cache_key, {}).update({key: choices[key] for key in keys})
-        self._write_cache(cache)
-
-    def _stand_ins(self, shape):
-        """(a, b, out), and an epilogue's parts by name, of this shape's sizes."""
-        batch, m, n, k, _, _, shared = shape
-        empty = self.rt.empty
-        rows = batch * m * n
-        arrays = (empty((batch * m * k,)), empty(((1 if shared else batch) * k * n,)), empty((rows,)))
-        return arrays, {"bias": empty((n,)), "activation": "gelu", "activation_grad": "gelu", "pre": empty((rows,)),
-                        "residual": empty((rows,)), "row_sums": empty((batch * m,))}
-
-    def _fitting(self):
-        return [name for name in self.candidates if self._fits(name)]
-
-    def _heat(self, record) -> None:
-        """Run `record` for `heat_seconds` (see time_variants)."""
-        heat_until = time.perf_counter() + (0.0 if self.rt.ctx.is_software else self.heat_seconds)
-        while True:
-            record()
-            self.rt.sync()
-            if time.perf_counter() >= heat_until:
-                break
-
-    def _time_call(self, record, reps) -> float:
-        """Milliseconds per call of `record`: GPU timestamps where the adapter has them, else the wall clock."""
-        if "timestamp-query" in self.rt.ctx.features:
-            return self.rt.time_pass(record, reps)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            record()
-        self.rt.sync()
-        return (time.perf_counter() - t0) / reps * 1e3
-
     def _tune(self, key, args) -> str:
         times = self.time_variants(args)
         best = min(times, key=times.get)
         cache = self._read_cache()
-        cache["choices"].setdefault(self.cache_key, {})[key] = best
+        cache.setdefault(self.cache_key, {})[key] = best
         self._write_cache(cache)
         return best
 
     def _read_cache(self) -> dict:
-        """{"choices": {adapter key: {shape key: variant}} tuned alone, "in_step": the same ranked in a step}."""
         try:
             data = json.loads(self.cache_path.read_text())
-            if data.get("version") == CACHE_VERSION:
-                return {"choices": dict(data["choices"]), "in_step": dict(data["in_step"])}
+            return data["choices"] if data.get("version") == CACHE_VERSION else {}
         except (OSError, ValueError, KeyError, TypeError):
-            pass  # no cache yet, or an unreadable one: tune again
-        return {"choices": {}, "in_step": {}}
+            return {}  # no cache yet, or an unreadable one: tune again
 
     def _write_cache(self, cache: dict) -> None:
         try:
             self.cache_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.cache_path.with_name(f"{self.cache_path.name}.tmp-{os.getpid()}")  # ranks tune at once
-            tmp.write_text(json.dumps({"version": CACHE_VERSION, **cache}, indent=1, sort_keys=True))
+            tmp.write_text(json.dumps({"version": CACHE_VERSION, "choices": cache}, indent=1, sort_keys=True))
             os.replace(tmp, self.cache_path)
         except OSError:
             pass  # a read-only home only costs re-tuning in the next process
