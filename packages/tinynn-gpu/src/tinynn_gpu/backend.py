@@ -39,6 +39,8 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 # rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
 # and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
 LAYERNORM_SPLIT_ROWS = 2048
+LAYERNORM_GROUP_COLS = 4  # columns per LayerNorm-backward column workgroup: C / 4 workgroups share the rows
+LAYERNORM_ROWS = 8  # rows per LayerNorm workgroup (layernorm.wgsl's ROWS)
 NO_EPILOGUE = Epilogue()  # frozen: one for every plain matmul
 
 
@@ -387,7 +389,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         y, mean, rstd = self._empty(x.shape), self._empty(lead), self._empty(lead)
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
-        self.rt.dispatch("layernorm", "layernorm_forward_main", rows,
+        self.rt.dispatch(group_sum.shader(self.rt, "layernorm"), "layernorm_forward_main", -(-rows // LAYERNORM_ROWS),
                          {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd},
                          {"rows": rows, "cols": c, "eps": eps})
         return y, mean, rstd
@@ -402,15 +404,15 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         gw, gb = (self._empty((c,)), self._empty((c,))) if wanted else (self.rt.stand_in(1), self.rt.stand_in(2))
         partials = self._empty((2 * splits * c,)) if splits > 1 else self.rt.stand_in(3)
         params = {"rows": rows, "cols": c, "has_g_add": int(g_add is not None),
-                  "param_groups": -(-c // 8) * splits if wanted else 0, "split_rows": LAYERNORM_SPLIT_ROWS,
-                  "splits": splits}
-        self.rt.dispatch("layernorm", "layernorm_backward_main", params["param_groups"] + rows,
+                  "param_groups": -(-c // LAYERNORM_GROUP_COLS) * splits if wanted else 0,
+                  "group_cols": LAYERNORM_GROUP_COLS, "split_rows": LAYERNORM_SPLIT_ROWS, "splits": splits}
+        shader = group_sum.shader(self.rt, "layernorm")
+        self.rt.dispatch(shader, "layernorm_backward_main", params["param_groups"] + -(-rows // LAYERNORM_ROWS),
                          {0: bindable(x), 1: bindable(w), 5: bindable(mean), 6: bindable(rstd), 7: bindable(g),
                           8: self.rt.stand_in(0) if g_add is None else bindable(g_add), 4: gx, 9: partials, 10: gw, 11: gb},
                          params)
         if splits > 1:
-            self.rt.dispatch("layernorm", "layernorm_param_grads_finish_main", groups(c),
-                             {9: partials, 10: gw, 11: gb}, params)
+            self.rt.dispatch(shader, "layernorm_param_grads_finish_main", groups(c), {9: partials, 10: gw, 11: gb}, params)
         return gx, (gw if weight is not None else None), (gb if has_bias else None)
 
     def cross_entropy_forward(self, logits, targets, ignore_index):
