@@ -41,6 +41,7 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 LAYERNORM_SPLIT_ROWS = 2048
 LAYERNORM_GROUP_COLS = 4  # columns per LayerNorm-backward column workgroup: C / 4 workgroups share the rows
 LAYERNORM_ROWS = 8  # rows per LayerNorm workgroup (layernorm.wgsl's ROWS)
+CROSS_ENTROPY_ROWS = 8  # rows per cross-entropy forward workgroup (cross_entropy.wgsl's ROWS)
 NO_EPILOGUE = Epilogue()  # frozen: one for every plain matmul
 
 
@@ -421,20 +422,22 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         probs, rows, loss, count = self._empty((n, c)), self._empty((n, 2)), self._empty(()), self._empty(())
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
         bindings = {0: bindable(logits), 1: bindable(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
-        self.rt.dispatch("cross_entropy", "cross_entropy_forward_rows_main", n, bindings, params)
-        self.rt.dispatch("cross_entropy", "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss, 9: count}, params)
+        shader = group_sum.shader(self.rt, "cross_entropy")
+        self.rt.dispatch(shader, "cross_entropy_forward_rows_main", -(-n // CROSS_ENTROPY_ROWS), bindings, params)
+        self.rt.dispatch(shader, "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss, 9: count}, params)
         return loss, probs, count
 
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index, count=None):
         _check_dtypes("cross_entropy_backward", probs, g_loss, *([] if count is None else [count]), targets)
         n, c = probs.shape
         grad = self._empty((n, c))
+        shader = group_sum.shader(self.rt, "cross_entropy")
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
         if count is None:
             count = self._empty(())
-            self.rt.dispatch("cross_entropy", "cross_entropy_count_main", 1,
+            self.rt.dispatch(shader, "cross_entropy_count_main", 1,
                              {1: bindable(targets), 9: count}, params)
-        self.rt.dispatch("cross_entropy", "cross_entropy_backward_main", groups(n * c),
+        self.rt.dispatch(shader, "cross_entropy_backward_main", groups(n * c),
                          {1: bindable(targets), 2: bindable(probs), 9: bindable(count), 6: bindable(g_loss), 7: grad,
                           8: self.rt.error_flags}, params)
         return grad

@@ -35,15 +35,30 @@ const ROWS: u32 = 8u;  // rows per workgroup: one per 32-wide team, so 2048 rows
 // row (past the workgroup's ROWS or the last row), which still calls row_sum, adding zeros.
 fn team_end(r: u32, row: u32) -> u32 { return select(0u, params.cols, r < ROWS && row < params.rows); }
 
+// Four elements w apart, loaded together: every loop below loads a few elements' operands before it
+// stores anything, as the compiler may not move a load above a store to another binding (they could alias)
+// and each load would otherwise wait out a trip to memory on its own.
+fn x4(i: u32, w: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + w], x[i + 2u * w], x[i + 3u * w]); }
+fn g4(i: u32, w: u32) -> vec4<f32> { return vec4<f32>(g[i], g[i + w], g[i + 2u * w], g[i + 3u * w]); }
+fn g_add4(i: u32, w: u32) -> vec4<f32> { return vec4<f32>(g_add[i], g_add[i + w], g_add[i + 2u * w], g_add[i + 3u * w]); }
+fn weight4(j: u32, w: u32) -> vec4<f32> { return vec4<f32>(weight[j], weight[j + w], weight[j + 2u * w], weight[j + 3u * w]); }
+fn bias4(j: u32, w: u32) -> vec4<f32> { return vec4<f32>(bias[j], bias[j + w], bias[j + 2u * w], bias[j + 3u * w]); }
+
+fn store4(i: u32, w: u32, v: vec4<f32>) {
+    out[i] = v.x;
+    out[i + w] = v.y;
+    out[i + 2u * w] = v.z;
+    out[i + 3u * w] = v.w;
+}
+
 // sum over a team's elements of row `base` of (x - mu)^p, p = 1 or 2, eight loads in flight per thread
 fn moment(base: u32, end: u32, team: Team, mu: f32, p: u32) -> f32 {
     let w = team.width;
     var acc = vec4<f32>(0.0);
     var j = team.lane;
     for (; j + 7u * w < end; j = j + 8u * w) {
-        let i = base + j;
-        let a = vec4<f32>(x[i], x[i + w], x[i + 2u * w], x[i + 3u * w]) - mu;
-        let b = vec4<f32>(x[i + 4u * w], x[i + 5u * w], x[i + 6u * w], x[i + 7u * w]) - mu;
+        let a = x4(base + j, w) - mu;
+        let b = x4(base + j + 4u * w, w) - mu;
         acc = acc + select(a + b, a * a + b * b, p == 2u);
     }
     for (; j < end; j = j + w) {
@@ -59,6 +74,7 @@ fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
                           lanes: Lanes) {
     let team = team_of(lanes);
     let cols = params.cols;
+    let w = team.width;
     for (var k = 0u; k < team_rows(team, ROWS); k = k + 1u) {
         let r = team.id + k * team.count;
         let row = row_index(wg, nwg) * ROWS + r;
@@ -68,9 +84,11 @@ fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
         // two passes: E[(x - mu)^2] keeps its precision where E[x^2] - mu^2 would not
         let variance = row_sum(team, vec2<f32>(moment(base, end, team, mu, 2u), 0.0)).x / f32(cols);
         let rs = inverseSqrt(variance + params.eps);
-        for (var j = team.lane; j < end; j = j + team.width) {
-            out[base + j] = (x[base + j] - mu) * rs * weight[j] + bias[j];
+        var j = team.lane;
+        for (; j + 3u * w < end; j = j + 4u * w) {
+            store4(base + j, w, (x4(base + j, w) - mu) * rs * weight4(j, w) + bias4(j, w));
         }
+        for (; j < end; j = j + w) { out[base + j] = (x[base + j] - mu) * rs * weight[j] + bias[j]; }
         if (team.lane == 0u && end > 0u) {
             mean[row] = mu;
             rstd[row] = rs;
@@ -88,16 +106,18 @@ fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
 @compute @workgroup_size(256)
 fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                            lanes: Lanes) {
-    let w = row_index(wg, nwg);
-    if (w < params.param_groups) {
-        param_grads(w, lanes.lid);
+    let group = row_index(wg, nwg);
+    if (group < params.param_groups) {
+        param_grads(group, lanes.lid);
         return;
     }
     let team = team_of(lanes);
     let cols = params.cols;
+    let w = team.width;
+    let add = params.has_g_add == 1u;
     for (var k = 0u; k < team_rows(team, ROWS); k = k + 1u) {
         let r = team.id + k * team.count;
-        let row = (w - params.param_groups) * ROWS + r;
+        let row = (group - params.param_groups) * ROWS + r;
         let end = team_end(r, row);
         let base = row * cols;
         var mu = 0.0;
@@ -107,11 +127,18 @@ fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
             rs = rstd[row];
         }
         let m = row_sum(team, dx_sums(base, end, team, mu, rs)) / f32(cols);
-        for (var j = team.lane; j < end; j = j + team.width) {
-            let xhat = (x[base + j] - mu) * rs;
-            var dx = rs * (g[base + j] * weight[j] - m.x - xhat * m.y);
-            if (params.has_g_add == 1u) { dx = dx + g_add[base + j]; }
-            out[base + j] = dx;
+        var j = team.lane;
+        for (; j + 3u * w < end; j = j + 4u * w) {
+            let i = base + j;
+            var dx = rs * (g4(i, w) * weight4(j, w) - m.x - (x4(i, w) - mu) * rs * m.y);
+            if (add) { dx = dx + g_add4(i, w); }
+            store4(i, w, dx);
+        }
+        for (; j < end; j = j + w) {
+            let i = base + j;
+            var dx = rs * (g[i] * weight[j] - m.x - (x[i] - mu) * rs * m.y);
+            if (add) { dx = dx + g_add[i]; }
+            out[i] = dx;
         }
     }
 }
@@ -123,12 +150,9 @@ fn dx_sums(base: u32, end: u32, team: Team, mu: f32, rs: f32) -> vec2<f32> {
     var s2 = vec4<f32>(0.0);
     var j = team.lane;
     for (; j + 3u * w < end; j = j + 4u * w) {
-        let i = base + j;
-        let gw = vec4<f32>(g[i], g[i + w], g[i + 2u * w], g[i + 3u * w])
-            * vec4<f32>(weight[j], weight[j + w], weight[j + 2u * w], weight[j + 3u * w]);
-        let xhat = (vec4<f32>(x[i], x[i + w], x[i + 2u * w], x[i + 3u * w]) - mu) * rs;
+        let gw = g4(base + j, w) * weight4(j, w);
         s1 = s1 + gw;
-        s2 = s2 + gw * xhat;
+        s2 = s2 + gw * (x4(base + j, w) - mu) * rs;
     }
     for (; j < end; j = j + w) {
         let gw = g[base + j] * weight[j];
