@@ -2,7 +2,9 @@
 // adding through workgroup memory: row_sum_*.wgsl, filled in by group_sum.py), ROWS rows per 256-thread
 // workgroup: a row of a few hundred floats is a few loads per thread, and its sums need no barrier where
 // the adapter has subgroups (one workgroup per row waited on eight-round workgroup trees). The backward is
-// one dispatch for the input, weight and bias gradients.
+// one dispatch for the input, weight and bias gradients. On an H200 (experiments/row_kernels.py, 50 calls
+// back to back) this took the forward from 8.4 to 4.7 us at 2048 x 256 (8.8 to 5.9 at 2048 x 384) and
+// the backward from 9.9 to 8.2 (10.7 to 9.6), before the loops were made to load before they store.
 // Bindings: 0:x 1:weight 2:bias 3:params 4:out 5:mean 6:rstd 7:g 8:g_add 9:partials 10:g_weight 11:g_bias
 // A missing weight or bias is bound as ones or zeros by the launcher, so one kernel serves every case.
 
