@@ -4,7 +4,7 @@ import re
 import pytest
 import wgpu
 
-from tinynn_gpu import context
+from tinynn_gpu import context, group_sum
 
 
 def entry_points(source: str) -> list[str]:
@@ -16,9 +16,12 @@ def build_every_kernel(storage_buffers: int) -> list[str]:
     adapter = context.choose_adapter(wgpu.gpu.enumerate_adapters_sync())
     device = adapter.request_device_sync(required_limits={"max-storage-buffers-per-shader-stage": storage_buffers})
     failed = []
-    for name in context.KERNEL_FILES:
-        module = device.create_shader_module(code=context.kernel_source(name))
-        for entry in entry_points(context.kernel_source(name)):
+    row_teams = {"ROW_SUM": group_sum.snippet(False, "row_sum")}  # the row-team kernels, their no-subgroup form
+    sources = [context.kernel_source(name) for name in context.KERNEL_FILES] + \
+        [context.kernel_source(name, row_teams) for name in ("layernorm", "cross_entropy")]
+    for code in sources:
+        module = device.create_shader_module(code=code)
+        for entry in entry_points(code):
             try:
                 device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": entry})
             except Exception:

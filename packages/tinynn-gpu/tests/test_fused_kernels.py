@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn_gpu import backend as gpu_backend
+from tinynn_gpu import multi_tensor
 from tinynn_gpu.multi_tensor import ADAMW_CHUNK, SQUARES_CHUNK
 
 REF = backends.reference()
@@ -103,11 +104,13 @@ def test_max_lets_nan_win(subgroup_path):
 @FEW
 @given(rows=st.one_of(st.integers(1, 70), st.sampled_from([31, 32, 33, 1000])), cols=dims,
        weight=st.booleans(), bias=st.booleans(), add=st.booleans(), split_rows=st.sampled_from([7, 2048]),
-       seed=st.integers(0, 2**31))
-def test_layernorm_backward(poisoned, monkeypatch, rows, cols, weight, bias, add, split_rows, seed):
-    """One dispatch, or with rows in several splits (split_rows 7) a finish after it; g_add folded into g_x."""
-    gpu, g = poisoned, np.random.default_rng(seed)
+       group_cols=st.sampled_from([1, 4, 256]), seed=st.integers(0, 2**31))
+def test_layernorm_backward(subgroup_path, monkeypatch, rows, cols, weight, bias, add, split_rows, group_cols, seed):
+    """One dispatch, or with rows in several splits (split_rows 7) a finish after it; g_add folded into g_x;
+    the column sums' workgroups one column wide to 256."""
+    gpu, g = subgroup_path, np.random.default_rng(seed)
     monkeypatch.setattr(gpu_backend, "LAYERNORM_SPLIT_ROWS", split_rows)
+    monkeypatch.setattr(gpu_backend, "LAYERNORM_GROUP_COLS", group_cols)
     x, dy = (g.standard_normal((rows, cols)) * 2).astype(np.float32), g.standard_normal((rows, cols)).astype(np.float32)
     w = g.standard_normal(cols).astype(np.float32) if weight else None
     b = g.standard_normal(cols).astype(np.float32) if bias else None
@@ -133,10 +136,13 @@ sizes = st.one_of(st.integers(1, 600), st.sampled_from([ADAMW_CHUNK - 1, ADAMW_C
 
 
 @FEW
-@given(shapes=st.lists(sizes, min_size=1, max_size=12), seed=st.integers(0, 2**31))
-def test_global_norm_and_adamw_over_many_tensors(subgroup_path, shapes, seed):
-    """More tensors than one AdamW dispatch's slots on lavapipe (7), sizes across the chunk boundaries."""
+@given(shapes=st.lists(sizes, min_size=1, max_size=12), squares_workgroups=st.sampled_from([1, 3, 2048]),
+       seed=st.integers(0, 2**31))
+def test_global_norm_and_adamw_over_many_tensors(subgroup_path, monkeypatch, shapes, squares_workgroups, seed):
+    """More tensors than one AdamW dispatch's slots on lavapipe (7), sizes across the chunk boundaries; the
+    sums of squares' chunk from its smallest (1024) to SQUARES_CHUNK (few workgroups wanted)."""
     gpu, g = subgroup_path, np.random.default_rng(seed)
+    monkeypatch.setattr(multi_tensor, "SQUARES_WORKGROUPS", squares_workgroups)
     params, grads, ms, vs = ([g.standard_normal(n).astype(np.float32) for n in shapes] for _ in range(4))
     vs = [np.abs(v) for v in vs]
     norm = gpu.global_norm([gpu.from_numpy(a) for a in grads])
@@ -158,10 +164,11 @@ def test_global_norm_and_adamw_over_many_tensors(subgroup_path, shapes, seed):
 
 
 @FEW
-@given(batch=st.integers(1, 3), t=st.one_of(st.integers(1, 40), st.just(257)), extra=st.integers(0, 3),
+@given(batch=st.integers(1, 9), t=st.one_of(st.integers(1, 40), st.just(257)), extra=st.integers(0, 3),
        vocab=st.integers(1, 70), cols=dims, seed=st.integers(0, 2**31))
 def test_embedding_with_positions(poisoned, batch, t, extra, vocab, cols, seed):
-    """A GPT's input in one dispatch, and its two gradients in one."""
+    """A GPT's input in one dispatch, and its two gradients in one (the position rows summed over a batch
+    shorter and longer than the four sequences a thread loads at once)."""
     gpu, g = poisoned, np.random.default_rng(seed)
     wte, wpe = g.standard_normal((vocab, cols)).astype(np.float32), g.standard_normal((t + extra, cols)).astype(np.float32)
     idx, dy = g.integers(0, vocab, (batch, t)), g.standard_normal((batch, t, cols)).astype(np.float32)

@@ -247,9 +247,10 @@ def test_reductions_split_long_axes(poisoned, shape, axes, rng):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(1, 40), cols=st.one_of(st.integers(1, 300), st.sampled_from([255, 256, 257, 1000])),
        seed=st.integers(0, 2**31))
-def test_row_kernels_any_width(poisoned, rows, cols, seed):
-    """The one-workgroup-per-row kernels for widths below, at and above their 256 threads."""
-    gpu, ref = poisoned, __import__("tinynn").backends.reference()
+def test_row_kernels_any_width(subgroup_path, rows, cols, seed):
+    """The row kernels for widths below, at and above a workgroup's 256 threads and a team's 32 (or a
+    subgroup's width), rows not a multiple of a workgroup's 8 (LayerNorm, cross entropy)."""
+    gpu, ref = subgroup_path, __import__("tinynn").backends.reference()
     g = np.random.default_rng(seed)
     x = (g.standard_normal((rows, cols)) * 3).astype(np.float32)
     w, b = g.standard_normal(cols).astype(np.float32), g.standard_normal(cols).astype(np.float32)

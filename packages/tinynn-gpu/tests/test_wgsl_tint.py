@@ -38,6 +38,8 @@ def every_kernel():
                 yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
     # the workgroup-memory group_sum: Tint wants `enable subgroups;` for the subgroup form, which naga refuses
     yield "reduce", kernel_source("reduce", {"GROUP_SUM": group_sum.snippet(subgroups=False)})
+    yield from ((name, kernel_source(name, {"ROW_SUM": group_sum.snippet(False, "row_sum")}))
+                for name in ("layernorm", "cross_entropy"))
     yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, min(4 * n + 2, multi_tensor.MAX_SLOTS), False))
                 for n in range(1, multi_tensor.MAX_SLOTS + 1))  # a device's AdamW and norm slots go together so
     yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))

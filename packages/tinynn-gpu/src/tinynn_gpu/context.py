@@ -24,7 +24,7 @@ WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-stor
 TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
 BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
 STORAGE_BUFFERS_NEEDED = 10  # the most storage buffers one kernel binds (layernorm_backward_main)
-KERNEL_FILES = ("elementwise", "strided", "softmax", "layernorm", "cross_entropy", "embedding",
+KERNEL_FILES = ("elementwise", "strided", "softmax", "embedding",
                 "optimizer", "norm", "decode", "matmul_rows")
 
 

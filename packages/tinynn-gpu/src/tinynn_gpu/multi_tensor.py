@@ -11,7 +11,15 @@ from tinynn_gpu.runtime import WG
 
 MAX_SLOTS = 64
 ADAMW_CHUNK = WG * 8  # elements per workgroup: enough work to hide the slot look-up, enough workgroups to fill a GPU
-SQUARES_CHUNK = WG * 64  # larger: fewer partials for norm_finish_main's single workgroup to add
+# elements per sum_squares workgroup: enough workgroups to fill a GPU (a thread's chain of loads, four in flight,
+# sets the time of a small model's norm, not the bandwidth), at most SQUARES_CHUNK so that a large model's
+# partials stay few for norm_finish_main's single workgroup; a multiple of the 1024 a thread's loop steps by
+SQUARES_WORKGROUPS = 2048
+SQUARES_CHUNK = WG * 64
+
+
+def squares_chunk(total: int) -> int:
+    return min(SQUARES_CHUNK, 1024 * max(1, -(-total // (1024 * SQUARES_WORKGROUPS))))
 
 
 def generate(slots: int, square_slots: int, subgroups: bool) -> str:
@@ -29,22 +37,35 @@ def generate(slots: int, square_slots: int, subgroups: bool) -> str:
         bindings += [f"@group(0) @binding({b}) var<storage, read_write> param_{i}: array<f32>;",
                      f"@group(0) @binding({b + 2}) var<storage, read_write> m_{i}: array<f32>;",
                      f"@group(0) @binding({b + 3}) var<storage, read_write> v_{i}: array<f32>;"]
-        adamw.append(
-            f"fn adamw_{i}(lo: u32, hi: u32, lid: u32, weight_decay: f32) {{\n"
-            f"    for (var j = lo + lid; j < hi; j = j + 256u) {{\n"
-            f"        let g = grad_{i}[j] * scale[0];\n"
-            f"        let m = params.beta1 * m_{i}[j] + (1.0 - params.beta1) * g;\n"
-            f"        let v = params.beta2 * v_{i}[j] + (1.0 - params.beta2) * g * g;\n"
-            f"        m_{i}[j] = m;\n"
-            f"        v_{i}[j] = v;\n"
-            f"        let p = param_{i}[j] * (1.0 - step[0] * weight_decay);\n"
-            f"        param_{i}[j] = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + params.eps);\n"
-            f"    }}\n}}")
+        adamw.append(_adamw_function(i))
         adamw_cases.append(f"        case {i}u: {{ adamw_{i}(work.lo, work.hi, lanes.lid, work.weight_decay); }}")
     return kernel_source("multi_tensor", {
         "GROUP_SUM": group_sum.snippet(subgroups), "BINDINGS": "\n".join(bindings),
         "ADAMW_FUNCTIONS": "\n\n".join(adamw), "SQUARES_FUNCTIONS": "\n\n".join(squares),
         "ADAMW_CASES": "\n".join(adamw_cases), "SQUARES_CASES": "\n".join(squares_cases)})
+
+
+def _adamw_function(i: int) -> str:
+    """AdamW on one slot's elements [lo, hi): four elements' operands loaded before anything is stored (the
+    stores could alias the next loads' bindings, so the compiler keeps a loop's loads behind its stores and
+    each element would wait out its own trip to memory), then a tail one element at a time, the same
+    arithmetic on every element."""
+    def body(load, store) -> str:  # load(name): an operand's expression; store(name, value): its statements
+        return "\n".join([
+            f"        let g = {load('grad')} * scale[0];",
+            f"        let m = params.beta1 * {load('m')} + (1.0 - params.beta1) * g;",
+            f"        let v = params.beta2 * {load('v')} + (1.0 - params.beta2) * g * g;",
+            f"        let p = {load('param')} * (1.0 - step[0] * weight_decay);",
+            "        let p_new = p - step[0] * (m / step[1]) / (sqrt(v / step[2]) + params.eps);",
+            store("m", "m"), store("v", "v"), store("param", "p_new")])
+    four = body(lambda name: f"vec4<f32>({', '.join(f'{name}_{i}[k.{c}]' for c in 'xyzw')})",
+                lambda name, value: "\n".join(f"        {name}_{i}[k.{c}] = {value}.{c};" for c in "xyzw"))
+    one = body(lambda name: f"{name}_{i}[j]", lambda name, value: f"        {name}_{i}[j] = {value};")
+    return (f"fn adamw_{i}(lo: u32, hi: u32, lid: u32, weight_decay: f32) {{\n"
+            f"    var j = lo + lid;\n"
+            f"    for (; j + 768u < hi; j = j + 1024u) {{\n"
+            f"        let k = vec4<u32>(j, j + 256u, j + 512u, j + 768u);\n{four}\n    }}\n"
+            f"    for (; j < hi; j = j + 256u) {{\n{one}\n    }}\n}}")
 
 
 def _squares_function(i: int) -> str:
@@ -123,14 +144,15 @@ class MultiTensor:
         partials_of(n) allocates the partials array once n is known."""
         module = self._module()
         groups = _chunks(list(arrays), self.square_slots)
-        tables = [self.table(group, SQUARES_CHUNK) for group in groups]
+        chunk = squares_chunk(sum(a.size for a in arrays))
+        tables = [self.table(group, chunk) for group in groups]
         partials = partials_of(max(1, sum(workgroups for _, workgroups in tables)))
         first = 0
         for group, (table, workgroups) in zip(groups, tables):
             bindings = {2: partials, 4: table}
             bindings.update({6 + 4 * i: self._or_unused(group, i, 1) for i in range(self.square_slots)})
             self.rt.dispatch(module, "sum_squares_main", workgroups, bindings,
-                             {"chunk": SQUARES_CHUNK, "workgroups": workgroups,
+                             {"chunk": chunk, "workgroups": workgroups,
                               "first_partial": first})
             first += workgroups
         return partials, first

@@ -1,5 +1,6 @@
 // Cross entropy over logits (N, C) with integer targets, softmax fused in.
-// forward_rows: one workgroup per row writes the row's probabilities and (loss, valid) pair;
+// forward_rows: one team of threads per row (a subgroup: a row of a vocabulary's width is a few values per
+// thread) writes the row's probabilities and (loss, valid) pair;
 // forward_mean: one workgroup averages the valid rows' losses into result[0], their count into count[0];
 // backward: one thread per logit, scaled by that count (count_main counts them where the caller has none).
 // A target outside [0, C) that is not ignore_index sets bit TARGET_ERROR in `errors`, which the runtime
@@ -30,27 +31,35 @@ fn in_range(t: i32) -> bool {
     return ok;
 }
 
+{{ROW_SUM}}
+
+const ROWS: u32 = 8u;  // forward_rows: rows per workgroup, one per team (row_sum_*.wgsl, filled in by group_sum.py)
+
 @compute @workgroup_size(256)
 fn cross_entropy_forward_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                                   @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(wg, nwg);
-    if (row >= params.n) { return; }
+                                   lanes: Lanes) {
+    let team = team_of(lanes);
     let cols = params.cols;
-    let base = row * cols;
-    var m = neg_inf();
-    for (var j = lid; j < cols; j = j + 256u) { m = max(m, logits[base + j]); }
-    m = workgroup_max(lid, m);
-    var s = 0.0;
-    for (var j = lid; j < cols; j = j + 256u) { s = s + exp(logits[base + j] - m); }
-    s = workgroup_sum(lid, s);
-    for (var j = lid; j < cols; j = j + 256u) { probs[base + j] = exp(logits[base + j] - m) / s; }
-    if (lid == 0u) {
-        let t = targets[row];
-        let valid = is_valid(t);
-        var loss = 0.0;
-        if (valid && in_range(t)) { loss = log(s) + m - logits[base + u32(t)]; }
-        rows[2u * row] = loss;
-        rows[2u * row + 1u] = select(0.0, 1.0, valid);
+    for (var k = 0u; k < team_rows(team, ROWS); k = k + 1u) {
+        let r = team.id + k * team.count;
+        let row = row_index(wg, nwg) * ROWS + r;
+        let end = select(0u, cols, r < ROWS && row < params.n);  // 0: no row for this team, which still sums
+        let base = row * cols;
+        var m = neg_inf();
+        for (var j = team.lane; j < end; j = j + team.width) { m = max(m, logits[base + j]); }
+        m = row_max(team, m);
+        var s = 0.0;
+        for (var j = team.lane; j < end; j = j + team.width) { s = s + exp(logits[base + j] - m); }
+        s = row_sum(team, vec2<f32>(s, 0.0)).x;
+        for (var j = team.lane; j < end; j = j + team.width) { probs[base + j] = exp(logits[base + j] - m) / s; }
+        if (team.lane == 0u && end > 0u) {
+            let t = targets[row];
+            let valid = is_valid(t);
+            var loss = 0.0;
+            if (valid && in_range(t)) { loss = log(s) + m - logits[base + u32(t)]; }
+            rows[2u * row] = loss;
+            rows[2u * row + 1u] = select(0.0, 1.0, valid);
+        }
     }
 }
 

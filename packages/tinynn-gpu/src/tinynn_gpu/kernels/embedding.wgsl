@@ -68,7 +68,7 @@ fn embedding_with_positions_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @
 // HIT_LANES-th, and the lanes are added in a fixed order: no atomics, the same sum every run, and g read only
 // where an id matches (the ids are read once per workgroup). The workgroups after them write the position
 // gradient out (P, C) (`total` = P * C, `positions` = T), one thread an element: row p < T the sum over the
-// batch of g[b, p], in batch order, rows T onwards 0.
+// batch of g[b, p] (in a fixed order: the same sum every run), rows T onwards 0.
 const COL_LANES: u32 = 32u;
 const HIT_LANES: u32 = 8u;
 const IDS_PER_THREAD: u32 = 8u;
@@ -92,11 +92,16 @@ fn embedding_with_positions_backward_main(@builtin(workgroup_id) wg: vec3<u32>,
     let i = (w - token_groups) * 256u + lid;
     if (i >= params.total) { return; }
     let row_stride = params.positions * cols;
-    var acc = 0.0;
+    var acc = vec4<f32>(0.0);  // four sequences' rows in flight, each lane of acc summing in batch order
     if (i < row_stride) {
-        for (var b = 0u; b < params.batch; b = b + 1u) { acc = acc + g[b * row_stride + i]; }
+        var b = 0u;
+        for (; b + 3u < params.batch; b = b + 4u) {
+            let at = b * row_stride + i;
+            acc = acc + vec4<f32>(g[at], g[at + row_stride], g[at + 2u * row_stride], g[at + 3u * row_stride]);
+        }
+        for (; b < params.batch; b = b + 1u) { acc.x = acc.x + g[b * row_stride + i]; }
     }
-    out[i] = acc;
+    out[i] = (acc.x + acc.y) + (acc.z + acc.w);
 }
 
 // Lists the hits of ids [base, base + CHUNK) for row v in `hits`, returns how many (after a barrier).
