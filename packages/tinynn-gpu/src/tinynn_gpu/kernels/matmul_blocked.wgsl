@@ -7,7 +7,8 @@
 // in a loop would live in slow local memory instead of registers.
 // Per BK step the block's A (BM x BK) and B (BK x BN) tiles go through workgroup memory as vec4s, so the inner
 // product reads 4 values per load. The tiles are nested arrays indexed [buffer][k][column], not flat ones:
-// naga clamps every dynamic index (wgpu's bounds checks), and a clamped flat index is a new address per load,
+// with wgpu's runtime checks on (TINYNN_SHADER_CHECKS=1, unchecked.py) naga clamps every dynamic index, and a
+// clamped flat index is a new address per load,
 // while here k is a constant and a thread's column is the same every step, so its clamp is made once and each
 // load is a constant offset from one address (H200, steady clock: 2-9% faster on the lesson model's shapes,
 // the same at 4096^2). A thread's rows and columns are interleaved with its neighbours' (4-wide groups
