@@ -95,7 +95,8 @@ def main():
     row("embedding_with_positions_forward", lambda: gpu.embedding_with_positions_forward(wte, wpe, idx),
         4 * (n * c + n + (VOCAB + t) * c), 1)
     row("embedding_with_positions_backward",
-        lambda: gpu.embedding_with_positions_backward(gy, idx, VOCAB, cfg.block_size), 4 * (n * c + n + (VOCAB + t) * c), 1)
+        lambda: gpu.embedding_with_positions_backward(gy, idx, VOCAB, cfg.block_size),
+        4 * (n * c + n + (VOCAB + t) * c), 1)
 
     h4 = up(n, 4 * c)
     row(f"unary gelu ({n}, {4 * c}) (elementwise reference)", lambda: gpu.unary("gelu", h4), 8 * n * 4 * c, 1)

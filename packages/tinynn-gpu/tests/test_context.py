@@ -16,7 +16,7 @@ def build_every_kernel(storage_buffers: int) -> list[str]:
     adapter = context.choose_adapter(wgpu.gpu.enumerate_adapters_sync())
     device = adapter.request_device_sync(required_limits={"max-storage-buffers-per-shader-stage": storage_buffers})
     failed = []
-    row_teams = {"ROW_SUM": group_sum.snippet(False, "row_sum")}  # the row-team kernels, their no-subgroup form
+    row_teams = group_sum.fills(subgroups=False)  # the row-team kernels, their no-subgroup form
     sources = [context.kernel_source(name) for name in context.KERNEL_FILES] + \
         [context.kernel_source(name, row_teams) for name in ("layernorm", "cross_entropy")]
     for code in sources:

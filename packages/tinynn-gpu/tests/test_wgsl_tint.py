@@ -26,7 +26,7 @@ def tint():
         mp.setenv("WGPU_BACKEND_TYPE", "Null")
         adapter = wgpudawn.gpu.request_adapter_sync()
     assert adapter.info["backend_type"] == "Null"
-    return adapter.request_device_sync()
+    return adapter.request_device_sync(required_features=["subgroups"])  # for the subgroup forms
 
 
 def every_kernel():
@@ -36,14 +36,19 @@ def every_kernel():
         for ta in (False, True):
             for tb in (False, True):
                 yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
-    # the workgroup-memory group_sum: Tint wants `enable subgroups;` for the subgroup form, which naga refuses
-    yield "reduce", kernel_source("reduce", {"GROUP_SUM": group_sum.snippet(subgroups=False)})
-    yield from ((name, kernel_source(name, {"ROW_SUM": group_sum.snippet(False, "row_sum")}))
-                for name in ("layernorm", "cross_entropy"))
+    # the group_sum and row-team kernels both ways; Tint wants `enable subgroups;` for the subgroup form,
+    # which naga refuses, so it is added here only
+    for subgroups in (False, True):
+        enable = "enable subgroups;\n" if subgroups else ""
+        yield from ((f"{name} subgroups={subgroups}", enable + kernel_source(name, group_sum.fills(subgroups)))
+                    for name in ("reduce", "layernorm", "cross_entropy"))
     yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, min(4 * n + 2, multi_tensor.MAX_SLOTS), False))
                 for n in range(1, multi_tensor.MAX_SLOTS + 1))  # a device's AdamW and norm slots go together so
+    yield from ((f"multi_tensor x{n} subgroups", "enable subgroups;\n" + multi_tensor.generate(n, n, True))
+                for n in (1, multi_tensor.MAX_SLOTS))
     yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))
-    # one lane a row: the subgroup shuffles, like group_sum's, would want `enable subgroups;` here
+    # one lane a row: with several, the per-row kernels shuffle inside loops whose trip counts differ between
+    # the rows of a subgroup, which Tint's uniformity analysis refuses (naga runs them; not yet restructured)
     yield from ((f"attention hs{hs} {rows}x{splits}", attention.source(hs, rows, splits, lanes=1))
                 for hs in (16, 20, 64, 128) for rows, splits in attention.LAYOUTS)
     yield from ((f"attention tiled hs{hs} {tile}", attention.tiled_source(hs, tile))

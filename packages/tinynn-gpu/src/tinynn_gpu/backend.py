@@ -42,8 +42,6 @@ LAYERNORM_SPLIT_ROWS = 2048
 # columns per LayerNorm-backward column workgroup, C / 4 workgroups sharing the rows: 4 took 8.2 us at 2048 x 256
 # on an H200, 2 8.9 and 8 9.4 (experiments/row_kernels.py --group-cols)
 LAYERNORM_GROUP_COLS = 4
-LAYERNORM_ROWS = 8  # rows per LayerNorm workgroup (layernorm.wgsl's ROWS)
-CROSS_ENTROPY_ROWS = 8  # rows per cross-entropy forward workgroup (cross_entropy.wgsl's ROWS)
 NO_EPILOGUE = Epilogue()  # frozen: one for every plain matmul
 
 
@@ -392,7 +390,8 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         y, mean, rstd = self._empty(x.shape), self._empty(lead), self._empty(lead)
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
-        self.rt.dispatch(group_sum.shader(self.rt, "layernorm"), "layernorm_forward_main", -(-rows // LAYERNORM_ROWS),
+        shader = group_sum.shader(self.rt, "layernorm")
+        self.rt.dispatch(shader, "layernorm_forward_main", -(-rows // group_sum.TEAM_ROWS),
                          {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd},
                          {"rows": rows, "cols": c, "eps": eps})
         return y, mean, rstd
@@ -410,12 +409,13 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
                   "param_groups": -(-c // LAYERNORM_GROUP_COLS) * splits if wanted else 0,
                   "group_cols": LAYERNORM_GROUP_COLS, "split_rows": LAYERNORM_SPLIT_ROWS, "splits": splits}
         shader = group_sum.shader(self.rt, "layernorm")
-        self.rt.dispatch(shader, "layernorm_backward_main", params["param_groups"] + -(-rows // LAYERNORM_ROWS),
+        added = self.rt.stand_in(0) if g_add is None else bindable(g_add)
+        self.rt.dispatch(shader, "layernorm_backward_main", params["param_groups"] + -(-rows // group_sum.TEAM_ROWS),
                          {0: bindable(x), 1: bindable(w), 5: bindable(mean), 6: bindable(rstd), 7: bindable(g),
-                          8: self.rt.stand_in(0) if g_add is None else bindable(g_add), 4: gx, 9: partials, 10: gw, 11: gb},
-                         params)
+                          8: added, 4: gx, 9: partials, 10: gw, 11: gb}, params)
         if splits > 1:
-            self.rt.dispatch(shader, "layernorm_param_grads_finish_main", groups(c), {9: partials, 10: gw, 11: gb}, params)
+            self.rt.dispatch(shader, "layernorm_param_grads_finish_main", groups(c), {9: partials, 10: gw, 11: gb},
+                             params)
         return gx, (gw if weight is not None else None), (gb if has_bias else None)
 
     def cross_entropy_forward(self, logits, targets, ignore_index):
@@ -425,7 +425,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
         bindings = {0: bindable(logits), 1: bindable(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
         shader = group_sum.shader(self.rt, "cross_entropy")
-        self.rt.dispatch(shader, "cross_entropy_forward_rows_main", -(-n // CROSS_ENTROPY_ROWS), bindings, params)
+        self.rt.dispatch(shader, "cross_entropy_forward_rows_main", -(-n // group_sum.TEAM_ROWS), bindings, params)
         self.rt.dispatch(shader, "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss, 9: count}, params)
         return loss, probs, count
 

@@ -33,14 +33,13 @@ fn in_range(t: i32) -> bool {
 
 {{ROW_SUM}}
 
-const ROWS: u32 = 8u;  // forward_rows: rows per workgroup, one per team (row_sum_*.wgsl, filled in by group_sum.py)
-
 @compute @workgroup_size(256)
 fn cross_entropy_forward_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                    lanes: Lanes) {
     let team = team_of(lanes);
     let cols = params.cols;
-    for (var k = 0u; k < team_rows(team, ROWS); k = k + 1u) {
+    let rows_each = team_rows(team);
+    for (var k = 0u; k < rows_each; k = k + 1u) {
         let r = team.id + k * team.count;
         let row = row_index(wg, nwg) * ROWS + r;
         let end = select(0u, cols, r < ROWS && row < params.n);  // 0: no row for this team, which still sums

@@ -153,7 +153,8 @@ fn token_block(v: u32, block: u32, lid: u32) {
                 var k = lane;
                 for (; k + 3u * HIT_LANES < count; k = k + 4u * HIT_LANES) {
                     acc = acc + vec4<f32>(g[hits[k] * cols + c], g[hits[k + HIT_LANES] * cols + c],
-                                          g[hits[k + 2u * HIT_LANES] * cols + c], g[hits[k + 3u * HIT_LANES] * cols + c]);
+                                          g[hits[k + 2u * HIT_LANES] * cols + c],
+                                          g[hits[k + 3u * HIT_LANES] * cols + c]);
                 }
                 for (; k < count; k = k + HIT_LANES) { acc.x = acc.x + g[hits[k] * cols + c]; }
             }

@@ -31,8 +31,6 @@ struct Params {
 
 {{ROW_SUM}}
 
-const ROWS: u32 = 8u;  // rows per workgroup: one per 32-wide team, so 2048 rows make 256 workgroups
-
 // The elements of row `row` that `team` holds (lane, lane + width, ...) end below this: 0 for a team with no
 // row (past the workgroup's ROWS or the last row), which still calls row_sum, adding zeros.
 fn team_end(r: u32, row: u32) -> u32 { return select(0u, params.cols, r < ROWS && row < params.rows); }
@@ -42,8 +40,12 @@ fn team_end(r: u32, row: u32) -> u32 { return select(0u, params.cols, r < ROWS &
 // and each load would otherwise wait out a trip to memory on its own.
 fn x4(i: u32, w: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + w], x[i + 2u * w], x[i + 3u * w]); }
 fn g4(i: u32, w: u32) -> vec4<f32> { return vec4<f32>(g[i], g[i + w], g[i + 2u * w], g[i + 3u * w]); }
-fn g_add4(i: u32, w: u32) -> vec4<f32> { return vec4<f32>(g_add[i], g_add[i + w], g_add[i + 2u * w], g_add[i + 3u * w]); }
-fn weight4(j: u32, w: u32) -> vec4<f32> { return vec4<f32>(weight[j], weight[j + w], weight[j + 2u * w], weight[j + 3u * w]); }
+fn g_add4(i: u32, w: u32) -> vec4<f32> {
+    return vec4<f32>(g_add[i], g_add[i + w], g_add[i + 2u * w], g_add[i + 3u * w]);
+}
+fn weight4(j: u32, w: u32) -> vec4<f32> {
+    return vec4<f32>(weight[j], weight[j + w], weight[j + 2u * w], weight[j + 3u * w]);
+}
 fn bias4(j: u32, w: u32) -> vec4<f32> { return vec4<f32>(bias[j], bias[j + w], bias[j + 2u * w], bias[j + 3u * w]); }
 
 fn store4(i: u32, w: u32, v: vec4<f32>) {
@@ -77,7 +79,8 @@ fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     let team = team_of(lanes);
     let cols = params.cols;
     let w = team.width;
-    for (var k = 0u; k < team_rows(team, ROWS); k = k + 1u) {
+    let rows_each = team_rows(team);
+    for (var k = 0u; k < rows_each; k = k + 1u) {
         let r = team.id + k * team.count;
         let row = row_index(wg, nwg) * ROWS + r;
         let end = team_end(r, row);
@@ -117,7 +120,8 @@ fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     let cols = params.cols;
     let w = team.width;
     let add = params.has_g_add == 1u;
-    for (var k = 0u; k < team_rows(team, ROWS); k = k + 1u) {
+    let rows_each = team_rows(team);
+    for (var k = 0u; k < rows_each; k = k + 1u) {
         let r = team.id + k * team.count;
         let row = (group - params.param_groups) * ROWS + r;
         let end = team_end(r, row);

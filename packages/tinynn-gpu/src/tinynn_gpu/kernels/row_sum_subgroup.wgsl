@@ -16,8 +16,19 @@ struct Team { lid: u32, id: u32, count: u32, lane: u32, width: u32 }
 
 fn team_of(lanes: Lanes) -> Team { return Team(lanes.lid, lanes.team, lanes.teams, lanes.lane, lanes.width); }
 
-// How many of a workgroup's `rows` each team takes (the last ones may run past them)
-fn team_rows(team: Team, rows: u32) -> u32 { return (rows + team.count - 1u) / team.count; }
+const ROWS: u32 = {{ROWS}}u;  // rows per 256-thread workgroup (group_sum.TEAM_ROWS)
+
+var<workgroup> team_count: u32;
+
+// How many of a workgroup's ROWS each team takes (the last ones may run past them). The team count goes
+// through workgroup memory: read back by workgroupUniformLoad it is uniform to WGSL's uniformity analysis,
+// which the subgroup operations in the loop over rows need; `team` (which holds the lane index) is not.
+// Call it once, from uniform control flow (it holds a barrier).
+fn team_rows(team: Team) -> u32 {
+    if (team.lid == 0u) { team_count = team.count; }
+    let count = workgroupUniformLoad(&team_count);
+    return (ROWS + count - 1u) / count;
+}
 
 // The sum over the team, every lane getting it: two values at once (LayerNorm's backward needs two per row)
 fn row_sum(team: Team, x: vec2<f32>) -> vec2<f32> { return subgroupAdd(x); }

@@ -13,8 +13,10 @@ fn team_of(lanes: Lanes) -> Team {
     return Team(lanes.lid, lanes.lid / TEAM_WIDTH, 256u / TEAM_WIDTH, lanes.lid % TEAM_WIDTH, TEAM_WIDTH);
 }
 
-// How many of a workgroup's `rows` each team takes: a constant, so loops over them stay uniform
-fn team_rows(team: Team, rows: u32) -> u32 { return (rows + 256u / TEAM_WIDTH - 1u) / (256u / TEAM_WIDTH); }
+const ROWS: u32 = {{ROWS}}u;  // rows per 256-thread workgroup (group_sum.TEAM_ROWS)
+
+// How many of a workgroup's ROWS each team takes: a constant, so loops over them stay uniform
+fn team_rows(team: Team) -> u32 { return (ROWS + 256u / TEAM_WIDTH - 1u) / (256u / TEAM_WIDTH); }
 
 var<workgroup> row_scratch: array<vec2<f32>, 256>;
 
