@@ -68,6 +68,47 @@ def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
     assert gpu.to_numpy(out)[0] == 1.0
 
 
+def test_a_read_back_that_cannot_map_raises_rather_than_waits(gpu):
+    """A map refused at once (a destroyed buffer) raises wgpu's error; a map whose callback never comes (here:
+    one that ignores it) raises once the queue is idle, instead of polling forever."""
+    from wgpu.backends.wgpu_native import ffi, lib
+    from wgpu.backends.wgpu_native._api import libf
+
+    calls = gpu.rt.native
+    assert calls is not None, gpu.rt.native_reason
+    usage = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+    gone = gpu.rt.device.create_buffer(size=16, usage=usage)
+    gone.destroy()
+    with pytest.raises(wgpu.GPUError, match="destroyed"):
+        calls.read(gone._internal, [(0, np.zeros(4, np.float32))])
+
+    class Deaf(native.NativeCalls):
+        __slots__ = ("_ignore",)
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self._ignore = ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)",
+                                        lambda *_: None)
+            self._map_callback = ffi.new("WGPUBufferMapCallbackInfo *", {
+                "mode": lib.WGPUCallbackMode_AllowProcessEvents, "callback": self._ignore})
+    deaf = Deaf(ffi, lib, libf, gpu.rt.device)
+    buffer = gpu.rt.device.create_buffer(size=16, usage=usage)
+    with pytest.raises(RuntimeError, match="never completed"):
+        deaf.read(buffer._internal, [(0, np.zeros(4, np.float32))])
+
+
+def test_a_read_back_fills_each_part_from_its_offset(gpu):
+    calls, rt = gpu.rt.native, gpu.rt
+    assert calls is not None, rt.native_reason
+    src = gpu.from_numpy(np.arange(8, dtype=np.float32))
+    staging = rt.device.create_buffer(size=32, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+    rt._encoder().copy_buffer_to_buffer(src.buffer, 0, staging, 0, 32)
+    rt.flush()
+    head, tail = np.zeros(3, np.float32), np.zeros(2, np.float32)
+    calls.read(staging._internal, [(0, head), (24, tail)])
+    assert head.tolist() == [0, 1, 2] and tail.tolist() == [6, 7]
+
+
 class Handle:
     """A stand-in for a wgpu object: what direct calls take is its `_internal`."""
     def __init__(self, name):

@@ -1,6 +1,6 @@
 """Direct wgpu-native calls for the replay of a captured step: the three commands every dispatch records
 (set pipeline, set bind group, dispatch), and the few per submission (encoder, pass, copy, finish, submit,
-and `write_buffer`).
+and `write_buffer`); and the read-back's map, copy and unmap.
 
 wgpu-py's methods wrap each C function in Python (argument checks, descriptor structs built per call, an
 error-capture frame): on the H200 a dispatch recorded through them costs ~3.9 us of host time, the same C
@@ -61,10 +61,12 @@ class NativeCalls:
         self._buffer_desc = ffi.new("WGPUCommandBufferDescriptor *")
         self._command_buffers = ffi.new("WGPUCommandBuffer[1]")
         # `read`'s map callback: it stores the map's status, fired by whichever thread polls the device
-        self._map_status = [0]
+        self._map_status = [0, ""]  # status (0 until the callback), wgpu-native's message
 
         @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
         def on_mapped(status, message, userdata1, userdata2):
+            self._map_status[1] = "" if message.data == ffi.NULL else \
+                ffi.string(message.data, message.length).decode(errors="replace")
             self._map_status[0] = status
         self._on_mapped = on_mapped  # kept alive with the calls
         self._map_callback = ffi.new("WGPUBufferMapCallbackInfo *", {
@@ -101,24 +103,31 @@ class NativeCalls:
         view = self._ffi.from_buffer(data)
         self._checked.wgpuQueueWriteBuffer(self._queue, buffer, offset, view, len(view))
 
-    def read(self, buffer, into) -> None:
-        """Copy the first len(into) bytes of a MAP_READ buffer handle into `into` (a writable contiguous array),
-        once everything submitted before has run: map, copy, unmap, waiting in one blocking poll of the device
-        from this thread. wgpu-py's `map_sync` waits through its poll thread and an event instead, two thread
-        hand-overs: on the H200 an idle 4-byte read-back took 190-320 us that way, 87-93 us this way (a polling
-        loop in place of the blocking poll: 84-87), and the lesson step 4.09 -> 3.65 ms."""
-        lib, view = self._lib, self._ffi.from_buffer(into, require_writable=True)
-        self._map_status[0] = 0
-        self._checked.wgpuBufferMapAsync(buffer, lib.WGPUMapMode_Read, 0, len(view), self._map_callback[0])
-        while not self._map_status[0]:  # the callback fires inside a poll: this one's, or wgpu-py's poll thread's
-            lib.wgpuDevicePoll(self._device, 1, self.null)
-        if self._map_status[0] != lib.WGPUMapAsyncStatus_Success:
-            raise RuntimeError(f"could not map a read-back buffer (status {self._map_status[0]})")
+    def read(self, buffer, parts) -> None:
+        """Copy bytes of a MAP_READ buffer handle into host arrays once everything submitted before has run:
+        `parts` is [(byte offset, writable contiguous array), ...], each array filled from its offset. Map, copy,
+        unmap, waiting in one blocking poll of the device from this thread. wgpu-py's `map_sync` waits through its
+        poll thread and an event instead, two thread hand-overs: on the H200 an idle 4-byte read-back took
+        190-320 us that way, 87-93 us this way (a polling loop in place of the blocking poll: 84-87), and the
+        lesson step 4.09 -> 3.65 ms."""
+        ffi, lib, status = self._ffi, self._lib, self._map_status
+        views = [(offset, ffi.from_buffer(into, require_writable=True)) for offset, into in parts]
+        size = max(offset + len(view) for offset, view in views)
+        status[0] = 0
+        self._checked.wgpuBufferMapAsync(buffer, lib.WGPUMapMode_Read, 0, size, self._map_callback[0])
+        idle = False
+        while not status[0]:  # the callback fires inside a poll: this one's, or wgpu-py's poll thread's
+            if idle:  # the queue was empty at the last poll, and this one ran the callbacks it had left
+                raise RuntimeError("a read-back buffer's map never completed (was the device lost?)")
+            idle = lib.wgpuDevicePoll(self._device, 1, self.null)
+        if status[0] != lib.WGPUMapAsyncStatus_Success:
+            raise RuntimeError(f"could not map a read-back buffer: {status[1] or f'status {status[0]}'}")
         try:
-            mapped = self._checked.wgpuBufferGetConstMappedRange(buffer, 0, len(view))
+            mapped = self._checked.wgpuBufferGetConstMappedRange(buffer, 0, size)
             if mapped == self.null:
-                raise RuntimeError(f"a mapped read-back buffer gave no range of {len(view)} bytes")
-            self._ffi.memmove(view, mapped, len(view))
+                raise RuntimeError(f"a mapped read-back buffer gave no range of {size} bytes")
+            for offset, view in views:
+                ffi.memmove(view, ffi.cast("char *", mapped) + offset, len(view))
         finally:
             lib.wgpuBufferUnmap(buffer)
 
@@ -192,8 +201,9 @@ def probe(device) -> tuple[NativeCalls | None, str]:
     import wgpu
     try:
         n = 4
-        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-        buffer, copy = (device.create_buffer(size=4 * n, usage=usage) for _ in range(2))
+        buffer = device.create_buffer(size=4 * n, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
+                                      | wgpu.BufferUsage.COPY_DST)
+        copy = device.create_buffer(size=4 * n, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         module = device.create_shader_module(label="native probe", code=PROBE_WGSL)
         pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         group = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
@@ -202,7 +212,8 @@ def probe(device) -> tuple[NativeCalls | None, str]:
         encoder, compute_pass = calls.begin()
         calls.record(compute_pass, [(pipe._internal, [(group._internal, n, 1, 1)])])
         calls.submit(encoder, compute_pass, [(buffer._internal, 0, copy._internal, 0, 4 * n)])
-        got = np.frombuffer(device.queue.read_buffer(copy), np.float32)
+        got = np.zeros(n, np.float32)
+        calls.read(copy._internal, [(0, got)])
     except Exception as e:  # any failure means: record through wgpu-py's methods instead
         return None, f"a test dispatch through wgpu-native's C functions failed ({type(e).__name__}: {e})"
     if not np.array_equal(got, np.arange(11, 11 + n, dtype=np.float32)):

@@ -232,15 +232,18 @@ class Runtime(Replaying, BufferPool):
         self._encoder().copy_buffer_to_buffer(arr.buffer, start * arr.dtype.itemsize, staging, 0, flags_at)
         self._encoder().copy_buffer_to_buffer(self.error_flags, 0, staging, flags_at, 4)
         self.flush()
-        if self.native is not None:
-            mapped = np.empty(flags_at + 4, np.uint8)
-            self.native.read(staging._internal, mapped)
+        if self.native is not None:  # the values straight into `out` where it is one block of memory
+            flags_word = np.zeros(1, np.uint32)
+            into = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+            self.native.read(staging._internal, [(0, into), (flags_at, flags_word)])
+            flags = int(flags_word[0])
+            if into is not out:
+                out[...] = into
         else:
             staging.map_sync(wgpu.MapMode.READ, 0, flags_at + 4)
             mapped = staging.read_mapped(0, flags_at + 4, copy=False)  # copied once, below, before unmap
-        flags = int.from_bytes(mapped[flags_at:], "little")
-        out[...] = np.frombuffer(mapped, dtype=arr.dtype, count=out.size).reshape(out.shape)
-        if self.native is None:
+            flags = int.from_bytes(mapped[flags_at:], "little")
+            out[...] = np.frombuffer(mapped, dtype=arr.dtype, count=out.size).reshape(out.shape)
             del mapped
             staging.unmap()
         self.counters["host_syncs"] += 1
