@@ -42,6 +42,17 @@ def test_no_adapter_means_cpu_with_the_reason(monkeypatch):
         backends.reset_discovery()
 
 
+def test_a_template_kernel_that_fails_to_compile_is_a_start_up_reason(gpu, monkeypatch):
+    """The kernels compiled from templates (group_sum's) are compiled when the backend starts, so a driver
+    that refuses one leaves a reason there, not an exception in the middle of the first training step."""
+    from tinynn_gpu import backend, group_sum
+    plain = group_sum.kernel_source
+    monkeypatch.setattr(group_sum, "kernel_source",
+                        lambda name, fills=None: "fn broken( {" if name == "layernorm" else plain(name, fills))
+    with pytest.raises(BackendUnavailable, match="kernel layernorm.wgsl failed to compile"):
+        backend.WgpuBackend(gpu.ctx)
+
+
 def test_adapter_choice_by_name(monkeypatch):
     monkeypatch.setenv("TINYNN_ADAPTER", "no-such-gpu")
     with pytest.raises(BackendUnavailable, match="matches no adapter"):

@@ -18,7 +18,7 @@ import numbers
 
 import numpy as np
 
-from tinynn.backends import Backend
+from tinynn.backends import Backend, BackendUnavailable
 from tinynn_gpu import fallback, group_sum
 from tinynn_gpu.attention import Attention, unsupported_head_size
 from tinynn_gpu.capture import CapturedStep
@@ -62,6 +62,11 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         self.packing = Packing(self.rt)
         self._constants = {}
         self._empty = self.rt.empty  # an uninitialised array (shape, dtype=float32): ~2 per eager dispatch
+        for name in group_sum.TEMPLATES:  # compiled now: a failure is a reason at start-up, not a failed step
+            try:
+                group_sum.shader(self.rt, name)
+            except Exception as e:
+                raise BackendUnavailable(f"kernel {name}.wgsl failed to compile on {ctx.name}: {e}") from None
 
     @property
     def counters(self):

@@ -18,6 +18,7 @@ def uses_subgroups(ctx) -> bool:
     return "subgroup" in ctx.features and os.environ.get("TINYNN_SUBGROUPS") != "0"
 
 
+TEMPLATES = ("reduce", "layernorm", "cross_entropy")  # the kernel files compiled through `shader`
 TEAM_ROWS = 8  # rows per 256-thread workgroup of the row-team kernels (layernorm, cross_entropy's forward)
 
 
