@@ -29,17 +29,28 @@ def gpu():
 
 @pytest.fixture
 def poisoned(gpu, monkeypatch):
-    """Every array the GPU backend allocates starts as NaN, so an element a kernel fails to write shows."""
+    """Every array the GPU backend allocates starts as NaN, so an element a kernel fails to write shows. And
+    after the test, the rest of each live array's buffer (the pool rounds sizes up) must still be NaN, so a
+    kernel that writes past an array's end shows too: shaders run without wgpu's bounds checks (unchecked.py).
+    The fixture holds every such array until then (a test's arrays are small), so none goes back to the pool."""
     plain_empty = runtime.Runtime.empty
+    made = []
 
     def empty(self, shape, dtype=np.float32):
         arr = plain_empty(self, shape, dtype)
         if arr.dtype == np.float32 and arr.buffer is not None:
             n = arr.buffer.size // 4
             self.dispatch("elementwise", "fill_main", -(-n // 256), {2: arr.buffer}, {"n": n, "value": float("nan")})
+            made.append((self, arr))  # the lesson's NumPy entries have a runtime of their own
         return arr
     monkeypatch.setattr(runtime.Runtime, "empty", empty)
-    return gpu
+    monkeypatch.setattr(gpu, "_empty", gpu.rt.empty)  # the backend's own reference, bound before the patch
+    yield gpu
+    for rt, arr in made:
+        if arr.buffer.size > arr.nbytes:
+            rt.flush()
+            tail = np.frombuffer(rt.device.queue.read_buffer(arr.buffer, arr.nbytes), np.float32)
+            assert np.isnan(tail).all(), f"a kernel wrote past the end of a {arr.shape} array"
 
 
 @pytest.fixture

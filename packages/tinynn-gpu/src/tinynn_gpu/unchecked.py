@@ -5,9 +5,10 @@ array or buffer as a clamped one (`min(i, length - 1)`), and bounds every loop w
 matmul's inner loop that is an extra instruction and a fresh address per load. wgpu-native 29 (wgpu-py 0.32)
 exports `wgpuDeviceCreateShaderModuleTrusted`, which takes the same WGSL with a mask of the checks to keep;
 we keep none. Our kernels guard their own indices (every load and store checks its row and column against
-the shape, loops run to bounds the shader computes), and the kernel tests poison outputs with NaN and draw
-shapes off every tile edge, so a missing guard shows up as a wrong answer in a test rather than being
-papered over by a clamp.
+the shape, loops run to bounds the shader computes), and the kernel tests poison every array with NaN, draw
+shapes off every tile edge and check that nothing past an array's end was written (the `poisoned` fixture),
+so a missing guard fails a test rather than being papered over by a clamp. A write past the end of a buffer
+itself cannot be seen that way; the pool's rounding up of sizes leaves most arrays a tail where it shows.
 
 `probe` checks that the function and wgpu-py's private helpers are there and that a kernel compiled that way
 runs right; otherwise (or with `TINYNN_SHADER_CHECKS=1`, to rule the checks out when a kernel misbehaves)
@@ -45,7 +46,10 @@ def probe(device):
         source[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
         descriptor = new_struct_p("WGPUShaderModuleDescriptor *", label=to_c_string_view(label),
                                   nextInChain=ffi.cast("WGPUChainedStruct *", source))
-        return GPUShaderModule(label, create(device._internal, descriptor, 0), device)  # 0: no checks
+        handle = create(device._internal, descriptor, lib.WGPUShaderRuntimeChecks_None)
+        if handle == ffi.NULL:
+            raise RuntimeError(f"shader module {label!r} could not be created")
+        return GPUShaderModule(label, handle, device)
 
     import wgpu
     try:
