@@ -7,7 +7,7 @@ import pytest
 from hypothesis import settings
 
 from tinynn import backends
-from tinynn_gpu import runtime
+from tinynn_gpu import group_sum, runtime
 
 
 # CI draws the same examples on every run, so a submission passes or fails on its code, not on the draw;
@@ -59,11 +59,14 @@ def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
-@pytest.fixture(params=["subgroup", "workgroup"])
+@pytest.fixture(params=["subgroup", "workgroup", "workgroup, teams of 64"])
 def subgroup_path(request, poisoned, monkeypatch):
     """The poisoned GPU backend with its kernels forced onto their subgroup path or onto the one that needs
-    none (workgroup-memory sums; attention's one thread per row): TINYNN_SUBGROUPS."""
+    none (workgroup-memory sums; attention's one thread per row): TINYNN_SUBGROUPS. Teams of 64 threads give
+    the row-team kernels (group_sum.py) two rows a team, as a 64-wide subgroup would (lavapipe's are 8)."""
     if request.param == "subgroup" and "subgroup" not in poisoned.ctx.features:
         pytest.skip("the adapter has no subgroup operations")
     monkeypatch.setenv("TINYNN_SUBGROUPS", "1" if request.param == "subgroup" else "0")
+    if request.param.endswith("64"):
+        monkeypatch.setattr(group_sum, "TEAM_WIDTH", 64)
     return poisoned

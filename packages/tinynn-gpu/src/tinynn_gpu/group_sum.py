@@ -20,6 +20,7 @@ def uses_subgroups(ctx) -> bool:
 
 TEMPLATES = ("reduce", "layernorm", "cross_entropy")  # the kernel files compiled through `shader`
 TEAM_ROWS = 8  # rows per 256-thread workgroup of the row-team kernels (layernorm, cross_entropy's forward)
+TEAM_WIDTH = 32  # threads per row team without subgroups
 
 
 def snippet(subgroups: bool) -> str:
@@ -29,14 +30,14 @@ def snippet(subgroups: bool) -> str:
 
 def fills(subgroups: bool) -> dict:
     """`kernel_source`'s fills for a file using group_sum or the row teams ({{ROWS}}: inside the row teams)."""
-    return {"GROUP_SUM": snippet(subgroups),
-            "ROW_SUM": kernel_file(f"row_sum_{'subgroup' if subgroups else 'workgroup'}"), "ROWS": TEAM_ROWS}
+    teams = kernel_file(f"row_sum_{'subgroup' if subgroups else 'workgroup'}")
+    return {"GROUP_SUM": snippet(subgroups), "ROW_SUM": teams, "ROWS": TEAM_ROWS, "TEAM_WIDTH": TEAM_WIDTH}
 
 
 def shader(rt, name: str):
     """kernels/<name>.wgsl with the device's group_sum or row teams, compiled on first use (a runtime Shader)."""
     subgroups = uses_subgroups(rt.ctx)
-    key = f"{name}[{'subgroup' if subgroups else 'workgroup'}]"
+    key = f"{name}[{'subgroup' if subgroups else f'workgroup x{TEAM_WIDTH}'}]"
     found = rt.kernels.get(key)
     if found is None:
         found = rt.kernels[key] = rt.shader(kernel_source(name, fills(subgroups)), key)

@@ -1,4 +1,4 @@
-// Row teams without subgroup operations: eight teams of 32 consecutive threads per 256-thread workgroup,
+// Row teams without subgroup operations: teams of TEAM_WIDTH consecutive threads (256 / 32 = 8 per workgroup),
 // row_sum (row_max) adding (comparing) over a team through a tree in workgroup memory (five barrier rounds).
 // Every thread of the workgroup must call them the same number of times: a team with no row left adds zeros.
 // row_sum_subgroup.wgsl is the same with subgroup operations.
@@ -7,7 +7,7 @@ struct Lanes { @builtin(local_invocation_index) lid: u32 }
 
 struct Team { lid: u32, id: u32, count: u32, lane: u32, width: u32 }
 
-const TEAM_WIDTH: u32 = 32u;
+const TEAM_WIDTH: u32 = {{TEAM_WIDTH}}u;  // group_sum.TEAM_WIDTH (32; tests also take 64: two rows a team)
 
 fn team_of(lanes: Lanes) -> Team {
     return Team(lanes.lid, lanes.lid / TEAM_WIDTH, 256u / TEAM_WIDTH, lanes.lid % TEAM_WIDTH, TEAM_WIDTH);
