@@ -1,15 +1,15 @@
 """Host cost of an eager evaluation forward, per dispatch, by what ran just before it: right after a read-back
 (as `tinynn bench` times it), back to back with the forward before, and after states that each isolate one
-thing a read-back does (the host idle, the GPU working while the host sleeps, the host's caches flushed,
-the wait spun instead of slept). Also the host thread's CPU time (is it waiting, or running slowly?) and the
+thing a read-back does (the host idle, the GPU working while the host sleeps, the host's caches flushed).
+Also the host thread's CPU time (is it waiting, or running slowly?) and the
 bind groups each state made (a forward that makes some pays one-time work). One line per state.
 
     python packages/tinynn-gpu/experiments/eager_host_cost.py apps/bench/lesson.json [--forwards 20]
 
 Lavapipe, 2-core VM, lesson shapes at batch 1 x 16 tokens (33 dispatches): 18-20 us per dispatch after a
 read-back, 10.5 back to back, 11 after sleeping 2 ms, 15 after a flush and 5 ms of sleep (the GPU's work,
-run on the CPU here, evicts the host's caches), 17 after reading 32 MB; a spinning wait changed nothing. The
-thread's CPU time equals its wall time in every state: the host is not waiting, it runs slower.
+run on the CPU here, evicts the host's caches), 17 after reading 32 MB. The thread's CPU time equals its
+wall time in every state: the host is not waiting, it runs slower.
 """
 from __future__ import annotations
 
@@ -21,14 +21,6 @@ import numpy as np
 from tinynn import backends, config
 from tinynn.bench import lesson_step
 from tinynn.tensor import Tensor, no_grad
-
-
-def spinning_map_sync(buffer, mode, offset=0, size=None):
-    """GPUBuffer.map_sync, polling the device from this thread instead of sleeping until the poller wakes it."""
-    promise = buffer.map_async(mode, offset, size)
-    while promise._state == "pending":
-        buffer._device._poll(False)
-    return promise.sync_wait()
 
 
 def main():
@@ -52,17 +44,14 @@ def main():
         while time.perf_counter() < end:
             pass
     states = {
-        "after a read-back (bench)": (lambda: forward().item(), False),
-        "after a read-back, spinning wait": (lambda: forward().item(), True),
-        "back to back": (lambda: (forward().item(), forward()), False),
-        "b2b, host asleep 2 ms": (lambda: (forward().item(), forward(), time.sleep(0.002)), False),
-        "b2b, host spinning 2 ms": (lambda: (forward().item(), forward(), spin(0.002)), False),
-        "b2b, submitted, asleep 5 ms": (lambda: (forward().item(), forward(), rt.flush(), time.sleep(0.005)), False),
-        "b2b, 32 MB read": (lambda: (forward().item(), forward(), junk.sum()), False),
-        "after a read-back, asleep 5 ms": (lambda: (forward().item(), time.sleep(0.005)), False),
+        "after a read-back (bench)": lambda: forward().item(),
+        "back to back": lambda: (forward().item(), forward()),
+        "b2b, host asleep 2 ms": lambda: (forward().item(), forward(), time.sleep(0.002)),
+        "b2b, host spinning 2 ms": lambda: (forward().item(), forward(), spin(0.002)),
+        "b2b, submitted, asleep 5 ms": lambda: (forward().item(), forward(), rt.flush(), time.sleep(0.005)),
+        "b2b, 32 MB read": lambda: (forward().item(), forward(), junk.sum()),
+        "after a read-back, asleep 5 ms": lambda: (forward().item(), time.sleep(0.005)),
     }
-    buffer_class = type(rt.error_flags)
-    blocking = buffer_class.map_sync
     with no_grad():
         for _ in range(3):
             forward().item()
@@ -70,20 +59,16 @@ def main():
         forward().item()
         per_forward = rt.counters["dispatches"] - before
         print(f"{args.config}: {per_forward} dispatches per forward, {rt.describe()['recording']}")
-        for name, (before_each, spinning) in states.items():
-            buffer_class.map_sync = spinning_map_sync if spinning else blocking
+        for name, before_each in states.items():
             wall, cpu, groups = [], [], rt.counters["bind_groups_created"]
-            try:
-                for _ in range(args.forwards):
-                    before_each()
-                    t0, c0 = time.perf_counter(), time.thread_time()
-                    loss = forward()
-                    wall.append(time.perf_counter() - t0)
-                    cpu.append(time.thread_time() - c0)
-                    loss.item()
-                    del loss  # the next state's forwards start with the same arrays alive
-            finally:
-                buffer_class.map_sync = blocking
+            for _ in range(args.forwards):
+                before_each()
+                t0, c0 = time.perf_counter(), time.thread_time()
+                loss = forward()
+                wall.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
+                loss.item()
+                del loss  # each state's forwards start with the same arrays alive
             wall, cpu = 1e6 * np.array(wall) / per_forward, 1e6 * np.array(cpu) / per_forward
             print(f"  {name:34s} us/dispatch median {np.median(wall):5.1f} min {wall.min():5.1f} "
                   f"max {wall.max():5.1f} (thread CPU {np.median(cpu):5.1f}); "

@@ -13,8 +13,8 @@ Errors stay visible. wgpu-native reports a validation error through the device's
 wgpu-py turns into a Python exception around calls made through its checked wrappers (`_api.libf`). The
 per-dispatch calls and the copies go straight to C (their errors are deferred: wgpu-native reports a bad
 command at the pass's end or at finish), and the per-submission calls go through those wrappers, so an
-invalid recording raises the same error as wgpu-py's methods would. Handles made here are released here, also when finish
-raises.
+invalid recording raises the same error as wgpu-py's methods would. Handles made here are released here,
+also when finish raises.
 
 `Submitter` moves the queue work of a replay to a worker thread, in order: the end, finish and submit of each
 chunk while the replay records the next (cffi releases the GIL inside each C call, and finish, wgpu-native's
