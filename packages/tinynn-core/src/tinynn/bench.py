@@ -119,15 +119,20 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
             "config": {k: getattr(cfg, k) for k in LESSON}}
 
 
-def eager_dispatch_us(backend, model, x, reps=5) -> float:
-    """Host microseconds per dispatch of an evaluation forward (eager: evaluation is never replayed)."""
+def eager_dispatch_us(backend, model, x, reps=10, warmup=3) -> float:
+    """Host microseconds per dispatch of an evaluation forward (eager: evaluation is never replayed), each
+    forward timed right after the read-back of the one before. The warm-up forwards run the same loop as the
+    timed ones, so that the same arrays are alive across a forward (the last loss): a warm-up that dropped it
+    left the pool handing other buffers to the first timed forwards, which then paid for new bind groups
+    (one-time work: on lavapipe, 10 in the second timed forward at 1 x 16 tokens, a third more host time;
+    1-2 at the lesson shape)."""
     inputs = [Tensor(backend.from_numpy(x), backend) for _ in range(2)]
     model.eval()
     with no_grad():
-        for _ in range(2):  # warm-up: this shape's pipelines and bind groups (the second call still made one)
-            model(*inputs)[1].item()
-        seconds, dispatches = 0.0, backend.counters["dispatches"]
-        for _ in range(reps):
+        seconds, dispatches = 0.0, 0
+        for i in range(warmup + reps):
+            if i == warmup:
+                seconds, dispatches = 0.0, backend.counters["dispatches"]
             t0 = time.perf_counter()
             loss = model(*inputs)[1]
             seconds += time.perf_counter() - t0

@@ -1,6 +1,7 @@
-"""Direct wgpu-native calls for the replay of a captured step: the three commands every dispatch records
-(set pipeline, set bind group, dispatch), and the few per submission (encoder, pass, copy, finish, submit,
-and `write_buffer`); and the read-back's map, copy and unmap.
+"""Direct wgpu-native calls for recording: the three commands every dispatch records (set pipeline, set bind
+group, dispatch), and the few per submission (encoder, pass, copy, query resolve, finish, submit, and
+`write_buffer`), used by the replay of a captured step and by the runtime's eager recorder; and the
+read-back's map, copy and unmap.
 
 wgpu-py's methods wrap each C function in Python (argument checks, descriptor structs built per call, an
 error-capture frame): on the H200 a dispatch recorded through them costs ~3.9 us of host time, the same C
@@ -11,10 +12,10 @@ wgpu-py's methods and `tinynn info` says why (`Runtime.describe`).
 
 Errors stay visible. wgpu-native reports a validation error through the device's error callback, which
 wgpu-py turns into a Python exception around calls made through its checked wrappers (`_api.libf`). The
-per-dispatch calls go straight to C (their errors are deferred: wgpu-native reports a bad command at the
-pass's end or at finish), and the per-submission calls go through those wrappers, so an invalid replay
-raises the same error as wgpu-py's methods would. Handles made here are released here, also when finish
-raises.
+per-dispatch calls and the copies go straight to C (their errors are deferred: wgpu-native reports a bad
+command at the pass's end or at finish), and the per-submission calls go through those wrappers, so an
+invalid recording raises the same error as wgpu-py's methods would. Handles made here are released here,
+also when finish raises.
 
 `Submitter` moves the queue work of a replay to a worker thread, in order: the end, finish and submit of each
 chunk while the replay records the next (cffi releases the GIL inside each C call, and finish, wgpu-native's
@@ -72,31 +73,68 @@ class NativeCalls:
         self._map_callback = ffi.new("WGPUBufferMapCallbackInfo *", {
             "mode": lib.WGPUCallbackMode_AllowProcessEvents, "callback": on_mapped})
 
-    def begin(self, copies=()) -> tuple:
-        """A new command encoder with `copies` recorded on it ((source, offset, destination, offset, bytes):
-        buffer handles, byte counts), then a compute pass open: (encoder, pass) handles."""
-        encoder = self._checked.wgpuDeviceCreateCommandEncoder(self._device, self._encoder_desc)
-        for copy in copies:
-            self._lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *copy)
-        return encoder, self._checked.wgpuCommandEncoderBeginComputePass(encoder, self._pass_desc)
+    def encoder(self):
+        """A new command encoder's handle (released by `finish_submit`)."""
+        return self._checked.wgpuDeviceCreateCommandEncoder(self._device, self._encoder_desc)
 
-    def submit(self, encoder, compute_pass, copies=()) -> None:
-        """End the pass, record `copies` (as `begin` takes them) after it, finish, submit, and release the
-        three handles."""
+    def copy(self, encoder, source, source_offset: int, destination, offset: int, nbytes: int) -> None:
+        """A buffer-to-buffer copy between buffer handles (a bad one is reported when the encoder finishes)."""
+        self._lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, source, source_offset, destination, offset, nbytes)
+
+    def resolve(self, encoder, query_set, count: int, destination) -> None:
+        """The first `count` queries of a query set into a buffer, from byte 0 (handles)."""
+        self._checked.wgpuCommandEncoderResolveQuerySet(encoder, query_set, 0, count, destination, 0)
+
+    def begin_pass(self, encoder, timestamps: tuple | None = None):
+        """A compute pass on the encoder (handle); timestamps: (query set handle, index written at the pass's
+        start, at its end)."""
+        descriptor = self._pass_desc
+        if timestamps is not None:
+            query_set, start, end = timestamps
+            writes = self._ffi.new("WGPUPassTimestampWrites *", {
+                "querySet": query_set, "beginningOfPassWriteIndex": start, "endOfPassWriteIndex": end})
+            descriptor = self._ffi.new("WGPUComputePassDescriptor *", {"timestampWrites": writes})
+        return self._checked.wgpuCommandEncoderBeginComputePass(encoder, descriptor)
+
+    def end_pass(self, compute_pass) -> None:
+        """End the pass and release its handle (also when ending raises)."""
+        try:
+            self._checked.wgpuComputePassEncoderEnd(compute_pass)
+        finally:
+            self._lib.wgpuComputePassEncoderRelease(compute_pass)
+
+    def finish_submit(self, encoder) -> None:
+        """Finish the encoder, submit its commands, and release both handles (also when finish raises)."""
         checked, lib = self._checked, self._lib
         try:
-            checked.wgpuComputePassEncoderEnd(compute_pass)
-            for copy in copies:
-                lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *copy)
             command_buffer = checked.wgpuCommandEncoderFinish(encoder, self._buffer_desc)
         finally:
-            lib.wgpuComputePassEncoderRelease(compute_pass)
             lib.wgpuCommandEncoderRelease(encoder)
         self._command_buffers[0] = command_buffer
         try:
             checked.wgpuQueueSubmit(self._queue, 1, self._command_buffers)
         finally:
             lib.wgpuCommandBufferRelease(command_buffer)
+
+    def begin(self, copies=()) -> tuple:
+        """A new command encoder with `copies` recorded on it ((source, offset, destination, offset, bytes):
+        buffer handles, byte counts), then a compute pass open: (encoder, pass) handles."""
+        encoder = self.encoder()
+        for copy in copies:
+            self._lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *copy)
+        return encoder, self.begin_pass(encoder)
+
+    def submit(self, encoder, compute_pass, copies=()) -> None:
+        """End the pass, record `copies` (as `begin` takes them) after it, finish, submit, and release the
+        three handles."""
+        try:
+            self.end_pass(compute_pass)
+            for copy in copies:
+                self._lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *copy)
+        except BaseException:
+            self._lib.wgpuCommandEncoderRelease(encoder)
+            raise
+        self.finish_submit(encoder)
 
     def write(self, buffer, data, offset: int = 0) -> None:
         """queue.write_buffer of `data` (bytes or a contiguous array) at a byte offset of a buffer handle."""

@@ -6,7 +6,9 @@ and submits only when it must, the read-backs, and the replay of captured steps.
   by their bytes; bind groups by (pipeline, buffers), because creating a bind group costs ~50 us and a
   training step repeats them all.
 - Recording goes through wgpu-native's C functions directly where `native.probe` found them working
-  (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods.
+  (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods: `encoder` and
+  `compute_pass` then hold native handles, not wgpu-py objects, and every command goes through the
+  methods below (`_copy`, `_begin_pass`, `_end_pass`, `flush`), which take either.
 - The replay of captured steps: replay.py (`Replaying`, a mixin of `Runtime`). It may leave chunks with a
   submit thread (native.Submitter) when it returns: every later use of the queue waits for them (`_drain`).
 - Small writes are staged: one queue write per submission, the copies in order with the dispatches.
@@ -78,8 +80,8 @@ class Runtime(Replaying, BufferPool):
         self.uniforms = {}  # bytes -> uniform buffer
         self.bind_groups = {}  # (pipeline, slots, buffer, ...) -> bind group
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
-        self.encoder = None
-        self.compute_pass = None
+        self.encoder = None  # the open command encoder: a wgpu-py object, or a native handle (`native`)
+        self.compute_pass = None  # the open compute pass in it, the same kind
         self.upload_buffer = None  # the staged writes' source buffer, written once per submission (`flush`)
         self.staged = []  # the bytes of the staged writes not yet in it, 4-byte aligned, in order
         self.staged_copies = []  # (buffer, offset, upload offset, bytes) of staged writes not yet recorded
@@ -134,8 +136,7 @@ class Runtime(Replaying, BufferPool):
         return out
 
     def _copy_into(self, arr: GpuArray, out: GpuArray) -> None:
-        self._end_pass()
-        self._encoder().copy_buffer_to_buffer(arr.buffer, 0, out.buffer, 0, _round4(max(4, arr.nbytes)))
+        self._copy(arr.buffer, 0, out.buffer, 0, _round4(max(4, arr.nbytes)))
 
     def stand_in(self, i: int) -> GpuArray:
         """The i-th one-element array bound where a kernel's optional array is absent (the kernel never
@@ -190,8 +191,7 @@ class Runtime(Replaying, BufferPool):
         if self.encoder is None:
             self.staged_copies.append((buffer, offset, at, data.nbytes))
         else:
-            self._end_pass()
-            self.encoder.copy_buffer_to_buffer(self.upload_buffer, at, buffer, offset, data.nbytes)
+            self._copy(self.upload_buffer, at, buffer, offset, data.nbytes)
 
     def _upload_staged(self) -> None:
         """The staged writes' bytes into the upload buffer in one queue write, just before the submission
@@ -228,9 +228,8 @@ class Runtime(Replaying, BufferPool):
         if staging is None:
             staging = self.staging[size] = self.device.create_buffer(
                 size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        self._end_pass()
-        self._encoder().copy_buffer_to_buffer(arr.buffer, start * arr.dtype.itemsize, staging, 0, flags_at)
-        self._encoder().copy_buffer_to_buffer(self.error_flags, 0, staging, flags_at, 4)
+        self._copy(arr.buffer, start * arr.dtype.itemsize, staging, 0, flags_at)
+        self._copy(self.error_flags, 0, staging, flags_at, 4)
         self.flush()
         if self.native is not None:  # the values straight into `out` where it is one block of memory
             flags_word = np.zeros(1, np.uint32)
@@ -376,8 +375,7 @@ class Runtime(Replaying, BufferPool):
             raise RuntimeError("time_pass cannot run inside a captured step or a profile")
         self.flush()
         queries = self.device.create_query_set(type="timestamp", count=2)
-        self.compute_pass = self._encoder().begin_compute_pass(timestamp_writes={
-            "query_set": queries, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+        self._begin_pass((queries, 0, 1))
         for _ in range(reps):
             fn()
         start, end = self._timestamps(queries, 2)
@@ -389,9 +387,7 @@ class Runtime(Replaying, BufferPool):
         self._end_pass()
         i = 2 * len(self._profile["labels"])
         self._profile["labels"].append(label)
-        self.compute_pass = self._encoder().begin_compute_pass(timestamp_writes={
-            "query_set": self._profile["queries"], "beginning_of_pass_write_index": i,
-            "end_of_pass_write_index": i + 1})
+        self._begin_pass((self._profile["queries"], i, i + 1))
 
     def _collect_timestamps(self):
         labels = self._profile["labels"]
@@ -409,7 +405,10 @@ class Runtime(Replaying, BufferPool):
         resolved = self.device.create_buffer(size=8 * count,
                                              usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
         self._end_pass()
-        self._encoder().resolve_query_set(queries, 0, count, resolved, 0)
+        if self.native is not None:
+            self.native.resolve(self._encoder(), queries._internal, count, resolved._internal)
+        else:
+            self._encoder().resolve_query_set(queries, 0, count, resolved, 0)
         return self.read(GpuArray(resolved, (count,), np.dtype(np.uint64)))
 
     def _drain(self) -> None:
@@ -426,14 +425,17 @@ class Runtime(Replaying, BufferPool):
         self._encoder()  # records the staged copies, when they are all there is
         self._end_pass()
         self._upload_staged()
-        self.queue.submit([self.encoder.finish()])
-        self.encoder = None
+        encoder, self.encoder = self.encoder, None  # gone also when finish raises: the next op starts afresh
+        if self.native is not None:
+            self.native.finish_submit(encoder)
+        else:
+            self.queue.submit([encoder.finish()])
         self.counters["submissions"] += 1
 
     def _encode_native(self, pipe, group, groups):
         if self.compute_pass is None:
-            self.compute_pass = self._encoder().begin_compute_pass()
-        calls, handle = self.native, self.compute_pass._internal
+            self._begin_pass()
+        calls, handle = self.native, self.compute_pass
         if pipe is not self._pass_pipeline:  # runs of one kernel (the optimizer's) set it once
             calls.set_pipeline(handle, pipe._internal)
             self._pass_pipeline = pipe
@@ -442,7 +444,7 @@ class Runtime(Replaying, BufferPool):
 
     def _encode_methods(self, pipe, group, groups):
         if self.compute_pass is None:
-            self.compute_pass = self._encoder().begin_compute_pass()
+            self._begin_pass()
         if pipe is not self._pass_pipeline:
             self.compute_pass.set_pipeline(pipe)
             self._pass_pipeline = pipe
@@ -451,17 +453,40 @@ class Runtime(Replaying, BufferPool):
 
     def _encoder(self):
         if self.encoder is None:
-            self.encoder = self.device.create_command_encoder()
+            self.encoder = self.native.encoder() if self.native is not None else self.device.create_command_encoder()
             for buffer, offset, at, nbytes in self.staged_copies:  # staged writes first: they came first
-                self.encoder.copy_buffer_to_buffer(self.upload_buffer, at, buffer, offset, nbytes)
+                self._copy(self.upload_buffer, at, buffer, offset, nbytes)
             self.staged_copies.clear()
         return self.encoder
 
+    def _copy(self, source, source_offset: int, destination, offset: int, nbytes: int) -> None:
+        """A buffer-to-buffer copy (wgpu buffers, byte counts), recorded after the open pass ends."""
+        self._end_pass()
+        if self.native is not None:
+            self.native.copy(self._encoder(), source._internal, source_offset, destination._internal, offset, nbytes)
+        else:
+            self._encoder().copy_buffer_to_buffer(source, source_offset, destination, offset, nbytes)
+
+    def _begin_pass(self, timestamps: tuple | None = None) -> None:
+        """Open a compute pass; timestamps: (query set, index written at its start, at its end)."""
+        encoder = self._encoder()
+        if self.native is not None:
+            self.compute_pass = self.native.begin_pass(
+                encoder, None if timestamps is None else (timestamps[0]._internal, *timestamps[1:]))
+        elif timestamps is None:
+            self.compute_pass = encoder.begin_compute_pass()
+        else:
+            self.compute_pass = encoder.begin_compute_pass(timestamp_writes={
+                "query_set": timestamps[0], "beginning_of_pass_write_index": timestamps[1],
+                "end_of_pass_write_index": timestamps[2]})
+
     def _end_pass(self):
         if self.compute_pass is not None:
-            self.compute_pass.end()
-            self.compute_pass = None
-            self._pass_pipeline = None
+            compute_pass, self.compute_pass, self._pass_pipeline = self.compute_pass, None, None
+            if self.native is not None:
+                self.native.end_pass(compute_pass)
+            else:
+                compute_pass.end()
 
 
 def _trim(cache: dict) -> None:
