@@ -37,3 +37,10 @@ def test_invalid_wgsl_still_raises(gpu):
     with pytest.raises(Exception, match="expected"):
         gpu.ctx.compile("broken", "fn main( {")
 
+
+
+def test_tinynn_info_says_how_the_gpu_compiles_and_records(gpu, capsys):
+    from tinynn.cli import main
+    assert main(["info", "--device", "gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "  shader_runtime_checks: off\n" in out and "  recording: direct wgpu-native calls" in out

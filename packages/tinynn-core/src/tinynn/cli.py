@@ -112,6 +112,9 @@ def cmd_info(args):
         print(f"  {b['name']:<6} {'usable' if b['usable'] else 'unavailable':<12} {detail}")
     active = report["active"]
     print(f"active: {active['backend']} ({active['device']})" if active else "active: none (see TINYNN_DEVICE)")
+    for key, value in (active or {}).items():  # what the backend says of itself: how it records, and why
+        if key not in ("backend", "device", "software"):
+            print(f"  {key}: {value}")
     if report["why_not_gpu"]:
         print(f"GPU not used: {report['why_not_gpu']}")
 
