@@ -26,11 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 
-from step_tune import StepTrials, shape
+from step_tune import StepTrials, alternate, shape
 from tinynn import backends, config
 from tinynn_gpu.matmul import MatmulSelector
 
@@ -114,15 +113,7 @@ def run_config(gpu, path, budget, steps, log) -> dict:
     sets = {"hot (autotune)": tuned, "default": untuned}
     for method in ("cold", "reference"):
         sets[method] = {**tuned, **{row["key"]: min(row[method], key=row[method].get) for row in rows}}
-    ab = {name: [] for name in sets}
-    alone = {name: [] for name in sets}
-    for _ in range(4):
-        for name, choices in sets.items():
-            ab[name].append(trials.step_ms(choices, 3 * steps))
-            alone[name].append(trials.matmul_ms(10))
-    for name in sets:
-        log(f"   {name:<16} step {' '.join(f'{v:.3f}' for v in ab[name])} ms (mean {statistics.mean(ab[name]):.3f}); "
-            f"matmuls alone {statistics.mean(alone[name]):.3f} ms")
+    ab, alone = alternate(trials, sets, steps, log)
     return {"config": path, "rows": rows, "sets": sets, "ab_step_ms": ab, "ab_matmuls_alone_ms": alone}
 
 

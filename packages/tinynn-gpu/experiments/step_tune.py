@@ -145,6 +145,20 @@ def descend(trials: StepTrials, start: dict, keys, steps, deadline, label, log) 
     return {"choices": current, "rows": rows}
 
 
+def alternate(trials, sets: dict, steps: int, log, rounds: int = 4) -> tuple[dict, dict]:
+    """Each choice set's step (ms) and its matmuls replayed alone, the sets taken in turn `rounds` times (A/B/A/B,
+    so drift falls on all alike); logged, and returned as two {name: [ms, ...]}."""
+    ab = {name: [] for name in sets}
+    alone = {name: [] for name in sets}
+    for _ in range(rounds):
+        for name, choices in sets.items():
+            ab[name].append(trials.step_ms(choices, 3 * steps))
+            alone[name].append(trials.matmul_ms(10))
+    for name in sets:
+        log(f"   {name:<20} step {' '.join(f'{v:.3f}' for v in ab[name])} ms (mean {statistics.mean(ab[name]):.3f}); "
+            f"matmuls alone {statistics.mean(alone[name]):.3f} ms")
+    return ab, alone
+
 def run_config(gpu, path, budget, steps, log) -> dict:
     cfg = config.load(path)
     trials = StepTrials(gpu, cfg)
@@ -168,20 +182,13 @@ def run_config(gpu, path, budget, steps, log) -> dict:
         descents["from autotune"] = descend(trials, tuned, keys, steps, t0 + budget * 0.6, "from autotune", log)
         descents["from default"] = descend(trials, untuned, keys, steps, t0 + budget, "from default", log)
         sets.update({f"best {name}": descent["choices"] for name, descent in descents.items()})
-    ab = {name: [] for name in sets}
-    seq = {name: [] for name in sets}
-    for _ in range(4):
-        for name, choices in sets.items():
-            ab[name].append(trials.step_ms(choices, 3 * steps))
-            seq[name].append(trials.matmul_ms(10))
-    for name in sets:
-        log(f"   {name:<20} step {' '.join(f'{v:.3f}' for v in ab[name])} ms (mean {statistics.mean(ab[name]):.3f}); "
-            f"matmuls alone {statistics.mean(seq[name]):.3f} ms")
+    ab, seq = alternate(trials, sets, steps, log)
     log(f"   {trials.trials} trials")
     for name in sets:
         log(f"   {name} differs from autotune: " + "; ".join(f"{k}: {v}" for k, v in sets[name].items() if v != tuned[k]))
     return {"config": path, "keys": keys, "sets": sets, "ab_step_ms": ab, "ab_matmul_seq_ms": seq,
             "noise_step_ms": noise, "descents": descents, "isolated_ms": trials.isolated}
+
 
 
 def main():
