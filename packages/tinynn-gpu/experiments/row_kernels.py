@@ -7,7 +7,9 @@ step, none of the per-dispatch timestamps of `--profile`), against the time its 
 
 Bytes are what the op must read and write once (its inputs and outputs); `floor` is an empty dispatch's
 time (a fill of 1 float), the barrier each dispatch pays whatever it does. --group-cols times LayerNorm's
-backward with each column-workgroup width (backend.LAYERNORM_GROUP_COLS, where the backend has it).
+backward with each column-workgroup width (backend.LAYERNORM_GROUP_COLS, where the backend has it), each
+width first checked against the NumPy reference (the other ops are the shipped kernels, which the test suite
+checks).
 """
 import argparse
 import math
@@ -65,9 +67,17 @@ def main():
     row(f"layernorm_forward ({n}, {c})", lambda: gpu.layernorm_forward(x, w, bias, 1e-5),
         4 * (2 * n * c + 2 * n + 2 * c), 1)
     widths = [int(v) for v in args.group_cols.split(",")] if hasattr(gpu_backend, "LAYERNORM_GROUP_COLS") else [0]
+    cpu = backends.reference()
+    host = [None if a is None else gpu.to_numpy(a) for a in (gy, x, w, mean, rstd, g_add)]
+    expected = cpu.layernorm_backward(*host[:5], True, host[5])
     for width in widths:
         if width:
             gpu_backend.LAYERNORM_GROUP_COLS = width
+        got = gpu.layernorm_backward(gy, x, w, mean, rstd, True, g_add)
+        for name, o, e in zip(("g_x", "g_weight", "g_bias"), got, expected):
+            err = np.abs(gpu.to_numpy(o) - e).max() / max(np.abs(e).max(), 1e-30)
+            if not err < 1e-4:
+                raise SystemExit(f"layernorm_backward with {width or 8} columns a workgroup: {name} off by {err:.1e}")
         row(f"layernorm_backward +g_add ({n}, {c}) cols/wg {width or 8}",
             lambda: gpu.layernorm_backward(gy, x, w, mean, rstd, True, g_add), 4 * (4 * n * c + 2 * n + 3 * c), 1)
 
