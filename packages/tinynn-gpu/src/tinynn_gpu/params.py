@@ -10,12 +10,10 @@ shape or stride list; a shorter list is padded with 0). WGSL's uniform layout: s
 4-byte alignment, arrays of vec4 16-byte aligned, the struct rounded up to 16 bytes.
 
 Packing runs on every eager dispatch, so the layout is compiled to one `struct.Struct` and its default
-values. A call site passes the same names in the same order every time, so `pack` keeps what each such
-order of scalar fields needs: where the names come in the struct's order, a `struct.Struct` of their own
-that packs the dict's values as they are, each field left out as zero bytes (every default is 0); else an
-`itemgetter` that picks the struct's values from the dict's values followed by the defaults. Either way
-the values go in without a Python loop. A dict with an array field (a shape, say) is filled in by a loop
-(`_fill`).
+values. A call site passes the same names in the same order every time, so for each such order of scalar
+fields `pack` keeps an `itemgetter` that picks the struct's values from the dict's values followed by the
+defaults: the values go in without a Python loop. A dict with an array field (a shape, say) is filled in
+by a loop (`_fill`).
 """
 from __future__ import annotations
 
@@ -86,8 +84,6 @@ class ParamsLayout:
         if pick is None:
             pick = self._picks[names] = self._pick(names)
         try:
-            if pick.__class__ is struct.Struct:
-                return pick.pack(*values.values())
             if pick is _FILL:
                 return self._struct.pack(*self._fill(values))
             return self._struct.pack(*pick(tuple(values.values()) + self._defaults))
@@ -95,20 +91,12 @@ class ParamsLayout:
             raise ValueError(self._explain(values)) from None
 
     def _pick(self, names: tuple):
-        """How to pack a dict with these names (all scalar fields): a struct.Struct of these fields alone, at
-        their offsets, where they come in the struct's order; else an itemgetter of the struct's values from
-        the dict's values followed by the defaults. _FILL where a name is an array field."""
+        """The struct's values, in order, from a dict with these names (all scalar fields): an itemgetter
+        over its values followed by the defaults. _FILL where a name is an array field."""
         for name in names:
             if name not in self._scalars:
                 self._array(name)  # refuses an unknown name
                 return _FILL
-        offsets = [self.fields[name][0] for name in names]
-        if offsets == sorted(offsets):
-            fmt, at = "<", 0
-            for name, offset in zip(names, offsets):
-                fmt += (f"{offset - at}x" if offset > at else "") + CODES[self.fields[name][1]]
-                at = offset + 4
-            return struct.Struct(fmt + (f"{self.size - at}x" if self.size > at else ""))
         given = {self._scalars[name]: i for i, name in enumerate(names)}  # index in the defaults -> in names
         indices = [given.get(j, len(names) + j) for j in range(len(self._defaults))]
         if len(indices) == 1:  # an itemgetter of one index gives the value, not a tuple of it
