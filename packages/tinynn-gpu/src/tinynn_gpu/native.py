@@ -121,7 +121,7 @@ class NativeCalls:
         buffer handles, byte counts), then a compute pass open: (encoder, pass) handles."""
         encoder = self.encoder()
         for copy in copies:
-            self._lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *copy)
+            self.copy(encoder, *copy)
         return encoder, self.begin_pass(encoder)
 
     def submit(self, encoder, compute_pass, copies=()) -> None:
@@ -130,7 +130,7 @@ class NativeCalls:
         try:
             self.end_pass(compute_pass)
             for copy in copies:
-                self._lib.wgpuCommandEncoderCopyBufferToBuffer(encoder, *copy)
+                self.copy(encoder, *copy)
         except BaseException:
             self._lib.wgpuCommandEncoderRelease(encoder)
             raise
