@@ -40,7 +40,7 @@ def main():
             encoder, compute_pass = calls.begin()
             calls.record(compute_pass, runs)
             t1 = time.perf_counter()
-            calls.submit(encoder, compute_pass)
+            calls.submit([calls.finish(encoder, compute_pass)])
             record.append(t1 - t0)
             finish.append(time.perf_counter() - t1)
         print(f"{n:2d} buffers: record {1e6 * min(record) / DISPATCHES:.2f} us, end + finish "

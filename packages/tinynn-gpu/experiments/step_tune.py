@@ -31,7 +31,7 @@ import time
 
 from tinynn import backends, bench, config
 from tinynn_gpu import capture
-from tinynn_gpu.replay import compile_program
+from tinynn_gpu.replay import Ahead, compile_program
 
 
 def shape(key: str) -> dict:
@@ -92,7 +92,7 @@ class StepTrials:
 
         def once():
             rt.flush()
-            rt._replay_native(program, [], []) if direct else rt._replay_methods(program)
+            Ahead(rt.native, program, [], None, None).submit() if direct else rt._replay_methods(program, None)
         once()
         rt.sync()
         t0 = time.perf_counter()

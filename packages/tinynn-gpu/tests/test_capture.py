@@ -52,16 +52,16 @@ def weights(model):
 
 @pytest.fixture(params=["direct", "threaded", "methods"])
 def path(request, gpu):
-    """Each test with direct wgpu-native calls (submitted inline, and from the worker thread) and through
-    wgpu-py's methods."""
+    """Each test with direct wgpu-native calls (the next replay recorded inline, and on the worker thread) and
+    through wgpu-py's methods."""
     rt = gpu.rt
-    calls, reason, threaded, before = rt.native, rt.native_reason, rt.submitter is not None, rt.submitter
+    calls, reason, threaded, before = rt.native, rt.native_reason, rt.recorder is not None, rt.recorder
     assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
     if request.param == "methods":
         rt.use_native(None, "switched off by the test")
     else:
         rt.use_native(calls, reason, threaded=request.param == "threaded")
-    assert before is None or before is rt.submitter or not before.thread.is_alive()  # a switch ends the old worker
+    assert before is None or before is rt.recorder or before._shutdown  # a switch ends the old worker
     yield request.param
     rt.use_native(calls, reason, threaded)
 
@@ -75,7 +75,7 @@ def test_both_paths_replay_what_the_cpu_computes(gpu, path):
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
     assert gpu.describe()["recording"] == {
         "direct": "direct wgpu-native calls", "methods": "wgpu-py methods (switched off by the test)",
-        "threaded": "direct wgpu-native calls, replays submitted from a worker thread"}[path]
+        "threaded": "direct wgpu-native calls, replays recorded ahead on a worker thread"}[path]
 
 
 def test_each_replayed_loss_keeps_its_own_value(gpu):

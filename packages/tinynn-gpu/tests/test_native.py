@@ -1,8 +1,9 @@
 """The direct wgpu-native calls: the start-up probe refuses a path that does not work, a validation error
-still raises through them, a replay's chunks and its result copy are laid out as intended, and a replay
-left with the submit thread reaches the queue before anything after it."""
+still raises through them (from the recording thread too), a replay's program is laid out as intended, and
+each replay submits the step recorded ahead of it, for the inputs written since, and records the next."""
 import gc
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import pytest
@@ -48,20 +49,24 @@ def test_the_probe_refuses_a_path_that_does_not_work(gpu):
 @pytest.mark.parametrize("threaded", [False, True])
 def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
     """wgpu-native reports a bad dispatch when the pass ends or the encoder finishes: it must raise in the
-    caller, as it does through wgpu-py's methods, not only be logged (from the worker thread too)."""
+    caller, as it does through wgpu-py's methods, not only be logged (from a worker thread too)."""
     rt, calls = gpu.rt, gpu.rt.native
     assert calls is not None, gpu.rt.native_reason
-    submitter = native.Submitter(calls) if threaded else calls
     out = rt.empty((4,))
     pipe = rt.pipeline(rt.shader(WGSL, "one"), "main")
     group = rt.bind_group(pipe, (0,), [out.buffer])
 
-    def submit(groups):
+    def record(groups):
         encoder, compute_pass = calls.begin()
         calls.record(compute_pass, [(pipe._internal, [(group._internal, groups, 1, 1)])])
-        submitter.submit(encoder, compute_pass)
+        return calls.finish(encoder, compute_pass)
+
+    def submit(groups):
         if threaded:
-            submitter.wait()
+            with ThreadPoolExecutor(1) as worker:
+                calls.submit([worker.submit(record, groups).result()])
+        else:
+            calls.submit([record(groups)])
     with pytest.raises(wgpu.GPUError, match="65535"):
         submit(runtime.MAX_GROUPS + 1)
     submit(1)  # the device still works
@@ -116,20 +121,17 @@ class Handle:
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_a_replay_grows_its_chunks_and_submits_before_each_write(direct, monkeypatch):
-    monkeypatch.setattr(replay, "FIRST_CHUNK", 8)
-    monkeypatch.setattr(replay, "CHUNK_GROWTH", 2)
+def test_a_replay_program_keeps_runs_of_one_pipeline_between_its_writes(direct):
     pipe, other, group, x, y = map(Handle, ("pipe", "other", "group", "x", "y"))
     dispatches = [("dispatch", other if i == 10 else pipe, group, (i + 1, 1, 1)) for i in range(35)]
     events = [("write", x, b"1", 0)] + dispatches[:30] + [("write", y, b"2", 8)] + dispatches[30:]
     program = replay.compile_program(events, direct)
     name = (lambda h: h._internal) if direct else (lambda h: h)
-    assert [kind for kind, _ in program] == ["write", "dispatches", "dispatches", "dispatches", "write", "dispatches"]
-    assert program[0][1] == (name(x), b"1", 0) and program[4][1] == (name(y), b"2", 8)
-    chunks = [item for kind, item in program if kind == "dispatches"]
-    assert [sum(len(d) for _, d in runs) for runs in chunks] == [8, 16, 6, 5]
-    assert [(p, len(d)) for p, d in chunks[1]] == [(name(pipe), 2), (name(other), 1), (name(pipe), 13)]
-    assert chunks[3][0][1] == [(name(group), x, 1, 1) for x in range(31, 36)]
+    assert [kind for kind, _ in program] == ["write", "dispatches", "write", "dispatches"]
+    assert program[0][1] == (name(x), b"1", 0) and program[2][1] == (name(y), b"2", 8)
+    first, second = program[1][1], program[3][1]
+    assert [(p, len(d)) for p, d in first] == [(name(pipe), 10), (name(other), 1), (name(pipe), 19)]
+    assert second == [(name(pipe), [(name(group), x, 1, 1) for x in range(31, 36)])]
 
 
 def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
@@ -137,7 +139,8 @@ def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
     if rt.native is None:
         pytest.fail(f"the direct path should work on {gpu.device_name}: {rt.native_reason}")
     rt.use_native(rt.native, "", threaded=True)
-    thread = rt.submitter.thread
+    rt.recorder.submit(lambda: None).result()  # its thread starts with its first job
+    (thread,) = rt.recorder._threads
     assert thread.is_alive()
     del rt
     gc.collect()
@@ -145,50 +148,98 @@ def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
     assert not thread.is_alive()
 
 
-@pytest.mark.parametrize("staged", [True, False])
-def test_a_replay_returns_before_the_submit_thread_is_done_and_the_next_write_waits(gpu, monkeypatch, staged):
-    """The first chunk goes in at once; the submit thread holds the second (a gate) while the caller writes
-    the next input: the write must reach the queue after it, or the replayed step would read that input.
-    A small write is staged (a copy in the next submission, which waits for the thread); a large one waits."""
+@pytest.fixture(params=["inline", "threaded"])
+def ahead_path(request, gpu):
+    """The next replay recorded before the call returns, then on the worker thread."""
     rt = gpu.rt
-    calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
-    rt.use_native(calls, reason, threaded=True)
-    monkeypatch.setattr(replay, "FIRST_CHUNK", 1)
-    if not staged:
-        monkeypatch.setattr(runtime, "STAGED_WRITE_BYTES", 0)
-    gate, submitted = threading.Event(), []
-    submit = native.NativeCalls.submit
+    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
+    assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
+    rt.use_native(calls, reason, threaded=request.param == "threaded")
+    yield request.param
+    rt.use_native(calls, reason, threaded)
 
-    def gated(self, *args):
-        if threading.current_thread().name == "tinynn-submit":
-            gate.wait(timeout=30)
-        submitted.append(threading.current_thread().name)
-        return submit(self, *args)
-    try:
-        x = tinynn.tensor(np.zeros(4), backend=gpu)
-        step = gpu.capture(lambda: x * 2.0 + x)  # two dispatches, the second reading x again
-        for value in range(4):  # eager calls, then the capture
-            gpu.write_(x.data, np.full(4, value, np.float32))
-            assert step().numpy().tolist() == [3.0 * value] * 4
-        monkeypatch.setattr(native.NativeCalls, "submit", gated)
-        gpu.write_(x.data, np.full(4, 10.0, np.float32))
-        replayed = step()
-        assert step.tape is not None and step.tape.dispatches == 2
-        assert submitted == ["MainThread"]  # returned with its second chunk still held
-        threading.Timer(0.2, gate.set).start()
-        gpu.write_(x.data, np.full(4, 20.0, np.float32))  # staged: recorded, no wait; else waits for the gate
-        assert submitted == ["MainThread"] + ["tinynn-submit"] * (not staged)
-        assert replayed.numpy().tolist() == [30.0] * 4 and step().numpy().tolist() == [60.0] * 4
-    finally:
-        gate.set()
-        rt.use_native(calls, reason, threaded)
+
+def counted_aheads(monkeypatch):
+    """The threads each replay.Ahead was recorded on, and the command buffers released unsubmitted."""
+    made, released = [], []
+    init, release = replay.Ahead.__init__, replay.Ahead.release
+
+    def recorded(self, *args):
+        made.append(threading.current_thread().name)
+        init(self, *args)
+
+    def counted(self):
+        released.extend(item for kind, item in self.work if kind == "buffer")
+        release(self)
+    monkeypatch.setattr(replay.Ahead, "__init__", recorded)
+    monkeypatch.setattr(replay.Ahead, "release", counted)
+    return made, released
+
+
+def doubling_step(gpu):
+    """A captured step reading an input written before each call (staged, or a queue write when large)."""
+    x = tinynn.tensor(np.zeros(4), backend=gpu)
+    step = gpu.capture(lambda: x * 2.0 + x)  # two dispatches, the second reading x again
+    for value in range(4):  # eager calls, then the capture
+        gpu.write_(x.data, np.full(4, value, np.float32))
+        assert step().numpy().tolist() == [3.0 * value] * 4
+    return x, step
+
+
+def test_a_replay_submits_the_step_recorded_ahead_for_the_inputs_written_since(gpu, monkeypatch, ahead_path):
+    """Each replay records the next one (on the worker thread when there is one), and the next replay submits
+    it, with the inputs written in between: a replay's result is that call's, not the one before's."""
+    made, released = counted_aheads(monkeypatch)
+    x, step = doubling_step(gpu)
+    results = []
+    for value in (10.0, 20.0, 30.0):
+        gpu.write_(x.data, np.full(4, value, np.float32))
+        results.append(step())  # kept: each call's result is an array of its own
+    assert [r.numpy().tolist() for r in results] == [[30.0] * 4, [60.0] * 4, [90.0] * 4]
+    worker = "MainThread" if ahead_path == "inline" else "tinynn-record_0"
+    assert made == ["MainThread"] + [worker] * 3  # the first replay records its own; each records the next
+    assert released == [] and step.tape.ahead is not None
+    del step
+    gc.collect()
+    assert len(released) == 1  # the last recording ahead was never submitted: its command buffer is released
+
+
+def test_a_step_recorded_for_other_inputs_is_recorded_again(gpu, monkeypatch, ahead_path):
+    """A large write is no staged input: it goes to the queue at once, and the replay's inputs differ from those
+    the step was recorded ahead with (and back again), so that recording is dropped and the step recorded anew."""
+    made, released = counted_aheads(monkeypatch)
+    x, step = doubling_step(gpu)
+    for value, staged in ((10.0, True), (20.0, False), (30.0, True), (40.0, True)):
+        monkeypatch.setattr(runtime, "STAGED_WRITE_BYTES", 1 << 20 if staged else 0)
+        gpu.write_(x.data, np.full(4, value, np.float32))
+        assert step().numpy().tolist() == [3.0 * value] * 4
+    assert made.count("MainThread") >= 3 and len(released) == 2  # records for 20 and 30 dropped, then kept
+
+
+def test_a_recording_ahead_that_fails_raises_in_the_next_replay(gpu, monkeypatch, ahead_path):
+    x, step = doubling_step(gpu)
+    step()
+    step.tape.ahead.result()  # recorded before finish fails
+    finish = native.NativeCalls.finish
+
+    def failing(self, *args):
+        self.release([finish(self, *args)])
+        raise wgpu.GPUError("finish failed in the test")
+    monkeypatch.setattr(native.NativeCalls, "finish", failing)
+    step()  # submits what was recorded before; its recording of the next fails
+    wait([step.tape.ahead])
+    monkeypatch.setattr(native.NativeCalls, "finish", finish)
+    with pytest.raises(wgpu.GPUError, match="finish failed in the test"):
+        step()
+    gpu.write_(x.data, np.full(4, 5.0, np.float32))
+    assert step().numpy().tolist() == [15.0] * 4  # and the step goes on: recorded anew
 
 
 @pytest.fixture(params=["direct", "methods"])
 def eager_path(request, gpu):
     """A test run with the eager recorder on direct wgpu-native calls, then on wgpu-py's methods."""
     rt = gpu.rt
-    calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
+    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
     assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
     rt.use_native(calls if request.param == "direct" else None, reason or "switched off by the test", threaded)
     yield request.param

@@ -85,8 +85,8 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
     assert gpu_step["host_us_per_replayed_dispatch"] > 0 and gpu_step["host_us_per_eager_dispatch"] > 0
     assert gpu_step["peak_memory_bytes"] > 0
     rt = backends.select("gpu").rt  # the backend the command used (an earlier test may have reset discovery)
-    assert (gpu_step["submit_thread_us_per_dispatch"] is None) == (rt.submitter is None)
-    calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
+    assert (gpu_step["record_thread_us_per_dispatch"] is None) == (rt.recorder is None)
+    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
     rt.use_native(calls, reason, threaded=True)
     try:  # a worker thread's busy time is reported beside the caller's
         assert main(args + ["--no-cpu"]) in (0, None)
@@ -94,7 +94,7 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
         rt.use_native(calls, reason, threaded)
     report = json.loads(capsys.readouterr().out)
     assert list(report["backends"]) == ["gpu"]
-    assert report["backends"]["gpu"]["train_step"]["submit_thread_us_per_dispatch"] > 0
+    assert report["backends"]["gpu"]["train_step"]["record_thread_us_per_dispatch"] > 0
     backends.reset_discovery()
 
 
@@ -113,7 +113,7 @@ def test_a_read_back_returns_what_the_last_dispatch_wrote(gpu, direct):
     or wgpu-py's map_sync (without the direct calls). Reads of several sizes and offsets, each right behind the
     dispatch that writes it."""
     rt = gpu.rt
-    calls, reason, threaded = rt.native, rt.native_reason, rt.submitter is not None
+    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
     if not direct:
         rt.use_native(None, "switched off by the test")
     try:

@@ -109,11 +109,11 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
             "host_syncs_per_step": per_step.get("host_syncs"), "dispatches_per_step": dispatches,
             "submissions_per_step": per_step.get("submissions"),
             "host_us_per_replayed_dispatch": 1e3 * host_ms / dispatches if dispatches else None,
-            # a backend that submits from a worker thread (the GPU's replay): that thread's busy time, which
-            # overlaps the calling thread's (host_ms_per_step counts only the caller); None when no thread
-            # worked in these steps (its counter outlives a thread that was closed)
-            "submit_thread_us_per_dispatch": per_step["submit_thread_us"] / dispatches
-            if dispatches and per_step.get("submit_thread_us") else None,
+            # a backend that records on a worker thread (the GPU's replay records the next step there): that
+            # thread's busy time, which overlaps the calling thread's (host_ms_per_step counts only the caller);
+            # None when no thread worked in these steps (its counter outlives a thread that was closed)
+            "record_thread_us_per_dispatch": per_step["record_thread_us"] / dispatches
+            if dispatches and per_step.get("record_thread_us") else None,
             "host_us_per_eager_dispatch": eager_dispatch_us(backend, train_step.model, x) if backend.is_gpu else None,
             "peak_memory_bytes": backend.memory_stats()["peak_bytes"], "fallbacks": dict(backend.fallbacks),
             "config": {k: getattr(cfg, k) for k in LESSON}}
@@ -185,9 +185,9 @@ def print_entry(be, entry) -> None:
     print(f"  train step {t['config']}, {t['steps']} steps: {t['ms_per_step']:.2f} ms ({t['host_ms_per_step']:.2f} ms "
           f"of it recording on the host), {t['tokens_per_s']:,.0f} tokens/s{extra}")
     if t["host_us_per_replayed_dispatch"] is not None:
-        worker = t["submit_thread_us_per_dispatch"]
+        worker = t["record_thread_us_per_dispatch"]
         print(f"  host per dispatch: {t['host_us_per_replayed_dispatch']:.1f} us replayed"
-              + ("" if worker is None else f" (and {worker:.1f} us on the submit thread)")
+              + ("" if worker is None else f" (and {worker:.1f} us on the recording thread)")
               + f", {t['host_us_per_eager_dispatch']:.1f} us eager; peak memory {t['peak_memory_bytes'] / 2**20:.1f} MiB")
     if t["fallbacks"]:
         print(f"  NumPy fallbacks: {t['fallbacks']}")

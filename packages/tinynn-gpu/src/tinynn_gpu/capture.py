@@ -39,6 +39,7 @@ class Tape:
         self.claimed = []  # buffers taken out of the pool for the tape; they go back with it
         self.broken = None  # why this step cannot be replayed
         self.programs = {}  # the events compiled for replay (replay.compile_program), per recording path
+        self.ahead = None  # a Future of the next replay's replay.Ahead, recorded while the GPU runs this one
         self.dispatches = 0
 
     def hold(self, value):
@@ -63,8 +64,15 @@ class Tape:
         self.dispatches = sum(event[0] == "dispatch" for event in self.events)
 
     def __del__(self):
+        if self.ahead is not None:  # its command buffers were never submitted (once recorded, if still recording)
+            self.ahead.add_done_callback(_release_ahead)
         for buffer in self.claimed:
             self.runtime._give_back(buffer.size, buffer)
+
+
+def _release_ahead(future):
+    if future.exception() is None:  # a recording that failed released what it had made
+        future.result().release()
 
 
 class CapturedStep:

@@ -17,20 +17,11 @@ command at the pass's end or at finish), and the per-submission calls go through
 invalid recording raises the same error as wgpu-py's methods would. Handles made here are released here,
 also when finish raises.
 
-`Submitter` moves the queue work of a replay to a worker thread, in order: the end, finish and submit of each
-chunk while the replay records the next (cffi releases the GIL inside each C call, and finish, wgpu-native's
-validation and tracking of every bound resource, is the larger half of a dispatch's host cost), and the
-writes between chunks. The replay returns once it has handed over its last chunk; the runtime waits for the
-worker before anything else reaches the queue (its own submissions, writes, read-backs), so the GPU still
-sees everything in program order. H200, lesson step (experiments/replay_host_cost.py): 8.36 us of host per
-dispatch inline, 6.81 with the worker when the replay still waited for it, the same ms per step. On a
-2-core machine the worker competes with the recording thread and is slower.
+A replay records a step's command buffers ahead of its turn (replay.py), so the calls are split: `finish`
+turns an encoder into a command buffer, `submit` hands command buffers to the queue, `release` drops ones
+never submitted.
 """
 from __future__ import annotations
-
-import queue
-import threading
-import time
 
 import numpy as np
 
@@ -45,7 +36,7 @@ class NativeCalls:
     """wgpu-native's C functions bound to one device: the per-dispatch ones as plain attributes (the replay's
     loop reads them once), and the per-submission steps as methods taking native handles."""
     __slots__ = ("set_pipeline", "set_bind_group", "dispatch", "null", "_ffi", "_lib", "_checked", "_device",
-                 "_queue", "_encoder_desc", "_pass_desc", "_buffer_desc", "_command_buffers", "_map_status",
+                 "_queue", "_encoder_desc", "_pass_desc", "_buffer_desc", "_map_status",
                  "_on_mapped", "_map_callback")
 
     def __init__(self, ffi, lib, checked, device):
@@ -60,7 +51,6 @@ class NativeCalls:
         self._encoder_desc = ffi.new("WGPUCommandEncoderDescriptor *")
         self._pass_desc = ffi.new("WGPUComputePassDescriptor *")
         self._buffer_desc = ffi.new("WGPUCommandBufferDescriptor *")
-        self._command_buffers = ffi.new("WGPUCommandBuffer[1]")
         # `read`'s map callback: it stores the map's status, fired by whichever thread polls the device
         self._map_status = [0, ""]  # status (0 until the callback), wgpu-native's message
 
@@ -74,7 +64,7 @@ class NativeCalls:
             "mode": lib.WGPUCallbackMode_AllowProcessEvents, "callback": on_mapped})
 
     def encoder(self):
-        """A new command encoder's handle (released by `finish_submit`)."""
+        """A new command encoder's handle (released by `finish`)."""
         return self._checked.wgpuDeviceCreateCommandEncoder(self._device, self._encoder_desc)
 
     def copy(self, encoder, source, source_offset: int, destination, offset: int, nbytes: int) -> None:
@@ -103,19 +93,6 @@ class NativeCalls:
         finally:
             self._lib.wgpuComputePassEncoderRelease(compute_pass)
 
-    def finish_submit(self, encoder) -> None:
-        """Finish the encoder, submit its commands, and release both handles (also when finish raises)."""
-        checked, lib = self._checked, self._lib
-        try:
-            command_buffer = checked.wgpuCommandEncoderFinish(encoder, self._buffer_desc)
-        finally:
-            lib.wgpuCommandEncoderRelease(encoder)
-        self._command_buffers[0] = command_buffer
-        try:
-            checked.wgpuQueueSubmit(self._queue, 1, self._command_buffers)
-        finally:
-            lib.wgpuCommandBufferRelease(command_buffer)
-
     def begin(self, copies=()) -> tuple:
         """A new command encoder with `copies` recorded on it ((source, offset, destination, offset, bytes):
         buffer handles, byte counts), then a compute pass open: (encoder, pass) handles."""
@@ -124,17 +101,32 @@ class NativeCalls:
             self.copy(encoder, *copy)
         return encoder, self.begin_pass(encoder)
 
-    def submit(self, encoder, compute_pass, copies=()) -> None:
-        """End the pass, record `copies` (as `begin` takes them) after it, finish, submit, and release the
-        three handles."""
+    def finish(self, encoder, compute_pass=None, copies=()):
+        """End the pass (if any), record `copies` (as `begin` takes them) after it, finish: the command buffer's
+        handle. The encoder's and the pass's handles are released, also when this raises."""
         try:
-            self.end_pass(compute_pass)
+            if compute_pass is not None:
+                self.end_pass(compute_pass)
             for copy in copies:
                 self.copy(encoder, *copy)
-        except BaseException:
+            return self._checked.wgpuCommandEncoderFinish(encoder, self._buffer_desc)
+        finally:
             self._lib.wgpuCommandEncoderRelease(encoder)
-            raise
-        self.finish_submit(encoder)
+
+    def submit(self, command_buffers) -> None:
+        """Submit command buffers (handles), in order, and release them (also when submitting raises)."""
+        if not command_buffers:
+            return
+        handles = self._ffi.new("WGPUCommandBuffer[]", command_buffers)
+        try:
+            self._checked.wgpuQueueSubmit(self._queue, len(command_buffers), handles)
+        finally:
+            self.release(command_buffers)
+
+    def release(self, command_buffers) -> None:
+        """Release command buffers that will not be submitted."""
+        for command_buffer in command_buffers:
+            self._lib.wgpuCommandBufferRelease(command_buffer)
 
     def write(self, buffer, data, offset: int = 0) -> None:
         """queue.write_buffer of `data` (bytes or a contiguous array) at a byte offset of a buffer handle."""
@@ -179,55 +171,6 @@ class NativeCalls:
                 dispatch(compute_pass, x, y, z)
 
 
-class Submitter:
-    """A worker thread that runs the queue work handed to it (`submit`, `write`: NativeCalls' methods), in the
-    order given. `wait` returns once everything handed over is done, and raises the first error any of it
-    raised. The worker's busy time goes to `counters["submit_thread_us"]`, so that a host-cost figure can
-    say what the main thread no longer pays."""
-
-    def __init__(self, calls: NativeCalls, counters=None):
-        self.calls = calls
-        self.counters = {} if counters is None else counters
-        self.counters.setdefault("submit_thread_us", 0)  # added here, not by the thread while others read them
-        self.jobs = queue.Queue()
-        self.error = None
-        self.thread = threading.Thread(target=self._run, name="tinynn-submit", daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        while True:
-            job = self.jobs.get()
-            if job is None:  # close()
-                return
-            t0 = time.perf_counter()
-            try:
-                job[0](*job[1:])
-            except Exception as e:  # raised in the caller's thread, by wait()
-                self.error = self.error or e
-            finally:
-                self.counters["submit_thread_us"] += 1e6 * (time.perf_counter() - t0)
-                self.jobs.task_done()
-
-    def submit(self, encoder, compute_pass, copies=()) -> None:
-        self.jobs.put((self.calls.submit, encoder, compute_pass, copies))
-
-    def write(self, buffer, data, offset: int = 0) -> None:
-        """`data` must stay unchanged until the write is done (the replay's are bytes its tape owns)."""
-        self.jobs.put((self.calls.write, buffer, data, offset))
-
-    def close(self) -> None:
-        """End the worker thread, after what was handed to it (once: a second call does nothing)."""
-        if self.thread.is_alive():
-            self.jobs.put(None)
-            self.thread.join()
-
-    def wait(self) -> None:
-        self.jobs.join()
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
-
-
 def probe(device) -> tuple[NativeCalls | None, str]:
     """(the direct calls, "") when they work on this device, else (None, why not)."""
     try:
@@ -249,7 +192,7 @@ def probe(device) -> tuple[NativeCalls | None, str]:
         calls.write(buffer._internal, np.full(n, 10, np.float32))
         encoder, compute_pass = calls.begin()
         calls.record(compute_pass, [(pipe._internal, [(group._internal, n, 1, 1)])])
-        calls.submit(encoder, compute_pass, [(buffer._internal, 0, copy._internal, 0, 4 * n)])
+        calls.submit([calls.finish(encoder, compute_pass, [(buffer._internal, 0, copy._internal, 0, 4 * n)])])
         got = np.zeros(n, np.float32)
         calls.read(copy._internal, [(0, got)])
     except Exception as e:  # any failure means: record through wgpu-py's methods instead

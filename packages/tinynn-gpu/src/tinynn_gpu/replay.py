@@ -1,88 +1,147 @@
 """The replay of a captured step (capture.py's Tape): its events compiled once into flat lists of what the
-recording calls take (`compile_program`), then re-encoded every step in chunks, each in an encoder of its own.
+recording calls take (`compile_program`), then recorded anew for every step, ahead of the step's turn.
 
-Through wgpu-native's C functions (native.py) the first chunk is submitted at once from the calling thread,
-so the GPU starts while the rest is recorded; with a submit thread (native.Submitter, on 4+ cores) the later
-chunks and the writes between them are ended, finished and submitted there while the next is recorded, and
-the replay returns once the last is handed over: the runtime's next use of the queue waits for the thread
-(`Runtime.flush`). A step's staged inputs (its token ids, targets and optimizer values, `Runtime.write`) go
-up in one queue write and are copied in at the start of the first chunk; its result is copied out at the
-end of the last. Through wgpu-py's methods (where the direct calls failed their probe) every chunk is
-submitted inline.
+A WebGPU command buffer runs once: a step cannot be submitted twice the way a CUDA graph is replayed. But
+its commands never change, only the values in its arrays (capture.py). So each replay submits command
+buffers recorded and finished while the GPU ran the step before (an `Ahead`), and then starts recording
+the next step's: on a worker thread where the machine has the cores (the caller returns at once), else
+before returning. Either way the recording overlaps the GPU's work, and a synced step's critical path, from
+the host's read-back to the GPU's next start, is the step's Python, its inputs' queue write and one submit.
+H200 (a prototype of this, in one call against the replay before it, which submitted a first chunk of 16
+dispatches at once and handed the rest to a thread): lesson 3.36-3.46 ms per step against 3.52-3.62, mid
+7.70-7.75 against 7.80-7.89; the caller's host time per step 0.25-0.33 ms (lesson) against 0.54-0.75.
+
+A step's staged inputs (its token ids, targets and optimizer values, `Runtime.write`) go up in one queue
+write and are copied in at the start of its first command buffer, so an `Ahead` is used only by a replay
+whose staged inputs are laid out as they were when it was recorded (the same copies: a training step's
+always are); its result is copied out at the end of its last, into an array allocated with it. Through
+wgpu-py's methods (where the direct calls failed their probe) each replay records and submits inline.
 """
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
+
 from tinynn_gpu.pool import GpuArray, _round4
 
-# Dispatches per submission in a replay: a small first chunk gets the GPU going; later ones grow, because each
-# submission costs the host a fixed price (an encoder, finish's per-resource tracking, the driver's submit)
-# while the GPU, slower per dispatch than the host in a training step, stays busy with what it was given.
-# H200, lesson step, fixed chunks (experiments/replay_host_cost.py): 16 gave 5.80 ms, 32 5.67, 64 5.77,
-# 128 6.33, the whole step in one submission 6.73; later, 32 then doubling: 8.36 us of host per dispatch
-# against 9.30 for fixed 32s, at the same ms per step. With the first chunk submitted at once and the rest
-# by the submit thread (two rounds each, lesson then mid): 16 then x4 gave 4.23/4.34 and 9.11/9.21 ms at
-# 4.65/6.31 and 4.53/4.29 us of host per dispatch; 32 then x2 4.58/4.34 and 9.26/9.22 ms at 5.13/6.46 and
-# 5.28/4.61 us; 8 then x4 4.33/4.55 and 9.13/9.14 ms (BENCHMARKS.md).
-FIRST_CHUNK = 16
-CHUNK_GROWTH = 4
+
+class Ahead:
+    """A replay recorded before its turn: the staged-input copies it starts with, its queue work in order
+    (("write", (buffer, bytes, offset)) and ("buffer", finished command buffer)), and the array the step's
+    result is copied into (or None)."""
+    __slots__ = ("calls", "inputs", "work", "out")
+
+    def __init__(self, calls, program, inputs: list, result: GpuArray | None, out: GpuArray | None):
+        self.calls, self.inputs, self.out, self.work = calls, inputs, out, []
+        copies = [] if out is None else [(result.buffer._internal, 0, out.buffer._internal, 0,
+                                          _round4(max(4, result.nbytes)))]
+        last = len(program) - 1
+        try:
+            for i, (kind, item) in enumerate(program):
+                if kind == "write":
+                    self.work.append((kind, item))
+                    continue
+                encoder, compute_pass = calls.begin(inputs)
+                inputs = ()
+                calls.record(compute_pass, item)
+                self.work.append(("buffer", calls.finish(encoder, compute_pass, copies if i == last else ())))
+        except BaseException:
+            self.release()
+            raise
+
+    def fits(self, inputs: list, result: GpuArray | None) -> bool:
+        return self.inputs == inputs and (self.out is None) == (result is None)
+
+    def submit(self) -> None:
+        """Its writes and command buffers to the queue, in order: the buffers between two writes in one
+        submission."""
+        calls, work, buffers = self.calls, self.work, []
+        self.work = []
+        try:
+            while work:
+                kind, item = work.pop(0)
+                if kind == "buffer":
+                    buffers.append(item)
+                    continue
+                calls.submit(buffers)
+                buffers = []
+                calls.write(*item)
+            calls.submit(buffers)
+        except BaseException:
+            self.work = work
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Drop what was never submitted."""
+        self.calls.release([item for kind, item in self.work if kind == "buffer"])
+        self.work = []
 
 
 class Replaying:
-    """`Runtime.replay`, as a mixin of the runtime whose queue, caches and submit thread it uses."""
+    """`Runtime.replay`, as a mixin of the runtime whose queue, caches and recording thread it uses."""
 
     def replay(self, tape, result: GpuArray | None = None) -> GpuArray | None:
-        """Re-encode a captured step: the same dispatches and writes, no Python autograd, no cache look-ups.
-        Submitted in chunks (`compile_program`), so the GPU starts on the step while the rest is encoded. With
-        `result` (an array the step wrote), returns a copy of it, recorded into the step's last submission."""
+        """Run a captured step again: the same dispatches and writes, no Python autograd, no cache look-ups.
+        With `result` (an array the step wrote), returns a copy of it, made by the step's last command
+        buffer."""
         direct = self.native is not None
         program = tape.programs.get(direct)
         if program is None:
             program = tape.programs[direct] = compile_program(tape.events, direct)
-        inputs = []  # the staged writes' copies (source, offset, destination, offset, bytes) for the first chunk
+        ahead, tape.ahead = tape.ahead, None
+        ahead = None if ahead is None else ahead.result()  # waits for the recording thread; raises its error
+        inputs = []  # the staged writes' copies (source, offset, destination, offset, bytes)
         if direct and self.encoder is None and self.staged_copies and program and program[0][0] == "dispatches":
-            self._drain()  # only staged writes are waiting (a step's inputs): they ride in the first chunk
+            # only staged writes are waiting (a step's inputs): they ride in the first command buffer
             inputs = [(self.upload_buffer._internal, at, buffer._internal, offset, nbytes)
                       for buffer, offset, at, nbytes in self.staged_copies]
             self.staged_copies.clear()
             self._upload_staged()
         else:
             self.flush()
-        out = None if result is None else self.empty(result.shape, result.dtype)
-        copies = []  # handles for the end of the last chunk, as `inputs`
-        if out is not None and direct and program and program[-1][0] == "dispatches":
-            copies = [(result.buffer._internal, 0, out.buffer._internal, 0, _round4(max(4, result.nbytes)))]
-        if direct:
-            self._replay_native(program, inputs, copies)
+        if ahead is not None and not (direct and ahead.fits(inputs, result)):
+            ahead.release()  # recorded for other inputs (or the other path): recorded again below
+            ahead = None
+        if not direct:
+            out = self._replay_methods(program, result)
         else:
-            self._replay_methods(program)
-        if out is not None and not copies:
-            self._copy_into(result, out)
+            if ahead is None:
+                ahead = Ahead(self.native, program, inputs, result, self._result_array(result))
+            out = ahead.out
+            ahead.submit()
+            tape.ahead = self._record_ahead(program, inputs, result)
         self.counters["dispatches"] += tape.dispatches
         self.counters["submissions"] += sum(kind == "dispatches" for kind, _ in program)
         self.counters["queue_writes"] += sum(kind == "write" for kind, _ in program)
         self.counters["replays"] += 1
         return out
 
-    def _replay_native(self, program, inputs, copies):
-        """Each chunk in an encoder of its own, through C calls; `inputs` (copies) go at the start of the
-        first, `copies` at the end of the last. The first chunk is submitted here, at once (the GPU waits
-        for it; a hand-over to a thread costs its wake-up). With a submitter, the later chunks and the
-        writes between them go to its thread, which ends, finishes and submits chunk k while chunk k + 1 is
-        recorded here, and the replay returns as soon as the last is handed over: the GPU is still busy with
-        the first chunks, and the next use of the queue waits (`_drain`)."""
-        calls = self.native
-        queue_work = calls  # until the first chunk is submitted
-        last = len(program) - 1
-        for i, (kind, item) in enumerate(program):
-            if kind == "write":
-                queue_work.write(*item)
-                continue
-            encoder, compute_pass = calls.begin(inputs)
-            calls.record(compute_pass, item)
-            queue_work.submit(encoder, compute_pass, copies if i == last else ())
-            queue_work, inputs = self.submitter or calls, ()
+    def _result_array(self, result: GpuArray | None) -> GpuArray | None:
+        return None if result is None else self.empty(result.shape, result.dtype)
 
-    def _replay_methods(self, program):
+    def _record_ahead(self, program, inputs, result) -> Future:
+        """The next replay's `Ahead`, recorded on the worker thread (`recorder`), else here; either way its
+        error, if any, raises in the replay that would use it."""
+        out = self._result_array(result)  # the pool is not the thread's to use
+        if self.recorder is not None:
+            return self.recorder.submit(self._timed_ahead, self.native, program, inputs, result, out)
+        done = Future()  # as the thread's: a failed recording raises in the replay that would use it
+        try:
+            done.set_result(Ahead(self.native, program, inputs, result, out))
+        except Exception as e:
+            done.set_exception(e)
+        return done
+
+    def _timed_ahead(self, *args) -> Ahead:
+        """`Ahead(*args)` on the recording thread, its busy time counted (`tinynn bench` reports it)."""
+        t0 = time.perf_counter()
+        try:
+            return Ahead(*args)
+        finally:
+            self.counters["record_thread_us"] += 1e6 * (time.perf_counter() - t0)
+
+    def _replay_methods(self, program, result: GpuArray | None) -> GpuArray | None:
         for kind, item in program:
             if kind == "write":
                 self.queue.write_buffer(item[0], item[2], item[1])
@@ -98,30 +157,30 @@ class Replaying:
                     dispatch(x, y, z)
             compute_pass.end()
             self.queue.submit([encoder.finish()])
+        out = self._result_array(result)
+        if out is not None:
+            self._copy_into(result, out)
+        return out
 
 
 def compile_program(events, direct: bool) -> list[tuple]:
-    """A tape's events as the replay runs them: ("write", (buffer, bytes, byte offset)) and ("dispatches", runs), the
-    first chunk of dispatches FIRST_CHUNK long and each one after a full chunk CHUNK_GROWTH times longer (a
-    write ends a chunk early; the next keeps its length), a run being
-    (pipeline, [(bind group, x, y, z), ...]) under one pipeline. Direct calls take native handles; the tape's
-    events keep their objects (and so the handles) alive."""
+    """A tape's events as the replay runs them: ("write", (buffer, bytes, byte offset)) and ("dispatches",
+    runs) for the dispatches between two writes, a run being (pipeline, [(bind group, x, y, z), ...]) under
+    one pipeline. Direct calls take native handles; the tape's events keep their objects (and so the
+    handles) alive."""
     handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
-    program, limit, count, last, runs = [], FIRST_CHUNK, 0, None, None
+    program, last, runs = [], None, None
     for event in events:
         if event[0] == "write":
             program.append(("write", (handle(event[1]), event[2], event[3])))
-            runs = None  # a write goes in before the dispatches after it: they start a new chunk
+            runs = None  # a write goes in before the dispatches after it: they go in a command buffer of their own
             continue
         _, pipe, group, (x, y, z) = event
-        if runs is None or count == limit:
-            if runs is not None:
-                limit *= CHUNK_GROWTH
-            runs, count, last = [], 0, None
+        if runs is None:
+            runs, last = [], None
             program.append(("dispatches", runs))
         if pipe is not last:
             runs.append((handle(pipe), []))
             last = pipe
         runs[-1][1].append((handle(group), x, y, z))
-        count += 1
     return program

@@ -9,8 +9,9 @@ and submits only when it must, the read-backs, and the replay of captured steps.
   (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods: `encoder` and
   `compute_pass` then hold native handles, not wgpu-py objects, and every command goes through the
   methods below (`_copy`, `_begin_pass`, `_end_pass`, `flush`), which take either.
-- The replay of captured steps: replay.py (`Replaying`, a mixin of `Runtime`). It may leave chunks with a
-  submit thread (native.Submitter) when it returns: every later use of the queue waits for them (`_drain`).
+- The replay of captured steps: replay.py (`Replaying`, a mixin of `Runtime`). It records each step's next
+  replay ahead, on a worker thread (`recorder`) where there are cores for one; that thread never touches the
+  queue, so nothing here waits for it.
 - Small writes are staged: one queue write per submission, the copies in order with the dispatches.
 - The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
   is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it. With
@@ -22,6 +23,7 @@ import hashlib
 import os
 import weakref
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import wgpu
@@ -45,9 +47,9 @@ KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
 # values then cost one queue write, not three (each ~26 us of host time on the H200: wgpu-native makes a
 # staging buffer per write)
 STAGED_WRITE_BYTES = 1 << 20
-# cores from which a replay finishes and submits its chunks on a worker thread (native.Submitter); on 2 cores
-# the worker only competes with the recording thread
-SUBMIT_THREAD_CPUS = 4
+# cores from which a replay records the next one on a worker thread (replay.py); on 2 cores the worker would
+# only compete with the caller's thread
+RECORD_THREAD_CPUS = 4
 
 
 class Shader:
@@ -92,29 +94,30 @@ class Runtime(Replaying, BufferPool):
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.stand_ins = []  # `stand_in`'s arrays
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
-        self.native, self.native_reason, self.submitter = None, "", None
+        self.native, self.native_reason, self.recorder = None, "", None
         self.use_native(*native.probe(self.device))
 
     def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
         """Record through wgpu-native's C functions (`calls`), or through wgpu-py's methods when calls is None
-        (then `reason` says why). With `threaded` (default: with SUBMIT_THREAD_CPUS cores or more), a replay
-        submits from a worker thread (`native.Submitter`). Tests switch paths with it."""
+        (then `reason` says why). With `threaded` (default: with RECORD_THREAD_CPUS cores or more), a replay
+        records the next one on a worker thread (replay.py). Tests switch paths with it."""
         self.flush()
         self.native, self.native_reason = calls, reason
         self._encode = self._encode_native if calls else self._encode_methods
         if threaded is None:
-            threaded = (os.cpu_count() or 1) >= SUBMIT_THREAD_CPUS
-        if self.submitter is not None and not (threaded and self.submitter.calls is calls):
-            self.submitter.close()
-            self.submitter = None
-        if calls and threaded and self.submitter is None:
-            self.submitter = native.Submitter(calls, self.counters)
-            weakref.finalize(self, self.submitter.close)  # the thread does not outlive its runtime
+            threaded = (os.cpu_count() or 1) >= RECORD_THREAD_CPUS
+        if self.recorder is not None and not (calls and threaded):
+            self.recorder.shutdown()  # after the recording it has: a tape still collects its result
+            self.recorder = None
+        if calls and threaded and self.recorder is None:
+            self.counters["record_thread_us"] += 0  # the key exists before the thread adds to it
+            self.recorder = ThreadPoolExecutor(1, thread_name_prefix="tinynn-record")
+            weakref.finalize(self, self.recorder.shutdown, False)  # the thread does not outlive its runtime
 
     def describe(self) -> dict:
         how = "direct wgpu-native calls" if self.native else f"wgpu-py methods ({self.native_reason})"
-        if self.submitter:
-            how += ", replays submitted from a worker thread"
+        if self.recorder:
+            how += ", replays recorded ahead on a worker thread"
         return {"recording": how}
 
     def empty_cache(self) -> None:
@@ -411,15 +414,9 @@ class Runtime(Replaying, BufferPool):
             self._encoder().resolve_query_set(queries, 0, count, resolved, 0)
         return self.read(GpuArray(resolved, (count,), np.dtype(np.uint64)))
 
-    def _drain(self) -> None:
-        """Wait until the submit thread has submitted what a replay handed to it; raises what that raised."""
-        if self.submitter is not None:
-            self.submitter.wait()
-
     def flush(self) -> None:
-        """Submit everything recorded so far, after a replay's work still with the submit thread (no waiting
-        for the GPU). Everything that reaches the queue (writes, read-backs, destroying buffers) flushes first."""
-        self._drain()
+        """Submit everything recorded so far (no waiting for the GPU). Everything that reaches the queue
+        (writes, read-backs, destroying buffers) flushes first."""
         if self.encoder is None and not self.staged_copies:
             return
         self._encoder()  # records the staged copies, when they are all there is
@@ -427,7 +424,7 @@ class Runtime(Replaying, BufferPool):
         self._upload_staged()
         encoder, self.encoder = self.encoder, None  # gone also when finish raises: the next op starts afresh
         if self.native is not None:
-            self.native.finish_submit(encoder)
+            self.native.submit([self.native.finish(encoder)])
         else:
             self.queue.submit([encoder.finish()])
         self.counters["submissions"] += 1
