@@ -47,10 +47,13 @@ def every_kernel():
     yield from ((f"multi_tensor x{n} subgroups", "enable subgroups;\n" + multi_tensor.generate(n, n, True))
                 for n in (1, multi_tensor.MAX_SLOTS))
     yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))
-    # one lane a row: with several, the per-row kernels shuffle inside loops whose trip counts differ between
-    # the rows of a subgroup, which Tint's uniformity analysis refuses (naga runs them; not yet restructured)
-    yield from ((f"attention hs{hs} {rows}x{splits}", attention.source(hs, rows, splits, lanes=1))
-                for hs in (16, 20, 64, 128) for rows, splits in attention.LAYOUTS)
+    # one lane a row, and several (subgroup shuffles, which the uniformity analysis allows only where every
+    # thread of the workgroup takes the same number of loop steps)
+    for hs in (16, 20, 24, 64, 128):
+        for lanes in {1, attention.lanes_for(hs, subgroups=True)}:
+            enable = "enable subgroups;\n" if lanes > 1 else ""
+            yield from ((f"attention hs{hs} {rows}x{splits} lanes={lanes}",
+                         enable + attention.source(hs, rows, splits, lanes)) for rows, splits in attention.LAYOUTS)
     yield from ((f"attention tiled hs{hs} {tile}", attention.tiled_source(hs, tile))
                 for hs in (16, 20, 64, 128) for tile in attention.TILES)
 

@@ -15,6 +15,10 @@
 // and no barrier in the loop. SPLITS groups of threads walk over the other side's rows interleaved
 // (split s takes rows s, s + SPLITS, ...) so that short sequences still fill the GPU; at the end they add
 // their partial results in split order through workgroup memory (the same sum on every run).
+// Every thread of a workgroup takes the same number of steps over the other side (a split whose row lies
+// past the end on the last step loads a clamped row and masks it): a subgroup operation is defined only
+// where all of a subgroup's invocations reach it together, and a subgroup may hold threads of several
+// splits (LANES x ROWS below the subgroup's size: 2 lanes a row, or AMD's 64-wide subgroups).
 //
 // The forward's softmax is online with a lazy maximum: a row's running sum and accumulator are kept
 // relative to a reference m and rescaled only when a score exceeds m by RESCALE_AT (exp(8) leaves fp32 more
@@ -101,14 +105,15 @@ fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_i
     var l = 0.0;
     var acc_$n = vec4<f32>(0.0);
     let key_end = min(params.seq, q0 + ROWS);  // the last key any query of the tile sees, plus one
-    for (var j = me.split; j < key_end; j = j + SPLITS) {
-        let kj = qkv_row(hd, j, 1u) + me.lane;
+    for (var j0 = 0u; j0 < key_end; j0 = j0 + SPLITS) {
+        let j = j0 + me.split;
+        let kj = qkv_row(hd, min(j, key_end - 1u), 1u) + me.lane;
         let vj = kj + params.n_head * HS4;
         let v_$n = qkv[vj + $nu * LANES];  // loaded with k, not after the score: one wait on memory, not two
         var d = vec4<f32>(0.0);
         d = d + q_$n * qkv[kj + $nu * LANES];
         let s = params.scale * lane_sum(d.x + d.y + d.z + d.w);
-        let visible = j <= i;
+        let visible = j <= i && j < key_end;
         if (visible && s > m + RESCALE_AT) {
             let f = exp(m - s);
             l = l * f;
@@ -160,8 +165,9 @@ fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loca
     let li = lse[hd.bh * params.seq + ic];
     var dq_$n = vec4<f32>(0.0);
     let key_end = min(params.seq, q0 + ROWS);
-    for (var j = me.split; j < key_end; j = j + SPLITS) {
-        let kj = qkv_row(hd, j, 1u) + me.lane;
+    for (var j0 = 0u; j0 < key_end; j0 = j0 + SPLITS) {
+        let j = j0 + me.split;
+        let kj = qkv_row(hd, min(j, key_end - 1u), 1u) + me.lane;
         let vj = kj + params.n_head * HS4;
         let k_$n = qkv[kj + $nu * LANES];
         var a = vec4<f32>(0.0);
@@ -170,7 +176,7 @@ fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loca
         b = b + g_$n * qkv[vj + $nu * LANES];
         let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
         let dp = lane_sum(b.x + b.y + b.z + b.w);
-        let p = select(0.0, exp(s - li), j <= i);
+        let p = select(0.0, exp(s - li), j <= i && j < key_end);
         let ds = p * (dp - di);
         dq_$n = dq_$n + ds * k_$n;
     }
@@ -197,9 +203,11 @@ fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
     let v_$n = qkv[vj + $nu * LANES];
     var dk_$n = vec4<f32>(0.0);
     var dv_$n = vec4<f32>(0.0);
-    for (var i = k0 + me.split; i < params.seq; i = i + SPLITS) {
-        let qi = qkv_row(hd, i, 0u) + me.lane;
-        let gi = yg_row(hd, i) + me.lane;
+    for (var i0 = k0; i0 < params.seq; i0 = i0 + SPLITS) {
+        let i = i0 + me.split;
+        let ic = min(i, params.seq - 1u);
+        let qi = qkv_row(hd, ic, 0u) + me.lane;
+        let gi = yg_row(hd, ic) + me.lane;
         let q_$n = qkv[qi + $nu * LANES];
         let g_$n = g[gi + $nu * LANES];
         var a = vec4<f32>(0.0);
@@ -208,8 +216,8 @@ fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
         b = b + g_$n * v_$n;
         let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
         let dp = lane_sum(b.x + b.y + b.z + b.w);
-        let p = select(0.0, exp(s - lse[hd.bh * params.seq + i]), i >= j);
-        let ds = p * (dp - delta[hd.bh * params.seq + i]);
+        let p = select(0.0, exp(s - lse[hd.bh * params.seq + ic]), i >= j && i < params.seq);
+        let ds = p * (dp - delta[hd.bh * params.seq + ic]);
         dv_$n = dv_$n + p * g_$n;
         dk_$n = dk_$n + ds * q_$n;
     }
