@@ -92,7 +92,7 @@ class StepTrials:
 
         def once():
             rt.flush()
-            Ahead(rt.native, program, [], None, None).submit() if direct else rt._replay_methods(program, None)
+            Ahead(rt.native, program, [], None, None, events).submit() if direct else rt._replay_methods(program, None)
         once()
         rt.sync()
         t0 = time.perf_counter()

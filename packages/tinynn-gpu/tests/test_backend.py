@@ -185,9 +185,11 @@ def test_replayed_steps_sync_once_and_skip_python(gpu):
     assert gpu.counters["host_syncs"] - before["host_syncs"] == 3
     assert gpu.counters["replays"] - before.get("replays", 0) == 3
     assert gpu.counters.get("bind_groups_created", 0) == before.get("bind_groups_created", 0)
-    chunks = sum(kind == "dispatches" for kind, _ in step._run.tape.programs[gpu.rt.native is not None])
-    assert gpu.counters["submissions"] - before["submissions"] == 3 * (chunks + 1)  # the loss's copy rides along
-    # the step's inputs (tokens, targets, the optimizer's values): staged, one queue write, copied in the first chunk
+    program = step._run.tape.programs[gpu.rt.native is not None]
+    buffers = sum(kind == "dispatches" for kind, _ in program)  # a command buffer for each run between writes
+    assert gpu.counters["submissions"] - before["submissions"] == 3 * (buffers + 1)  # + the loss's read-back
+    # the step's inputs (tokens, targets, the optimizer's values): staged, one queue write, copied in by the
+    # step's first command buffer
     assert gpu.counters["queue_writes"] - before["queue_writes"] == 3
 
 

@@ -196,12 +196,14 @@ def test_a_replay_submits_the_step_recorded_ahead_for_the_inputs_written_since(g
         gpu.write_(x.data, np.full(4, value, np.float32))
         results.append(step())  # kept: each call's result is an array of its own
     assert [r.numpy().tolist() for r in results] == [[30.0] * 4, [60.0] * 4, [90.0] * 4]
+    wait([step.tape.ahead])
     worker = "MainThread" if ahead_path == "inline" else "tinynn-record_0"
     assert made == ["MainThread"] + [worker] * 3  # the first replay records its own; each records the next
-    assert released == [] and step.tape.ahead is not None
+    assert released == []
     del step
     gc.collect()
-    assert len(released) == 1  # the last recording ahead was never submitted: its command buffer is released
+    gpu.sync()  # the runtime's next submission releases what a dropped tape had recorded ahead
+    assert len(released) == 1
 
 
 def test_a_step_recorded_for_other_inputs_is_recorded_again(gpu, monkeypatch, ahead_path):
@@ -213,7 +215,77 @@ def test_a_step_recorded_for_other_inputs_is_recorded_again(gpu, monkeypatch, ah
         monkeypatch.setattr(runtime, "STAGED_WRITE_BYTES", 1 << 20 if staged else 0)
         gpu.write_(x.data, np.full(4, value, np.float32))
         assert step().numpy().tolist() == [3.0 * value] * 4
-    assert made.count("MainThread") >= 3 and len(released) == 2  # records for 20 and 30 dropped, then kept
+    wait([step.tape.ahead])
+    # each replay records the next; the first three also their own: none before, then 20's and 30's dropped
+    assert made.count("MainThread") == (7 if ahead_path == "inline" else 3) and len(made) == 7
+    assert len(released) == 2
+
+
+def test_a_step_ending_in_a_write_still_returns_its_result(gpu, ahead_path):
+    """A constant write inside a captured step is replayed as a queue write between its command buffers; the
+    result is copied out after it, in a command buffer of its own."""
+    x, z = (tinynn.tensor(np.zeros(4), backend=gpu) for _ in range(2))
+
+    def doubled_then_written():
+        y = x * 2.0
+        gpu.write_(z.data, np.ones(4, np.float32))
+        return y
+    step = gpu.capture(doubled_then_written)
+    for value in range(8):
+        gpu.write_(x.data, np.full(4, value, np.float32))
+        assert step().numpy().tolist() == [2.0 * value] * 4
+    assert [kind for kind, _ in step.tape.programs[True]] == ["dispatches", "write"]
+
+
+def test_a_tape_dropped_while_its_next_step_records_is_released_after(gpu, monkeypatch):
+    """The recording thread records with handles of the tape's pipelines and bind groups: they stay alive while
+    it works, though the tape is dropped and the runtime's caches forget them, and what it recorded is
+    released by the runtime's thread once done."""
+    rt = gpu.rt
+    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
+    rt.use_native(calls, reason, threaded=True)
+    made, released = counted_aheads(monkeypatch)
+    gate, init = threading.Event(), replay.Ahead.__init__
+
+    def held(self, *args):
+        if threading.current_thread().name.startswith("tinynn-record"):
+            assert gate.wait(timeout=30)
+        init(self, *args)
+    monkeypatch.setattr(replay.Ahead, "__init__", held)
+    try:
+        x, step = doubling_step(gpu)
+        gpu.write_(x.data, np.full(4, 7.0, np.float32))
+        assert step().numpy().tolist() == [21.0] * 4
+        pending = step.tape.ahead
+        del step
+        gc.collect()
+        rt.bind_groups.clear()
+        gc.collect()
+        gate.set()
+        wait([pending])
+        assert len(made) == 2 and released == []  # recorded, not yet released: that is the runtime's thread's
+        gpu.sync()
+        assert len(released) == 1 and not rt.orphaned_aheads
+    finally:
+        gate.set()
+        rt.use_native(calls, reason, threaded)
+
+
+def test_a_step_recorded_through_other_calls_is_recorded_again(gpu, monkeypatch, ahead_path):
+    rt = gpu.rt
+    made, released = counted_aheads(monkeypatch)
+    x, step = doubling_step(gpu)
+    step()
+    wait([step.tape.ahead])
+    calls, reason = rt.native, rt.native_reason
+    other, _ = native.probe(rt.device)
+    rt.use_native(other, reason, ahead_path == "threaded")
+    try:
+        gpu.write_(x.data, np.full(4, 9.0, np.float32))
+        assert step().numpy().tolist() == [27.0] * 4
+        assert len(released) == 1 and made[-2] == "MainThread"  # dropped, recorded anew through `other`
+    finally:
+        rt.use_native(calls, reason, ahead_path == "threaded")
 
 
 def test_a_recording_ahead_that_fails_raises_in_the_next_replay(gpu, monkeypatch, ahead_path):

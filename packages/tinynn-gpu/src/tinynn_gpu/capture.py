@@ -64,15 +64,10 @@ class Tape:
         self.dispatches = sum(event[0] == "dispatch" for event in self.events)
 
     def __del__(self):
-        if self.ahead is not None:  # its command buffers were never submitted (once recorded, if still recording)
-            self.ahead.add_done_callback(_release_ahead)
+        if self.ahead is not None:  # never submitted: the runtime releases it (once recorded, if still recording)
+            self.runtime.orphaned_aheads.append(self.ahead)
         for buffer in self.claimed:
             self.runtime._give_back(buffer.size, buffer)
-
-
-def _release_ahead(future):
-    if future.exception() is None:  # a recording that failed released what it had made
-        future.result().release()
 
 
 class CapturedStep:

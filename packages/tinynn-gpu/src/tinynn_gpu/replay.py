@@ -28,13 +28,16 @@ from tinynn_gpu.pool import GpuArray, _round4
 class Ahead:
     """A replay recorded before its turn: the staged-input copies it starts with, its queue work in order
     (("write", (buffer, bytes, offset)) and ("buffer", finished command buffer)), and the array the step's
-    result is copied into (or None)."""
-    __slots__ = ("calls", "inputs", "work", "out")
+    result is copied into (or None). `keep` holds the objects behind the handles it records (the tape's
+    events, the upload buffer): the tape may be dropped, or the upload buffer replaced, while it records."""
+    __slots__ = ("calls", "inputs", "result", "out", "keep", "work")
 
-    def __init__(self, calls, program, inputs: list, result: GpuArray | None, out: GpuArray | None):
-        self.calls, self.inputs, self.out, self.work = calls, inputs, out, []
+    def __init__(self, calls, program, inputs: list, result: GpuArray | None, out: GpuArray | None, keep):
+        self.calls, self.inputs, self.result, self.out, self.keep, self.work = calls, inputs, result, out, keep, []
         copies = [] if out is None else [(result.buffer._internal, 0, out.buffer._internal, 0,
                                           _round4(max(4, result.nbytes)))]
+        if copies and (not program or program[-1][0] == "write"):
+            program = [*program, ("dispatches", [])]  # the result is copied after the step's last write
         last = len(program) - 1
         try:
             for i, (kind, item) in enumerate(program):
@@ -49,28 +52,28 @@ class Ahead:
             self.release()
             raise
 
-    def fits(self, inputs: list, result: GpuArray | None) -> bool:
-        return self.inputs == inputs and (self.out is None) == (result is None)
+    def fits(self, calls, inputs: list, result: GpuArray | None) -> bool:
+        """Whether a replay through `calls`, with these staged-input copies and this result, can use it."""
+        return self.calls is calls and self.inputs == inputs and self.result is result
 
     def submit(self) -> None:
         """Its writes and command buffers to the queue, in order: the buffers between two writes in one
-        submission."""
+        submission. What a failure leaves unsubmitted is released."""
         calls, work, buffers = self.calls, self.work, []
         self.work = []
-        try:
-            while work:
-                kind, item = work.pop(0)
-                if kind == "buffer":
-                    buffers.append(item)
-                    continue
-                calls.submit(buffers)
+        for i, (kind, item) in enumerate(work):
+            if kind == "buffer":
+                buffers.append(item)
+                continue
+            try:
+                calls.submit(buffers)  # releases them, also when it raises
                 buffers = []
                 calls.write(*item)
-            calls.submit(buffers)
-        except BaseException:
-            self.work = work
-            self.release()
-            raise
+            except BaseException:
+                self.work = work[i + 1:]
+                self.release()
+                raise
+        calls.submit(buffers)
 
     def release(self) -> None:
         """Drop what was never submitted."""
@@ -89,6 +92,7 @@ class Replaying:
         program = tape.programs.get(direct)
         if program is None:
             program = tape.programs[direct] = compile_program(tape.events, direct)
+        self._release_orphans()
         ahead, tape.ahead = tape.ahead, None
         ahead = None if ahead is None else ahead.result()  # waits for the recording thread; raises its error
         inputs = []  # the staged writes' copies (source, offset, destination, offset, bytes)
@@ -100,17 +104,18 @@ class Replaying:
             self._upload_staged()
         else:
             self.flush()
-        if ahead is not None and not (direct and ahead.fits(inputs, result)):
+        if ahead is not None and not ahead.fits(self.native, inputs, result):
             ahead.release()  # recorded for other inputs (or the other path): recorded again below
             ahead = None
         if not direct:
             out = self._replay_methods(program, result)
         else:
+            keep = (tape.events, self.upload_buffer)
             if ahead is None:
-                ahead = Ahead(self.native, program, inputs, result, self._result_array(result))
+                ahead = Ahead(self.native, program, inputs, result, self._result_array(result), keep)
             out = ahead.out
             ahead.submit()
-            tape.ahead = self._record_ahead(program, inputs, result)
+            tape.ahead = self._record_ahead(program, inputs, result, keep)
         self.counters["dispatches"] += tape.dispatches
         self.counters["submissions"] += sum(kind == "dispatches" for kind, _ in program)
         self.counters["queue_writes"] += sum(kind == "write" for kind, _ in program)
@@ -120,18 +125,29 @@ class Replaying:
     def _result_array(self, result: GpuArray | None) -> GpuArray | None:
         return None if result is None else self.empty(result.shape, result.dtype)
 
-    def _record_ahead(self, program, inputs, result) -> Future:
-        """The next replay's `Ahead`, recorded on the worker thread (`recorder`), else here; either way its
-        error, if any, raises in the replay that would use it."""
-        out = self._result_array(result)  # the pool is not the thread's to use
-        if self.recorder is not None:
-            return self.recorder.submit(self._timed_ahead, self.native, program, inputs, result, out)
-        done = Future()  # as the thread's: a failed recording raises in the replay that would use it
+    def _record_ahead(self, program, inputs, result, keep) -> Future:
+        """The next replay's `Ahead`, recorded on the worker thread (`recorder`), else here. Either way its
+        error, if any, raises in the replay that would use it, not in this one, whose step is submitted."""
         try:
-            done.set_result(Ahead(self.native, program, inputs, result, out))
+            out = self._result_array(result)  # the pool is not the thread's to use
+            if self.recorder is not None:
+                return self.recorder.submit(self._timed_ahead, self.native, program, inputs, result, out, keep)
+            done = Future()
+            done.set_result(Ahead(self.native, program, inputs, result, out, keep))
         except Exception as e:
+            done = Future()
             done.set_exception(e)
         return done
+
+    def _release_orphans(self) -> None:
+        """Release the recordings of dropped tapes (capture.py) once recorded, here rather than on the
+        recording thread: releasing one returns its result array to the pool, which is this thread's."""
+        for _ in range(len(self.orphaned_aheads)):
+            future = self.orphaned_aheads.popleft()
+            if not future.done():
+                self.orphaned_aheads.append(future)
+            elif future.exception() is None:  # a recording that failed released what it had made
+                future.result().release()
 
     def _timed_ahead(self, *args) -> Ahead:
         """`Ahead(*args)` on the recording thread, its busy time counted (`tinynn bench` reports it)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import weakref
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -94,7 +94,8 @@ class Runtime(Replaying, BufferPool):
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.stand_ins = []  # `stand_in`'s arrays
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
-        self.native, self.native_reason, self.recorder = None, "", None
+        self.native, self.native_reason, self.recorder, self._stop_recorder = None, "", None, None
+        self.orphaned_aheads = deque()  # dropped tapes' recordings ahead, released by the next replay
         self.use_native(*native.probe(self.device))
 
     def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
@@ -107,12 +108,14 @@ class Runtime(Replaying, BufferPool):
         if threaded is None:
             threaded = (os.cpu_count() or 1) >= RECORD_THREAD_CPUS
         if self.recorder is not None and not (calls and threaded):
+            self._stop_recorder.detach()
             self.recorder.shutdown()  # after the recording it has: a tape still collects its result
             self.recorder = None
         if calls and threaded and self.recorder is None:
             self.counters["record_thread_us"] += 0  # the key exists before the thread adds to it
             self.recorder = ThreadPoolExecutor(1, thread_name_prefix="tinynn-record")
-            weakref.finalize(self, self.recorder.shutdown, False)  # the thread does not outlive its runtime
+            # the thread does not outlive its runtime
+            self._stop_recorder = weakref.finalize(self, self.recorder.shutdown, False)
 
     def describe(self) -> dict:
         how = "direct wgpu-native calls" if self.native else f"wgpu-py methods ({self.native_reason})"
@@ -180,8 +183,8 @@ class Runtime(Replaying, BufferPool):
     def _stage(self, buffer, offset: int, data: np.ndarray) -> None:
         """A small write as a copy command from the upload buffer, in order with the dispatches around it:
         recorded now if commands are waiting in the encoder, else by the next encoder before anything else
-        (`_encoder`; a replay records them into its first chunk). Its bytes go into the upload buffer with
-        every other staged write of the submission, in one queue write, when that is submitted."""
+        (`_encoder`; a replay records them into its first command buffer). Its bytes go into the upload
+        buffer with every other staged write of the submission, in one queue write, when that is submitted."""
         at = sum(len(b) for b in self.staged)
         if self.upload_buffer is None or at + data.nbytes > self.upload_buffer.size:
             if at:
@@ -417,6 +420,8 @@ class Runtime(Replaying, BufferPool):
     def flush(self) -> None:
         """Submit everything recorded so far (no waiting for the GPU). Everything that reaches the queue
         (writes, read-backs, destroying buffers) flushes first."""
+        if self.orphaned_aheads:
+            self._release_orphans()
         if self.encoder is None and not self.staged_copies:
             return
         self._encoder()  # records the staged copies, when they are all there is
