@@ -96,6 +96,22 @@ def test_tile_choice(monkeypatch):
         choose_tile(64, 49152)
 
 
+def test_the_forward_follows_the_tile_setting_of_the_moment(gpu, monkeypatch):
+    """The forward's shader is chosen once per head size and TINYNN_ATTENTION_TILE, so a change of the
+    variable on a live backend still takes effect (tests and experiments/attention_tiles.py rely on it)."""
+    attention = gpu.attention
+    if choose_tile(16, attention.max_bytes) is None or TILES[-1].check(16, attention.max_bytes):
+        pytest.skip("the adapter's workgroup memory fits no tile")
+    tiled, rows = attention._tiled_shader(16)
+    assert tiled is not None and rows == choose_tile(16, attention.max_bytes).rows
+    monkeypatch.setenv("TINYNN_ATTENTION_TILE", "0")
+    assert attention._tiled_shader(16) == (None, 0)
+    monkeypatch.setenv("TINYNN_ATTENTION_TILE", str(TILES[-1]))
+    assert attention._tiled_shader(16)[1] == TILES[-1].rows
+    monkeypatch.delenv("TINYNN_ATTENTION_TILE")
+    assert attention._tiled_shader(16) == (tiled, rows)
+
+
 def test_lanes_split_rows_evenly():
     assert [lanes_for(hs, subgroups=True) for hs in (16, 20, 40, 64, 128)] == [4, 1, 2, 4, 4]
     assert lanes_for(64, subgroups=False) == 1

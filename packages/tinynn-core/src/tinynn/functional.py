@@ -16,8 +16,12 @@ from tinynn.tensor import Tensor, is_grad_enabled
 
 
 def _result(data, backend, parents, backward) -> Tensor:
-    if is_grad_enabled() and any(p.requires_grad for p in parents):
-        return Tensor(data, backend, requires_grad=True, _parents=tuple(parents), _backward=backward)
+    """The op's output; a node of the graph when grad is on and a parent requires it. `parents` may hold
+    None for an absent optional input (a bias): dropped here, only when the node is recorded (an eager
+    forward under no_grad builds no tuple)."""
+    if is_grad_enabled() and any(p is not None and p.requires_grad for p in parents):
+        return Tensor(data, backend, requires_grad=True, _parents=tuple(p for p in parents if p is not None),
+                      _backward=backward)
     return Tensor(data, backend)
 
 
@@ -247,8 +251,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tens
         g_x, g_w, g_b = be.linear_backward(g, rows, weight.data, pre, activation, has_bias=bias is not None)
         return (be.reshape(g_x, x.shape), g_w) + ((g_b,) if bias is not None else ()) + \
             _residual_grad(be, g, residual)
-    parents = (x, weight) + ((bias,) if bias is not None else ()) + ((residual,) if residual is not None else ())
-    return _result(be.reshape(y, out_shape), be, parents, backward)
+    return _result(be.reshape(y, out_shape), be, (x, weight, bias, residual), backward)
 
 
 def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tensor, proj_bias: Tensor | None,
@@ -270,8 +273,7 @@ def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tenso
         g_x, g_w1, g_b1 = be.linear_backward(g_pre, rows, fc_weight.data, has_bias=fc_bias is not None)
         return tuple(v for v in (be.reshape(g_x, x.shape), g_w1, g_b1, g_w2, g_b2) if v is not None) + \
             _residual_grad(be, g, residual)
-    parents = tuple(t for t in (x, fc_weight, fc_bias, proj_weight, proj_bias, residual) if t is not None)
-    return _result(be.reshape(y, out_shape), be, parents, backward)
+    return _result(be.reshape(y, out_shape), be, (x, fc_weight, fc_bias, proj_weight, proj_bias, residual), backward)
 
 
 def _rows(x: Tensor):
@@ -359,8 +361,7 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps=1e-5) 
                                               g_add=g_x_so_far)
         return tuple(v for v in (g_x, g_w, g_b) if v is not None)
     backward.adds_first_parent_grad = True  # x's residual-stream gradient is added in the kernel (tensor.py)
-    parents = tuple(t for t in (x, weight, bias) if t is not None)
-    return _result(y, be, parents, backward)
+    return _result(y, be, (x, weight, bias), backward)
 
 
 def embedding(weight: Tensor, idx) -> Tensor:

@@ -200,7 +200,7 @@ class Attention:
         self.rt = runtime
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
         self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
-        self.tiled_shaders = {}  # (head size, Tile) -> Shader
+        self.tiled_shaders = {}  # (head size, TINYNN_ATTENTION_TILE) -> `_tiled_shader`'s answer
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -210,13 +210,15 @@ class Attention:
         return self.shaders[key], rows
 
     def _tiled_shader(self, head_size: int):
-        tile = choose_tile(head_size, self.max_bytes)
-        if tile is None:
-            return None, 0
-        key = (head_size, tile)
-        if key not in self.tiled_shaders:
-            self.tiled_shaders[key] = self.rt.shader(tiled_source(*key), f"attention tiled hs{head_size} {tile}")
-        return self.tiled_shaders[key], tile.rows
+        """(Shader, rows) of the tiled forward, (None, 0) where no tile fits: chosen once per head size and
+        TINYNN_ATTENTION_TILE (every eager forward asks)."""
+        key = (head_size, os.environ.get("TINYNN_ATTENTION_TILE"))
+        found = self.tiled_shaders.get(key)
+        if found is None:
+            tile = choose_tile(head_size, self.max_bytes)
+            found = self.tiled_shaders[key] = (None, 0) if tile is None else (
+                self.rt.shader(tiled_source(head_size, tile), f"attention tiled hs{head_size} {tile}"), tile.rows)
+        return found
 
     def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape

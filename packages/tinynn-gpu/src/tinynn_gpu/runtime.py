@@ -329,13 +329,17 @@ class Runtime(Replaying, BufferPool):
         shader, pipe = found
         buffers = [v.buffer if v.__class__ is GpuArray else v for v in bindings.values()]
         if shader.params is not None:
-            buffers.append(self.uniform(shader.params.pack(params or {})))
+            data = shader.params.pack(params or {})
+            uniform = self.uniforms.get(data)  # the caches' hits looked up here, their misses filled below
+            buffers.append(self.uniform(data) if uniform is None else uniform)
             slots = (*bindings, 3)
         elif params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
         else:
             slots = tuple(bindings)
-        group = self.bind_group(pipe, slots, buffers)
+        group = self.bind_groups.get((pipe, slots, *buffers))
+        if group is None:
+            group = self.bind_group(pipe, slots, buffers)
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, groups))
             for value in bindings.values():
