@@ -283,6 +283,7 @@ def test_a_step_recorded_through_other_calls_is_recorded_again(gpu, monkeypatch,
     try:
         gpu.write_(x.data, np.full(4, 9.0, np.float32))
         assert step().numpy().tolist() == [27.0] * 4
+        wait([step.tape.ahead])
         assert len(released) == 1 and made[-2] == "MainThread"  # dropped, recorded anew through `other`
     finally:
         rt.use_native(calls, reason, ahead_path == "threaded")
