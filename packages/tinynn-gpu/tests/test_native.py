@@ -233,8 +233,10 @@ def test_a_step_ending_in_a_write_still_returns_its_result(gpu, ahead_path):
     step = gpu.capture(doubled_then_written)
     for value in range(8):
         gpu.write_(x.data, np.full(4, value, np.float32))
+        submissions = gpu.counters["submissions"]
         assert step().numpy().tolist() == [2.0 * value] * 4
     assert [kind for kind, _ in step.tape.programs[True]] == ["dispatches", "write"]
+    assert gpu.counters["submissions"] - submissions == 2 + 1  # the step's two, and the read-back's
 
 
 def test_a_tape_dropped_while_its_next_step_records_is_released_after(gpu, monkeypatch):

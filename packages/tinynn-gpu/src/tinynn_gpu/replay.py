@@ -56,10 +56,10 @@ class Ahead:
         """Whether a replay through `calls`, with these staged-input copies and this result, can use it."""
         return self.calls is calls and self.inputs == inputs and self.result is result
 
-    def submit(self) -> None:
+    def submit(self) -> int:
         """Its writes and command buffers to the queue, in order: the buffers between two writes in one
-        submission. What a failure leaves unsubmitted is released."""
-        calls, work, buffers = self.calls, self.work, []
+        submission. What a failure leaves unsubmitted is released. Returns the number of submissions."""
+        calls, work, buffers, submissions = self.calls, self.work, [], 0
         self.work = []
         for i, (kind, item) in enumerate(work):
             if kind == "buffer":
@@ -67,6 +67,7 @@ class Ahead:
                 continue
             try:
                 calls.submit(buffers)  # releases them, also when it raises
+                submissions += bool(buffers)
                 buffers = []
                 calls.write(*item)
             except BaseException:
@@ -74,6 +75,7 @@ class Ahead:
                 self.release()
                 raise
         calls.submit(buffers)
+        return submissions + bool(buffers)
 
     def release(self) -> None:
         """Drop what was never submitted."""
@@ -109,15 +111,16 @@ class Replaying:
             ahead = None
         if not direct:
             out = self._replay_methods(program, result)
+            submissions = sum(kind == "dispatches" for kind, _ in program)
         else:
             keep = (tape.events, self.upload_buffer)
             if ahead is None:
                 ahead = Ahead(self.native, program, inputs, result, self._result_array(result), keep)
             out = ahead.out
-            ahead.submit()
+            submissions = ahead.submit()
             tape.ahead = self._record_ahead(program, inputs, result, keep)
         self.counters["dispatches"] += tape.dispatches
-        self.counters["submissions"] += sum(kind == "dispatches" for kind, _ in program)
+        self.counters["submissions"] += submissions
         self.counters["queue_writes"] += sum(kind == "write" for kind, _ in program)
         self.counters["replays"] += 1
         return out

@@ -329,17 +329,13 @@ class Runtime(Replaying, BufferPool):
         shader, pipe = found
         buffers = [v.buffer if v.__class__ is GpuArray else v for v in bindings.values()]
         if shader.params is not None:
-            data = shader.params.pack(params or {})
-            uniform = self.uniforms.get(data)  # the caches' hits looked up here, their misses filled below
-            buffers.append(self.uniform(data) if uniform is None else uniform)
+            buffers.append(self.uniform(shader.params.pack(params or {})))
             slots = (*bindings, 3)
         elif params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
         else:
             slots = tuple(bindings)
-        group = self.bind_groups.get((pipe, slots, *buffers))
-        if group is None:
-            group = self.bind_group(pipe, slots, buffers)
+        group = self.bind_group(pipe, slots, buffers)
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, groups))
             for value in bindings.values():
@@ -424,8 +420,7 @@ class Runtime(Replaying, BufferPool):
     def flush(self) -> None:
         """Submit everything recorded so far (no waiting for the GPU). Everything that reaches the queue
         (writes, read-backs, destroying buffers) flushes first."""
-        if self.orphaned_aheads:
-            self._release_orphans()
+        self._release_orphans()
         if self.encoder is None and not self.staged_copies:
             return
         self._encoder()  # records the staged copies, when they are all there is
