@@ -151,6 +151,33 @@ def test_vec4_loads(poisoned, config, case):
     check_blocked(poisoned, config, case)
 
 
+@pytest.mark.parametrize("config", BLOCK_CONFIGS, ids=lambda c: c.name)
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.booleans(),
+                      st.booleans(), st.booleans(), st.integers(0, 2**31)))
+def test_aligned_tiles_load_unchecked(poisoned, config, case):
+    """Shapes of whole tiles (M, N, K multiples of the block, every split with work): the variant whose loads
+    skip the bounds checks runs, and agrees with float64."""
+    batch, rows, columns, steps, ta, tb, shared, seed = case
+    m, n, k = config.bm * rows, config.bn * columns, config.bk * config.splits * steps
+    a, b = operands((batch, m, n, k, ta, tb, shared, seed))
+    epilogue, expected = epilogue_for((batch, m, n, k, ta, tb, shared, seed), poisoned)
+    da, db, out = poisoned.from_numpy(a), poisoned.from_numpy(b), poisoned.rt.empty((batch, m, n))
+    matmul = BlockedMatmul(poisoned.rt, config)
+    assert matmul.record(da, db, out, batch, m, n, k, ta, tb, shared, epilogue)
+    assert [layout[3] for layout in matmul.modules] == [True]
+    assert_matmul_result(poisoned, out, epilogue, expected, a, b, ta, tb)
+
+
+def test_a_split_without_work_is_not_aligned():
+    """K = 80 in 4 splits of BK 16: the splits take 32, 32, 16 and nothing, and the empty one's first tile
+    would load past K; such shapes keep the checked loads."""
+    config = BlockConfig(32, 32, 16, 4, 4, splits=4)
+    assert not config.aligned(64, 64, 80, 4, 32)
+    assert config.aligned(64, 64, 128, 4, 32)
+    assert not config.aligned(64, 48, 128, 4, 32)
+
+
 def test_split_k_grid_past_65535_workgroups(poisoned, rng):
     """batch x splits above the 65535 workgroups a dispatch dimension allows: launched in pieces."""
     config = BlockConfig(32, 32, 8, 4, 4, splits=4)
@@ -300,5 +327,5 @@ def test_variants_differing_only_in_group_run_their_own_kernels(gpu, rng):
         mm, out = BlockedMatmul(gpu.rt, BlockConfig(32, 32, 8, 4, 4, group=group)), gpu.rt.empty((70, 50))
         mm.record(da, db, out, 1, 70, 50, 40, False, False, False)
         np.testing.assert_allclose(gpu.to_numpy(out), a @ b, rtol=1e-4, atol=1e-4)
-        pipelines.append(gpu.rt.pipeline(mm.modules[(False, False, False)], "matmul_main"))
+        pipelines.append(gpu.rt.pipeline(mm.modules[(False, False, False, False)], "matmul_main"))
     assert pipelines[0] is not pipelines[1]

@@ -36,6 +36,8 @@ def every_kernel():
         for ta in (False, True):
             for tb in (False, True):
                 yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
+                yield (f"matmul {config.name} ta={ta:d} tb={tb:d} aligned",
+                       matmul_blocked.generate(config, ta, tb, config.vec4, aligned=True))
     # the group_sum and row-team kernels both ways; Tint wants `enable subgroups;` for the subgroup form,
     # which naga refuses, so it is added here only
     for subgroups in (False, True):

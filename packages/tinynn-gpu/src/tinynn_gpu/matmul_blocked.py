@@ -43,11 +43,16 @@ class BlockConfig:
     splits: int = 1  # split-K: this many workgroups share each output block's K range
     vec4: bool = False  # global loads of 4 floats at once where the shape allows (`uses_vec4`)
     double: bool = False  # two tiles in workgroup memory: the next one's loads overlap this one's products
+    # each tile row padded by a vec4, against bank conflicts where a warp stores neighbouring k of a row (scalar
+    # loads of an operand stored with k contiguous); vec4-load stashes write 512 bytes a warp, 4 wavefronts
+    # either way. Unpadded, 128x128x16 double-buffered tiles take 32 KB, which every Vulkan adapter offers.
+    pad: bool = True
 
     @property
     def name(self) -> str:
         split = f" split{self.splits}" if self.splits > 1 else ""
-        return f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}{' vec4' * self.vec4}{' db' * self.double}"
+        return (f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}{' vec4' * self.vec4}{' db' * self.double}"
+                f"{' unpadded' * (not self.pad)}")
 
     @property
     def buffers(self) -> int:
@@ -55,13 +60,18 @@ class BlockConfig:
 
     @property
     def workgroup_bytes(self) -> int:
-        """The A and B tiles, each row padded by one vec4 (against bank conflicts when k runs across threads)."""
-        return 16 * self.buffers * self.bk * (self.bm // 4 + self.bn // 4 + 2)
+        """The A and B tiles (rows of BM/4 and BN/4 vec4s, padded or not)."""
+        return 16 * self.buffers * self.bk * (self.bm // 4 + self.bn // 4 + 2 * self.pad)
 
     def uses_vec4(self, m, n, k, transpose_a, transpose_b) -> bool:
         """vec4 loads need each operand's contiguous dimension to be a multiple of 4 (so every quad is
         aligned and whole); other shapes run the scalar-load code of the same configuration."""
         return self.vec4 and (m if transpose_a else k) % 4 == 0 and (k if transpose_b else n) % 4 == 0
+
+    def aligned(self, m, n, k, splits, k_chunk) -> bool:
+        """Every tile of the shape lies whole inside the operands and every split has work: the loads need no
+        bounds checks (the stores keep theirs)."""
+        return m % self.bm == 0 and n % self.bn == 0 and k % self.bk == 0 and (splits - 1) * k_chunk < k
 
     @property
     def threads(self) -> int:
@@ -121,10 +131,11 @@ def _registers(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> l
     return [f"    var {operand}_{i}: {kind};" for i in range(len(_tile_copy(cfg, operand, k_fastest, vec4)))]
 
 
-def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False) -> str:
-    """The WGSL of one configuration and layout; vec4: with vec4 global loads (see BlockConfig.uses_vec4)."""
+def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False, aligned: bool = False) -> str:
+    """The WGSL of one configuration and layout; vec4: with vec4 global loads (see BlockConfig.uses_vec4);
+    aligned: loads without bounds checks, for shapes whose tiles all lie inside the operands (BlockConfig.aligned)."""
     qm, qn = cfg.tm // 4, cfg.tn // 4
-    a_stride, b_stride = cfg.bm // 4 + 1, cfg.bn // 4 + 1
+    a_stride, b_stride = cfg.bm // 4 + cfg.pad, cfg.bn // 4 + cfg.pad
     declare = [f"    var acc_{i}_{q} = vec4<f32>(0.0);" for i in range(cfg.tm) for q in range(qn)]
     declare += [f"    let a_column_{q} = ty + {q}u * THREADS_M;" for q in range(qm)]  # this thread's tile columns
     declare += [f"    let b_column_{q} = tx + {q}u * THREADS_N;" for q in range(qn)]
@@ -159,6 +170,7 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
     row_sum = [f"            row_sum = row_sum + a_tile[buf][{kk}u][lid];" for kk in range(cfg.bk)]
     store = [f"    store(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
              f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, raw);" for i in range(cfg.tm) for q in range(qn)]
+    zero = "vec4<f32>(0.0)" if vec4 else "0.0"
     fills = {
         "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
         "THREADS": cfg.threads, "GROUP": cfg.group, "BUFFERS": cfg.buffers, "A_STRIDE": a_stride,
@@ -166,8 +178,11 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
         "ELEMENT": "vec4<f32>" if vec4 else "f32", "SUFFIX": "4" if vec4 else "",
-        "ZERO": "vec4<f32>(0.0)" if vec4 else "0.0", "QUAD": " / 4u" if vec4 else "",
+        "QUAD": " / 4u" if vec4 else "",
         "LOADS": ("vec4 loads" if vec4 else "scalar loads") + (", double-buffered" if cfg.double else ""),
+        "ALIGNED": ", aligned (no load checks)" if aligned else "",
+        "A_GUARD": "" if aligned else f"    if (m >= params.m || k >= k_end) {{ return {zero}; }}",
+        "B_GUARD": "" if aligned else f"    if (k >= k_end || n >= params.n) {{ return {zero}; }}",
         "A_INDEX": "base + k * params.m + m" if transpose_a else "base + m * params.k + k",
         "B_INDEX": "base + n * params.k + k" if transpose_b else "base + k * params.n + n",
         "DECLARE": "\n".join(declare), "PROLOGUE": "\n".join(prologue), "FETCH": "\n".join(fetch_next),
@@ -220,13 +235,15 @@ class BlockedMatmul:
 
     def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
         cfg = self.config
-        layout = (bool(transpose_a), bool(transpose_b), cfg.uses_vec4(m, n, k, transpose_a, transpose_b))
-        module = self.modules.get(layout)
-        if module is None:
-            name = f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
-            module = self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
         splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
         k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
+        layout = (bool(transpose_a), bool(transpose_b), cfg.uses_vec4(m, n, k, transpose_a, transpose_b),
+                  cfg.aligned(m, n, k, splits, k_chunk))
+        module = self.modules.get(layout)
+        if module is None:
+            name = (f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
+                    f"{' aligned' if layout[3] else ''}")
+            module = self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
         params = {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
                   "has_bias": int(epilogue.bias is not None), "activation": ACTIVATIONS[epilogue.activation],
                   "activation_grad": ACTIVATIONS[epilogue.activation_grad],
