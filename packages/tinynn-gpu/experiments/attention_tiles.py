@@ -23,11 +23,12 @@ from tinynn_gpu.attention import THREADS, BackwardTile, Tile, lanes_for, workgro
 
 SHAPES = {"lesson": (16, 128, 4, 64), "mid": (16, 128, 6, 64), "big": (8, 256, 12, 64),
           "hs128": (8, 256, 6, 128), "hs32": (16, 128, 8, 32),
-          "tiny": (2, 40, 2, 64)}  # (B, T, n_head, head size)
+          "t32": (16, 32, 4, 64), "t64": (16, 64, 4, 64), "tiny": (2, 40, 2, 64)}  # (B, T, n_head, head size)
 CANDIDATES = ((16, 4), (16, 2), (16, 1), (8, 8), (8, 4), (32, 2), (32, 1), (64, 1))  # (rows, splits)
 TILE_CANDIDATES = ((64, 32, 2), (64, 32, 4), (32, 32, 2), (32, 32, 4), (32, 64, 4), (32, 64, 2), (64, 16, 1),
                    (32, 32, 1), (64, 64, 4), (16, 32, 4), (16, 32, 2))  # (rows, keys, keys a thread)
-BACKWARD_CANDIDATES = ((32, 32, 2), (32, 32, 4), (32, 16, 2), (16, 16, 1), (16, 8, 1))  # (keys, queries, sn)
+BACKWARD_CANDIDATES = ((32, 32, 2), (32, 32, 4), (32, 16, 2), (16, 16, 1), (16, 8, 1))
+  # (keys, queries, sn)
 
 
 def rel_err(actual, expected):
@@ -61,6 +62,7 @@ def main():
         y_ref, lse_ref = ref.attention_forward(qkv.astype(np.float64), n_head, scale)
         g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head, scale)
         d_qkv, d_grad = gpu.from_numpy(qkv), gpu.from_numpy(grad)
+        heat(gpu, args.heat / 2)  # computing the reference left the GPU idle
         layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",") if layout]
         paths = [{"subgroup": "1", "workgroup": "0"}[p] for p in args.paths.split(",")]
         os.environ["TINYNN_ATTENTION_TILE"] = "0"  # the per-row forward
@@ -107,7 +109,7 @@ def main():
                   f"{'' if max(errs) <= 2e-5 else '  WRONG'}", flush=True)
         os.environ.pop("TINYNN_ATTENTION_TILE", None)
         tiles = ["0"] + [t for t in args.backward_tiles.split(",") if t]
-        results += backward_rows(gpu, label, tiles, d_qkv, d_grad, g_ref, n_head, scale, args.reps)
+        results += backward_rows(gpu, label, tiles, d_qkv, d_grad, g_ref, n_head, scale, args.reps, args.heat / 2)
     for name in ("TINYNN_ATTENTION_LAYOUT", "TINYNN_SUBGROUPS", "TINYNN_ATTENTION_TILE",
                  "TINYNN_ATTENTION_BACKWARD_TILE"):
         os.environ.pop(name, None)
@@ -126,8 +128,9 @@ def heat(gpu, seconds):
         gpu.rt.sync()
 
 
-def backward_rows(gpu, label, tiles, d_qkv, d_grad, g_ref, n_head, scale, reps):
-    """The backward per tile ("0": the per-row kernels): error, us per kernel, us back to back."""
+def backward_rows(gpu, label, tiles, d_qkv, d_grad, g_ref, n_head, scale, reps, heat_s):
+    """The backward per tile ("0": the per-row kernels): error, us per kernel, us back to back; each timed
+    after heat_s of GPU work (the float64 reference leaves the GPU idle long enough to clock down)."""
     _, _, c3 = d_qkv.shape
     hs = c3 // 3 // n_head
     y, lse = gpu.attention_forward(d_qkv, n_head, scale)
@@ -141,6 +144,7 @@ def backward_rows(gpu, label, tiles, d_qkv, d_grad, g_ref, n_head, scale, reps):
         def run():
             gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
         run()
+        heat(gpu, heat_s)
         times = {row["kernel"]: row["ms"] * 1e3 / reps for row in gpu.profile(lambda: [run() for _ in range(reps)])}
         passed = [gpu.rt.time_pass(run, reps) * 1e3 for _ in range(3)]
         rows.append({"shape": label, "backward_tile": tile, "us": times, "pass_us": passed, "rel_err": [err],
