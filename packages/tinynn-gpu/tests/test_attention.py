@@ -2,7 +2,8 @@
 Shapes are drawn by hypothesis: T off the tile grid and T = 1, head sizes 16 to 128 (multiples of 4, not
 only powers of two), batch 1. Each runs with subgroup lanes (where the adapter has them) and with one thread
 per row. The forward is the tiled kernel (every tile of TILES that fits the adapter) and, forced, the per-row
-one (every layout); the backward likewise (BACKWARD_TILES and more tiles, and the per-row kernels). Bounds are relative (Frobenius) errors; fp32 kernels measured ~3e-7 here."""
+one (every layout); the backward likewise (BACKWARD_TILES and more tiles, and the per-row kernels). Bounds
+are relative (Frobenius) errors; fp32 kernels measured ~3e-7 here."""
 from collections import Counter
 
 import numpy as np
@@ -87,8 +88,9 @@ def test_the_per_row_backward(subgroup_path, monkeypatch, head_size, batch, seq,
     check_against_reference(subgroup_path, batch, seq, n_head, head_size, seed)
 
 
-# beyond BACKWARD_TILES: a tile for head size 32, and small ones that fit head size 128 in lavapipe's 32 KiB
-EXTRA_BACKWARD_TILES = (BackwardTile(32, 32, 4), BackwardTile(16, 16, 1), BackwardTile(16, 8, 1))
+# beyond BACKWARD_TILES: one that fits head size 64 in lavapipe's 32 KiB with more threads, and one that fits
+# head size 128 there
+EXTRA_BACKWARD_TILES = (BackwardTile(32, 16, 2), BackwardTile(16, 8, 1))
 
 
 @pytest.mark.parametrize("tile", BACKWARD_TILES + EXTRA_BACKWARD_TILES, ids=str)
@@ -106,8 +108,10 @@ def test_every_backward_tile(subgroup_path, monkeypatch, tile, batch, seq, n_hea
 
 def test_backward_tile_choice(monkeypatch):
     """The first tile of BACKWARD_TILES that fits the head size and workgroup memory; none: the per-row kernels."""
-    assert choose_backward_tile(64, 49152) == BACKWARD_TILES[0]
-    assert choose_backward_tile(20, 49152) is None  # 5 vec4s a row split no tile's threads
+    assert choose_backward_tile(64, 49152) == BACKWARD_TILES[0] and choose_backward_tile(64, 32768) == (16, 16, 1)
+    assert choose_backward_tile(32, 49152) == (32, 32, 4) and choose_backward_tile(128, 49152) == (16, 16, 1)
+    assert choose_backward_tile(128, 32768) is None  # the per-row kernels
+    assert choose_backward_tile(20, 49152) is None and choose_backward_tile(16, 49152) is None  # no even split
     monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "0")
     assert choose_backward_tile(64, 49152) is None
     monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "32x24x2")

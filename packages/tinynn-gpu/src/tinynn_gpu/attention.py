@@ -1,15 +1,22 @@
-"""Fused causal self-attention on the GPU: the launches of its forward (one dispatch) and backward (two: dQ,
-then dK/dV), from two templates filled in and unrolled per head size.
+"""Fused causal self-attention on the GPU: the launches of its forward (one dispatch) and backward (two), from
+templates filled in and unrolled per head size.
 
 The forward is kernels/attention_tiled.wgsl, a register-blocked matmul-like kernel, with the first tile of
 TILES whose workgroup memory fits the device; where none fits, attention.wgsl's per-row forward runs.
 TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward.
 
-The backward is kernels/attention.wgsl's per-row kernels. A layout is (ROWS, SPLITS, LANES): a workgroup
-owns ROWS rows (queries; keys in the dK/dV kernel), LANES threads share a row (subgroup shuffles add their
-parts of a dot product; 1 without the `subgroup` feature) and SPLITS groups of threads walk over the other
-side interleaved. `choose_layout` takes ROWS and SPLITS from LAYOUTS, the first whose workgroup memory fits
-the device; TINYNN_ATTENTION_LAYOUT=ROWSxSPLITS forces one (experiments/attention_tiles.py times them all).
+The backward is kernels/attention_backward_tiled.wgsl (dK, dV and dQ's per-key-block slices, then dQ as the
+slices' sum) with the first tile of BACKWARD_TILES that fits the head size and the device; where none does
+(head sizes 16 and 20, or too little workgroup memory), attention.wgsl's per-row kernels (dQ, then dK/dV).
+TINYNN_ATTENTION_BACKWARD_TILE=KEYSxQUERIESxSN forces a tile, =0 the per-row kernels. On an H200 the tiled
+backward took 0.57-0.82x the per-row kernels' time at every shape measured, T = 32 to 256 (BACKWARD_TILES has
+the figures), so no sequence length keeps the per-row kernels; head size 128 was a tie.
+
+The per-row kernels: a layout is (ROWS, SPLITS, LANES): a workgroup owns ROWS rows (queries; keys in the
+dK/dV kernel), LANES threads share a row (subgroup shuffles add their parts of a dot product; 1 without the
+`subgroup` feature) and SPLITS groups of threads walk over the other side interleaved. `choose_layout` takes
+ROWS and SPLITS from LAYOUTS, the first whose workgroup memory fits the device; TINYNN_ATTENTION_LAYOUT=
+ROWSxSPLITS forces one (experiments/attention_tiles.py times them all, and every tile).
 """
 from __future__ import annotations
 
@@ -204,8 +211,12 @@ class BackwardTile(NamedTuple):
         return f"{self.keys}x{self.queries}x{self.sn}"
 
 
-# the tiled backward's tiles, fastest first (experiments/attention_tiles.py)
-BACKWARD_TILES = (BackwardTile(32, 32, 2), BackwardTile(32, 16, 2), BackwardTile(32, 32, 4))
+# the tiled backward's tiles, fastest first, as timed on an H200 (experiments/attention_tiles.py, us a backward,
+# its two dispatches back to back; the per-row kernels' in brackets): 32x32x2 (128 threads, 44.7 KB) 28.3
+# lesson [49.9], 42.0 mid [64.8], 130.2 big [217.3], 9.8 at T = 32 [11.9], 14.1 at T = 64 [20.6]; 16x16x1
+# 1.1-1.25x slower, 32x16x2, 16x8x1 and 32x32x4 slower still at head size 64; 32x32x4 is the one tile of
+# these for head size 32: 43.1 [54.1]; 16x16x1 at head size 128: 260.1 [266.4].
+BACKWARD_TILES = (BackwardTile(32, 32, 2), BackwardTile(16, 16, 1), BackwardTile(32, 32, 4))
 
 
 def choose_backward_tile(head_size: int, max_bytes: int) -> BackwardTile | None:
@@ -234,24 +245,27 @@ def backward_tiled_source(head_size: int, tile: BackwardTile) -> str:
     kv_step = next(n for n in (2, 1) if (tile.queries // 4) % n == 0)
     q_step = next(n for n in (4, 2, 1) if tile.keys % n == 0)
     scores, kv, q = [], [], []
+    pairs = [(i, j) for i in range(4) for j in range(sn)]  # S and dP's (query, key) per thread
+    owned = [(o, i) for o in range(counts["$o"]) for i in range(4)]  # dK and dV's (key, query of the quad)
+    quads = [(w, i) for w in range(counts["$u"]) for i in range(4)]  # dQ's (quad, query of the quad)
     for u in range(score_step):
         scores += [f"            let q{i}_{u} = q_tile[4u * sy + {i}u][d + {u}u];" for i in range(4)]
         scores += [f"            let k{j}_{u} = k_tile[sx + {j}u * SX][d + {u}u];" for j in range(sn)]
-        scores += [f"            s_{i}_{j} = s_{i}_{j} + dot(q{i}_{u}, k{j}_{u});" for i in range(4) for j in range(sn)]
+        scores += [f"            s_{i}_{j} = s_{i}_{j} + dot(q{i}_{u}, k{j}_{u});" for i, j in pairs]
         scores += [f"            let g{i}_{u} = g_tile[4u * sy + {i}u][d + {u}u];" for i in range(4)]
         scores += [f"            let v{j}_{u} = v_tile[sx + {j}u * SX][d + {u}u];" for j in range(sn)]
-        scores += [f"            dp_{i}_{j} = dp_{i}_{j} + dot(g{i}_{u}, v{j}_{u});" for i in range(4) for j in range(sn)]
+        scores += [f"            dp_{i}_{j} = dp_{i}_{j} + dot(g{i}_{u}, v{j}_{u});" for i, j in pairs]
     for u in range(kv_step):
         kv += [f"            let p{o}_{u} = p_tile[grp + {o}u * G][iq + {u}u];" for o in range(counts["$o"])]
         kv += [f"            let g{i}_{u} = g_tile[4u * (iq + {u}u) + {i}u][c];" for i in range(4)]
-        kv += [f"            dv_{o} = dv_{o} + p{o}_{u}.{XYZW[i]} * g{i}_{u};" for o in range(counts["$o"]) for i in range(4)]
+        kv += [f"            dv_{o} = dv_{o} + p{o}_{u}.{XYZW[i]} * g{i}_{u};" for o, i in owned]
         kv += [f"            let e{o}_{u} = ds_tile[grp + {o}u * G][iq + {u}u];" for o in range(counts["$o"])]
         kv += [f"            let q{i}_{u} = q_tile[4u * (iq + {u}u) + {i}u][c];" for i in range(4)]
-        kv += [f"            dk_{o} = dk_{o} + e{o}_{u}.{XYZW[i]} * q{i}_{u};" for o in range(counts["$o"]) for i in range(4)]
+        kv += [f"            dk_{o} = dk_{o} + e{o}_{u}.{XYZW[i]} * q{i}_{u};" for o, i in owned]
     for u in range(q_step):
         q += [f"            let k{u} = k_tile[j + {u}u][c];"]
         q += [f"            let e{w}_{u} = ds_tile[j + {u}u][grp + {w}u * G];" for w in range(counts["$u"])]
-        q += [f"            dq_{w}_{i} = dq_{w}_{i} + e{w}_{u}.{XYZW[i]} * k{u};" for w in range(counts["$u"]) for i in range(4)]
+        q += [f"            dq_{w}_{i} = dq_{w}_{i} + e{w}_{u}.{XYZW[i]} * k{u};" for w, i in quads]
     text = kernel_source("attention_backward_tiled", {
         "HEAD": kernel_file("attention_head"), "HS4": hs4, "KEYS": tile.keys, "QUERIES": tile.queries, "SN": sn,
         "SCORE_STEP": score_step, "SCORES": "\n".join(scores), "KV_STEP": kv_step, "KV": "\n".join(kv),
