@@ -2,7 +2,8 @@
 Shapes are drawn by hypothesis: T off the tile grid and T = 1, head sizes 16 to 128 (multiples of 4, not
 only powers of two), batch 1. Each runs with subgroup lanes (where the adapter has them) and with one thread
 per row. The forward is the tiled kernel (every tile of TILES that fits the adapter) and, forced, the per-row
-one (every layout). Bounds are relative (Frobenius) errors; fp32 kernels measured ~3e-7 here."""
+one (every layout); the backward likewise (BACKWARD_TILES and more tiles, and the per-row kernels). Bounds
+are relative (Frobenius) errors; fp32 kernels measured ~3e-7 here."""
 from collections import Counter
 
 import numpy as np
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn.errors import TinynnError
-from tinynn_gpu.attention import LAYOUTS, TILES, Tile, choose_tile, lane_sum_body, lanes_for, workgroup_bytes
+from tinynn_gpu.attention import (BACKWARD_TILES, LAYOUTS, TILES, BackwardTile, Tile, choose_backward_tile,
+                                  choose_tile, lane_sum_body, lanes_for, workgroup_bytes)
 
 RTOL_FORWARD = 1e-5  # y and lse
 RTOL_BACKWARD = 2e-5  # g_qkv: one more recomputation of the probabilities
@@ -73,7 +75,48 @@ def test_every_layout(subgroup_path, monkeypatch, layout, seq, seed):
         pytest.skip(f"layout {layout} needs more workgroup memory than this adapter has")
     monkeypatch.setenv("TINYNN_ATTENTION_LAYOUT", f"{layout[0]}x{layout[1]}")
     monkeypatch.setenv("TINYNN_ATTENTION_TILE", "0")
+    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "0")
     check_against_reference(subgroup_path, 1, seq, 2, 40, seed)
+
+
+@pytest.mark.parametrize("head_size", [16, 64, 128])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 2), seq=seq_lens, n_head=st.integers(1, 2), seed=st.integers(0, 2**31))
+def test_the_per_row_backward(subgroup_path, monkeypatch, head_size, batch, seq, n_head, seed):
+    """The per-row backward at head sizes where the tiled one runs by default."""
+    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "0")
+    check_against_reference(subgroup_path, batch, seq, n_head, head_size, seed)
+
+
+# beyond BACKWARD_TILES: one that fits head size 64 in lavapipe's 32 KiB with more threads, and one that fits
+# head size 128 there
+EXTRA_BACKWARD_TILES = (BackwardTile(32, 16, 2), BackwardTile(16, 8, 1))
+
+
+@pytest.mark.parametrize("tile", BACKWARD_TILES + EXTRA_BACKWARD_TILES, ids=str)
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 2), seq=seq_lens, n_head=st.integers(1, 2), seed=st.integers(0, 2**31))
+def test_every_backward_tile(subgroup_path, monkeypatch, tile, batch, seq, n_head, seed):
+    """The tiled backward with each tile, at one of the head sizes it fits here."""
+    sizes = [hs for hs in (32, 64, 128) if not tile.check(hs, subgroup_path.attention.max_bytes)]
+    if not sizes:
+        pytest.skip(f"backward tile {tile} fits no head size in this adapter's workgroup memory")
+    head_size = sizes[seed % len(sizes)]
+    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", str(tile))
+    check_against_reference(subgroup_path, batch, seq, n_head, head_size, seed)
+
+
+def test_backward_tile_choice(monkeypatch):
+    """The first tile of BACKWARD_TILES that fits the head size and workgroup memory; none: the per-row kernels."""
+    assert choose_backward_tile(64, 49152) == BACKWARD_TILES[0] and choose_backward_tile(64, 32768) == (16, 16, 1)
+    assert choose_backward_tile(32, 49152) == (32, 32, 4) and choose_backward_tile(128, 49152) == (16, 16, 1)
+    assert choose_backward_tile(128, 32768) is None  # the per-row kernels
+    assert choose_backward_tile(20, 49152) is None and choose_backward_tile(16, 49152) is None  # no even split
+    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "0")
+    assert choose_backward_tile(64, 49152) is None
+    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "32x24x2")
+    with pytest.raises(TinynnError, match="TINYNN_ATTENTION_BACKWARD_TILE"):
+        choose_backward_tile(64, 49152)
 
 
 @pytest.mark.parametrize("tile", TILES, ids=str)

@@ -58,6 +58,10 @@ def every_kernel():
                          enable + attention.source(hs, rows, splits, lanes)) for rows, splits in attention.LAYOUTS)
     yield from ((f"attention tiled hs{hs} {tile}", attention.tiled_source(hs, tile))
                 for hs in (16, 20, 64, 128) for tile in attention.TILES)
+    yield from ((f"attention backward hs{hs} {tile}", attention.backward_tiled_source(hs, tile))
+                for hs in (32, 64, 128) for tile in attention.BACKWARD_TILES + (attention.BackwardTile(32, 16, 2),
+                                                                                 attention.BackwardTile(16, 8, 1))
+                if not tile.check(hs, 1 << 20))
 
 
 def test_every_kernel_compiles_on_tint(tint):

@@ -1,15 +1,22 @@
-"""Fused causal self-attention on the GPU: the launches of its forward (one dispatch) and backward (two: dQ,
-then dK/dV), from two templates filled in and unrolled per head size.
+"""Fused causal self-attention on the GPU: the launches of its forward (one dispatch) and backward (two), from
+templates filled in and unrolled per head size.
 
 The forward is kernels/attention_tiled.wgsl, a register-blocked matmul-like kernel, with the first tile of
 TILES whose workgroup memory fits the device; where none fits, attention.wgsl's per-row forward runs.
 TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward.
 
-The backward is kernels/attention.wgsl's per-row kernels. A layout is (ROWS, SPLITS, LANES): a workgroup
-owns ROWS rows (queries; keys in the dK/dV kernel), LANES threads share a row (subgroup shuffles add their
-parts of a dot product; 1 without the `subgroup` feature) and SPLITS groups of threads walk over the other
-side interleaved. `choose_layout` takes ROWS and SPLITS from LAYOUTS, the first whose workgroup memory fits
-the device; TINYNN_ATTENTION_LAYOUT=ROWSxSPLITS forces one (experiments/attention_tiles.py times them all).
+The backward is kernels/attention_backward_tiled.wgsl (dK, dV and dQ's per-key-block slices, then dQ as the
+slices' sum) with the first tile of BACKWARD_TILES that fits the head size and the device; where none does
+(head sizes 16 and 20, or too little workgroup memory), attention.wgsl's per-row kernels (dQ, then dK/dV).
+TINYNN_ATTENTION_BACKWARD_TILE=KEYSxQUERIESxSN forces a tile, =0 the per-row kernels. On an H200 the tiled
+backward took 0.57-0.82x the per-row kernels' time at every shape measured, T = 32 to 256 (BACKWARD_TILES has
+the figures), so no sequence length keeps the per-row kernels; head size 128 was a tie.
+
+The per-row kernels: a layout is (ROWS, SPLITS, LANES): a workgroup owns ROWS rows (queries; keys in the
+dK/dV kernel), LANES threads share a row (subgroup shuffles add their parts of a dot product; 1 without the
+`subgroup` feature) and SPLITS groups of threads walk over the other side interleaved. `choose_layout` takes
+ROWS and SPLITS from LAYOUTS, the first whose workgroup memory fits the device; TINYNN_ATTENTION_LAYOUT=
+ROWSxSPLITS forces one (experiments/attention_tiles.py times them all, and every tile).
 """
 from __future__ import annotations
 
@@ -154,6 +161,118 @@ def tiled_source(head_size: int, tile: Tile) -> str:
     return unroll(text, {"$i": 4, "$j": sn, "$q": nq, "$r": -(-tile.keys * hs4 // tile.threads)})
 
 
+class BackwardTile(NamedTuple):
+    """The tiled backward's blocking: KEYS keys per workgroup, QUERIES queries per step (4 a thread in S and
+    dP), SN keys a thread in S and dP."""
+    keys: int
+    queries: int
+    sn: int
+
+    @property
+    def threads(self) -> int:
+        return self.keys // self.sn * (self.queries // 4)
+
+    def workgroup_bytes(self, head_size: int) -> int:
+        """k, v, q and g tiles in padded vec4 rows, P and dS by key and query quad, delta's parts and lse."""
+        hs4 = head_size // 4
+        return (16 * (2 * (self.keys + self.queries) * (hs4 + 1) + 2 * self.keys * (self.queries // 4 + 1)) +
+                4 * (self.threads + self.queries))
+
+    def counts(self, head_size: int) -> dict:
+        """The unrolled copies: keys a thread owns in dK/dV ($o), query quads in dQ ($u), vec4s a thread loads
+        of a query row ($r) and of the key and value tiles ($k)."""
+        hs4, threads = head_size // 4, self.threads
+        group = threads // hs4
+        return {"$i": 4, "$j": self.sn, "$o": self.keys // group, "$u": self.queries // 4 // group,
+                "$r": self.queries * hs4 // threads, "$k": self.keys * hs4 // threads}
+
+    def check(self, head_size: int, max_bytes: int) -> str:
+        """Why this tile cannot run the head size here, or ""."""
+        hs4, threads = head_size // 4, self.threads
+        if (self.keys % self.sn or self.queries % 4 or self.keys % self.queries or not 1 <= threads <= THREADS or
+                threads % hs4):
+            return (f"backward tile {self}: keys must be a multiple of sn and of queries, queries of 4, threads at "
+                    f"most {THREADS} and a multiple of the head's {hs4} vec4s")
+        group = threads // hs4
+        rows = self.queries * hs4 // threads
+        if (self.keys % group or (self.queries // 4) % group or self.queries * hs4 % threads or not rows or hs4 % rows
+                or self.keys * hs4 % threads):
+            return f"backward tile {self}: its {threads} threads do not split head size {head_size}'s products evenly"
+        if self.workgroup_bytes(head_size) > max_bytes:
+            return f"backward tile {self}: head size {head_size} needs more than {max_bytes} bytes of workgroup memory"
+        return ""
+
+    def part_floats(self, batch: int, seq: int, n_head: int, head_size: int) -> int:
+        """The dQ slices' size: per (batch, head), key block kb holds rows kb*KEYS..T-1."""
+        blocks = -(-seq // self.keys)
+        return batch * n_head * (blocks * seq - self.keys * (blocks * (blocks - 1) // 2)) * head_size
+
+    def __str__(self) -> str:
+        return f"{self.keys}x{self.queries}x{self.sn}"
+
+
+# the tiled backward's tiles, fastest first, as timed on an H200 (experiments/attention_tiles.py, us a backward,
+# its two dispatches back to back; the per-row kernels' in brackets): 32x32x2 (128 threads, 44.7 KB) 28.3
+# lesson [49.9], 42.0 mid [64.8], 130.2 big [217.3], 9.8 at T = 32 [11.9], 14.1 at T = 64 [20.6]; 16x16x1
+# 1.1-1.25x slower, 32x16x2, 16x8x1 and 32x32x4 slower still at head size 64; 32x32x4 is the one tile of
+# these for head size 32: 43.1 [54.1]; 16x16x1 at head size 128: 260.1 [266.4].
+BACKWARD_TILES = (BackwardTile(32, 32, 2), BackwardTile(16, 16, 1), BackwardTile(32, 32, 4))
+
+
+def choose_backward_tile(head_size: int, max_bytes: int) -> BackwardTile | None:
+    """The tiled backward's tile, or None for the per-row kernels."""
+    forced = os.environ.get("TINYNN_ATTENTION_BACKWARD_TILE")
+    if forced == "0":
+        return None
+    if forced:
+        try:
+            tile = BackwardTile(*(int(n) for n in forced.lower().split("x")))
+        except (TypeError, ValueError):
+            raise TinynnError(f"TINYNN_ATTENTION_BACKWARD_TILE must look like 32x32x2 (keys, queries, keys a thread) "
+                              f"or 0, got {forced!r}") from None
+        why = tile.check(head_size, max_bytes)
+        if why:
+            raise TinynnError(f"TINYNN_ATTENTION_BACKWARD_TILE={forced}: {why}")
+        return tile
+    return next((tile for tile in BACKWARD_TILES if not tile.check(head_size, max_bytes)), None)
+
+
+def backward_tiled_source(head_size: int, tile: BackwardTile) -> str:
+    """attention_backward_tiled.wgsl for one head size and tile, its products' inner steps unrolled."""
+    hs4, sn = head_size // 4, tile.sn
+    counts = tile.counts(head_size)
+    score_step = next(n for n in (2, 1) if hs4 % n == 0)
+    kv_step = next(n for n in (2, 1) if (tile.queries // 4) % n == 0)
+    q_step = next(n for n in (4, 2, 1) if tile.keys % n == 0)
+    scores, kv, q = [], [], []
+    pairs = [(i, j) for i in range(4) for j in range(sn)]  # S and dP's (query, key) per thread
+    owned = [(o, i) for o in range(counts["$o"]) for i in range(4)]  # dK and dV's (key, query of the quad)
+    quads = [(w, i) for w in range(counts["$u"]) for i in range(4)]  # dQ's (quad, query of the quad)
+    for u in range(score_step):
+        scores += [f"            let q{i}_{u} = q_tile[4u * sy + {i}u][d + {u}u];" for i in range(4)]
+        scores += [f"            let k{j}_{u} = k_tile[sx + {j}u * SX][d + {u}u];" for j in range(sn)]
+        scores += [f"            s_{i}_{j} = s_{i}_{j} + dot(q{i}_{u}, k{j}_{u});" for i, j in pairs]
+        scores += [f"            let g{i}_{u} = g_tile[4u * sy + {i}u][d + {u}u];" for i in range(4)]
+        scores += [f"            let v{j}_{u} = v_tile[sx + {j}u * SX][d + {u}u];" for j in range(sn)]
+        scores += [f"            dp_{i}_{j} = dp_{i}_{j} + dot(g{i}_{u}, v{j}_{u});" for i, j in pairs]
+    for u in range(kv_step):
+        kv += [f"            let p{o}_{u} = p_tile[grp + {o}u * G][iq + {u}u];" for o in range(counts["$o"])]
+        kv += [f"            let g{i}_{u} = g_tile[4u * (iq + {u}u) + {i}u][c];" for i in range(4)]
+        kv += [f"            dv_{o} = dv_{o} + p{o}_{u}.{XYZW[i]} * g{i}_{u};" for o, i in owned]
+        kv += [f"            let e{o}_{u} = ds_tile[grp + {o}u * G][iq + {u}u];" for o in range(counts["$o"])]
+        kv += [f"            let q{i}_{u} = q_tile[4u * (iq + {u}u) + {i}u][c];" for i in range(4)]
+        kv += [f"            dk_{o} = dk_{o} + e{o}_{u}.{XYZW[i]} * q{i}_{u};" for o, i in owned]
+    for u in range(q_step):
+        q += [f"            let k{u} = k_tile[j + {u}u][c];"]
+        q += [f"            let e{w}_{u} = ds_tile[j + {u}u][grp + {w}u * G];" for w in range(counts["$u"])]
+        q += [f"            dq_{w}_{i} = dq_{w}_{i} + e{w}_{u}.{XYZW[i]} * k{u};" for w, i in quads]
+    text = kernel_source("attention_backward_tiled", {
+        "HEAD": kernel_file("attention_head"), "HS4": hs4, "KEYS": tile.keys, "QUERIES": tile.queries, "SN": sn,
+        "SCORE_STEP": score_step, "SCORES": "\n".join(scores), "KV_STEP": kv_step, "KV": "\n".join(kv),
+        "Q_STEP": q_step, "Q": "\n".join(q)})
+    return unroll(text, counts)
+
+
 def _max(terms: list[str]) -> str:
     """WGSL's max of the terms, as a balanced tree."""
     if len(terms) == 1:
@@ -201,6 +320,7 @@ class Attention:
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
         self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
         self.tiled_shaders = {}  # (head size, TINYNN_ATTENTION_TILE) -> `_tiled_shader`'s answer
+        self.backward_shaders = {}  # (head size, TINYNN_ATTENTION_BACKWARD_TILE) -> `_backward_tiled_shader`'s
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -220,6 +340,18 @@ class Attention:
                 self.rt.shader(tiled_source(head_size, tile), f"attention tiled hs{head_size} {tile}"), tile.rows)
         return found
 
+    def _backward_tiled_shader(self, head_size: int):
+        """(Shader, tile) of the tiled backward, (None, None) for the per-row kernels: chosen once per head size
+        and TINYNN_ATTENTION_BACKWARD_TILE."""
+        key = (head_size, os.environ.get("TINYNN_ATTENTION_BACKWARD_TILE"))
+        found = self.backward_shaders.get(key)
+        if found is None:
+            tile = choose_backward_tile(head_size, self.max_bytes)
+            found = self.backward_shaders[key] = (None, None) if tile is None else (
+                self.rt.shader(backward_tiled_source(head_size, tile), f"attention backward hs{head_size} {tile}"),
+                tile)
+        return found
+
     def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
         shader, rows = self._tiled_shader(c3 // 3 // n_head)
@@ -228,13 +360,30 @@ class Attention:
         self.rt.dispatch(shader, "attention_forward_main", (-(-seq // rows), batch * n_head, 1),
                          {0: qkv, 2: y, 4: lse}, {"seq": seq, "n_head": n_head, "scale": scale})
 
-    def backward(self, g, qkv, y, lse, delta, g_qkv, n_head: int, scale: float) -> None:
-        """g_qkv from g; delta (B, nh, T) is scratch: the dQ kernel saves rowsum(g * y) there for the dK/dV
-        kernel."""
+    def backward_scratch(self, qkv_shape: tuple, n_head: int) -> tuple:
+        """The shape of `backward`'s scratch: the tiled kernels' dQ slices, or the per-row kernels' delta."""
+        batch, seq, c3 = qkv_shape
+        head_size = c3 // 3 // n_head
+        _, tile = self._backward_tiled_shader(head_size)
+        if tile is None:
+            return (batch, n_head, seq)
+        return (tile.part_floats(batch, seq, n_head, head_size),)
+
+    def backward(self, g, qkv, y, lse, scratch, g_qkv, n_head: int, scale: float) -> None:
+        """g_qkv from g; scratch has backward_scratch's shape. Tiled: dK, dV and dQ's slices, then dQ. Per row:
+        the dQ kernel saves delta = rowsum(g * y) in scratch for the dK/dV kernel."""
         batch, seq, c3 = qkv.shape
-        shader, rows = self._shader(c3 // 3 // n_head)
-        grid = (-(-seq // rows), batch * n_head, 1)
-        bindings = {0: qkv, 1: g, 4: lse, 6: delta, 2: g_qkv}
+        head_size = c3 // 3 // n_head
         params = {"seq": seq, "n_head": n_head, "scale": scale}
+        shader, tile = self._backward_tiled_shader(head_size)
+        if shader is not None:
+            self.rt.dispatch(shader, "attention_backward_kv_main", (batch * n_head, -(-seq // tile.keys), 1),
+                             {0: qkv, 1: g, 4: lse, 5: y, 6: scratch, 2: g_qkv}, params)
+            self.rt.dispatch(shader, "attention_backward_q_main", (-(-seq * head_size // 4 // 256), batch * n_head, 1),
+                             {6: scratch, 2: g_qkv}, params)
+            return
+        shader, rows = self._shader(head_size)
+        grid = (-(-seq // rows), batch * n_head, 1)
+        bindings = {0: qkv, 1: g, 4: lse, 6: scratch, 2: g_qkv}
         self.rt.dispatch(shader, "attention_backward_q_main", grid, {**bindings, 5: y}, params)
         self.rt.dispatch(shader, "attention_backward_kv_main", grid, bindings, params)

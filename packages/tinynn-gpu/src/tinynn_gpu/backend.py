@@ -508,8 +508,9 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)
         if why:
             raise OnCpu(why)
-        g_qkv, delta = self._empty(qkv.shape), self._empty(lse.shape)
-        self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), delta, g_qkv, n_head, scale)
+        g_qkv, scratch = self._empty(qkv.shape), self._empty(self.attention.backward_scratch(qkv.shape, n_head))
+        self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), scratch, g_qkv, n_head,
+                                scale)
         return g_qkv
 
 
