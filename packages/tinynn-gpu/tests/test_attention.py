@@ -93,17 +93,17 @@ def test_the_per_row_backward(subgroup_path, monkeypatch, head_size, batch, seq,
 EXTRA_BACKWARD_TILES = (BackwardTile(32, 16, 2), BackwardTile(16, 8, 1))
 
 
-@pytest.mark.parametrize("tile", BACKWARD_TILES + EXTRA_BACKWARD_TILES, ids=str)
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batch=st.integers(1, 2), seq=seq_lens, n_head=st.integers(1, 2), seed=st.integers(0, 2**31))
-def test_every_backward_tile(subgroup_path, monkeypatch, tile, batch, seq, n_head, seed):
-    """The tiled backward with each tile, at one of the head sizes it fits here."""
-    sizes = [hs for hs in (32, 64, 128) if not tile.check(hs, subgroup_path.attention.max_bytes)]
-    if not sizes:
-        pytest.skip(f"backward tile {tile} fits no head size in this adapter's workgroup memory")
-    head_size = sizes[seed % len(sizes)]
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 2), seq=seq_lens, n_head=st.integers(1, 2), data=st.data())
+def test_every_backward_tile(subgroup_path, monkeypatch, batch, seq, n_head, data):
+    """The tiled backward with each tile that fits this adapter (the H200's 32x32x2 needs 44.7 KB: on lavapipe's
+    32 KiB it is refused, and the tiles beside it run), at one of the head sizes it fits."""
+    max_bytes = subgroup_path.attention.max_bytes
+    runs = [(tile, hs) for tile in BACKWARD_TILES + EXTRA_BACKWARD_TILES for hs in (32, 64, 128)
+            if not tile.check(hs, max_bytes)]
+    tile, head_size = data.draw(st.sampled_from(runs), label="tile, head size")
     monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", str(tile))
-    check_against_reference(subgroup_path, batch, seq, n_head, head_size, seed)
+    check_against_reference(subgroup_path, batch, seq, n_head, head_size, data.draw(st.integers(0, 2**31)))
 
 
 def test_backward_tile_choice(monkeypatch):
