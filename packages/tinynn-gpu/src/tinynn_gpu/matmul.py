@@ -51,7 +51,7 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 64, 32, 8, 4, splits=4, vec4=True),
     BlockConfig(32, 64, 32, 4, 4, splits=4, vec4=True, double=True),
     # double-buffered 128x128 blocks: the fastest on the big model's shapes once aligned tiles load unchecked
-    # (session 8, .device/proto/mm_designs.py); unpadded, so that they fit 32 KB of workgroup memory
+    # (session 8, experiments/matmul_designs.py); unpadded, so that they fit 32 KB of workgroup memory
     BlockConfig(128, 128, 16, 8, 8, vec4=True, double=True, pad=False),
     BlockConfig(128, 128, 16, 8, 8, splits=2, vec4=True, double=True, pad=False),
     BlockConfig(128, 128, 16, 8, 8, splits=4, vec4=True, double=True, pad=False),

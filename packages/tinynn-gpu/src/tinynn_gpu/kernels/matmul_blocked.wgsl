@@ -14,14 +14,16 @@
 // the same at 4096^2). A thread's rows and columns are interleaved with its neighbours' (4-wide groups
 // THREADS_M or THREADS_N apart) so a warp reads consecutive vec4s: no bank conflicts; each tile row (one k) is
 // padded by a vec4 (in configurations that ask for it: A_STRIDE, B_STRIDE), so that threads storing
-// neighbouring k (an operand stored with k contiguous) hit different banks too. Double-buffered variants (BUFFERS = 2) keep two tiles: the next step's global loads go into
-// registers before this step's products and into the other buffer after them, so their latency hides behind
-// the arithmetic, with one barrier per step. Edges: out-of-range loads read 0 and out-of-range stores are
-// skipped; no thread leaves before a barrier. Aligned variants, for shapes whose every tile lies whole inside
-// the operands (M, N, K multiples of BM, BN, BK, no empty split), load without those checks: the branch around
-// each load cost the double-buffered kernels 9-19% on the big model's shapes (H200: 2048x3072x768 341 -> 309
-// us, its weight gradient at split 2 403 -> 326; .device/proto/mm_designs.py, session 8); stores stay checked. Workgroups are visited GROUP block-rows at a time so that the A
-// and B panels being read stay in L2 (the raster order would stream all of B once per block-row).
+// neighbouring k (an operand stored with k contiguous) hit different banks too. Double-buffered variants
+// (BUFFERS = 2) keep two tiles: the next step's global loads go into registers before this step's products and
+// into the other buffer after them, so their latency hides behind the arithmetic, with one barrier per step.
+// Edges: out-of-range loads read 0 and out-of-range stores are skipped; no thread leaves before a barrier.
+// Aligned variants, for shapes whose every tile lies whole inside the operands (M, N, K multiples of BM, BN,
+// BK, no empty split), load without those checks: the branch around each load cost the double-buffered kernels
+// 9-19% on the big model's shapes (H200: 2048x3072x768 341 -> 309 us, its weight gradient at split 2 403 ->
+// 326; experiments/matmul_designs.py, session 8); stores stay checked. Workgroups are visited GROUP block-rows
+// at a time so that the A and B panels being read stay in L2 (the raster order would stream all of B once per
+// block-row).
 // Grids above 65535 workgroups in y or z are launched as several dispatches; y_offset and z_offset say
 // where this one starts.
 //

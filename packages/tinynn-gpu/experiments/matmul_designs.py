@@ -1,0 +1,116 @@
+"""Matmul kernel designs against the shipped blocked kernel, shape by shape: each variant checked against
+float64, then timed with `Runtime.time_pass` after 2 s of load (an idle H200 runs at 345 MHz).
+
+    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick]
+
+  checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
+  aligned  the shipped kernel for shapes of whole tiles: loads without bounds checks
+  const    aligned, with the shape's sizes as literals instead of read from the uniform
+  unroll   (double-buffered) aligned, the k loop unrolled by two so that each tile read has a constant buffer
+
+The H200, session 8 (BENCHMARKS.md): aligned beat checked by 9-19% in the double-buffered configurations on the
+big model's shapes, 0-3% in the single-buffered ones; const gained nothing; unroll lost 3-20%; thread tiles of
+8x16 or 16x8 lost 30-45%. --check runs every variant once and prints its error (lavapipe); --quick: small shapes.
+"""
+import re
+import sys
+import time
+
+import numpy as np
+
+import tinynn_gpu.matmul_blocked as blocked
+from tinynn import backends
+from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul
+
+
+def const(code, shape):
+    m, n, k, splits, k_chunk = shape
+    for name, v in (("m", m), ("n", n), ("k", k), ("splits", splits), ("k_chunk", k_chunk),
+                    ("y_offset", 0), ("z_offset", 0)):
+        code = re.sub(rf"params\.{name}\b", f"{v}u", code)
+    return code
+
+
+def unroll(code, shape):
+    """Two steps of the k loop per iteration, reading buffer 0 then 1; None for a single-buffered kernel."""
+    start = "    for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {\n"
+    end = "        buf = (buf + 1u) % BUFFERS;\n    }\n"
+    i = code.index(start)
+    j = code.index(end, i)
+    body = code[i + len(start):j]
+    if "(1u - buf)" not in body:
+        return None
+    new = ("    for (var k0 = k_begin; k0 < k_end; k0 = k0 + 2u * BK) {\n        {\n" + re.sub(r"\bbuf\b", "0u", body) +
+           "        }\n        if (k0 + BK < k_end) {\n        let k1 = k0 + BK;\n" +
+           re.sub(r"\bk0\b", "k1", re.sub(r"\bbuf\b", "1u", body)) + "        }\n    }\n")
+    code = code[:i] + new + code[j + len(end):]
+    return code.replace("    var buf = 0u;  // the buffer holding this step's tiles\n", "")
+
+
+# each variant: (aligned flag for the generator, an edit of its text or None)
+VARIANTS = {"checked": (False, None), "aligned": (True, None), "const": (True, const), "unroll": (True, unroll)}
+C = BlockConfig
+DB = dict(vec4=True, double=True)
+CASES = [  # (M, N, K, A transposed, B transposed): the big model's training shapes, and 4096^2
+    ((4096, 4096, 4096, False, False), [C(128, 128, 16, 8, 8, vec4=True), C(128, 128, 16, 8, 8, **DB),
+                                        C(128, 128, 8, 8, 8, **DB), C(128, 128, 16, 8, 16, **DB),
+                                        C(256, 128, 8, 16, 8, **DB)]),
+    ((2048, 3072, 768, False, True), [C(128, 128, 16, 8, 8, vec4=True), C(128, 128, 16, 8, 8, **DB),
+                                      C(64, 64, 16, 8, 4, **DB)]),
+    ((2048, 768, 3072, False, True), [C(128, 64, 16, 8, 4, vec4=True), C(128, 128, 16, 8, 8, splits=2, **DB)]),
+    ((2048, 3072, 768, False, False), [C(128, 128, 16, 8, 8, vec4=True), C(128, 128, 16, 8, 8, **DB)]),
+    ((3072, 768, 2048, True, False), [C(128, 128, 16, 8, 8, splits=4, vec4=True), C(128, 128, 16, 8, 8, splits=2, **DB)]),
+    ((2048, 2304, 768, False, True), [C(128, 128, 16, 8, 8, vec4=True), C(128, 128, 16, 8, 8, **DB)]),
+]
+if "--quick" in sys.argv:
+    CASES = [((256, 256, 256, ta, tb), [C(128, 128, 16, 8, 8, vec4=True), C(64, 64, 16, 8, 4, **DB),
+                                        C(64, 64, 16, 4, 4, splits=2, **DB)])
+             for ta in (False, True) for tb in (False, True)]
+
+
+def main():
+    gpu = backends.select("gpu")
+    rt = gpu.rt
+    g = np.random.default_rng(0)
+    shipped = blocked.generate
+    runs = []
+    for (m, n, k, ta, tb), configs in CASES:
+        a_host = g.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+        b_host = g.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+        want = (a_host.T if ta else a_host).astype(np.float64) @ (b_host.T if tb else b_host)
+        a, b, out = gpu.from_numpy(a_host), gpu.from_numpy(b_host), rt.empty((m, n))
+        for config in configs:
+            splits = max(1, min(config.splits, -(-k // config.bk)))
+            shape = (m, n, k, splits, -(-k // (splits * config.bk)) * config.bk)
+            for name, (aligned, edit) in VARIANTS.items():
+                def generate(cfg, ta, tb, vec4=False, shape_aligned=False, aligned=aligned, edit=edit, shape=shape):
+                    """The variant's kernel: its own `aligned`, not the shape's answer (shape_aligned)."""
+                    code = shipped(cfg, ta, tb, vec4, aligned)
+                    return code if edit is None else edit(code, shape)
+                if generate(config, ta, tb, True) is None:
+                    continue
+                blocked.generate = generate
+                variant = BlockedMatmul(rt, config)  # compiles its module with this generator on first use
+                def call(variant=variant, a=a, b=b, out=out, m=m, n=n, k=k, ta=ta, tb=tb):
+                    variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True)
+                call()
+                err = np.abs(gpu.to_numpy(out) - want).max() / np.abs(want).max()
+                label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {config.name:<28} {name:<8}"
+                runs.append((label, 2 * m * n * k, call, err))
+    blocked.generate = shipped
+    rt.sync()
+    if "--check" in sys.argv:
+        for label, flops, call, err in runs:
+            print(f"{label} err {err:.1e}")
+        return
+    heat_until = time.perf_counter() + 2.0
+    while time.perf_counter() < heat_until:
+        runs[0][2]()
+        rt.sync()
+    for label, flops, call, err in runs:
+        ms = min(rt.time_pass(call, 10) for _ in range(3))
+        print(f"{label} {ms * 1e3:8.1f} us {flops / ms / 1e9:5.1f} TFLOP/s err {err:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
