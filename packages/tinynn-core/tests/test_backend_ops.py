@@ -139,6 +139,23 @@ def test_layernorm(backend, rng):
               g_add=randn(rng, *x.shape))
 
 
+def test_forwards_without_backward_make_only_their_results(backend, rng):
+    """for_backward=False (a forward under no_grad): the outputs only a backward reads come back as None and
+    the results are the same bits as with them."""
+    x, w, b = randn(rng, 6, 5, 16), randn(rng, 16), randn(rng, 16)
+    x2, weight, residual = randn(rng, 30, 16), randn(rng, 24, 16), randn(rng, 30, 24)
+    logits, targets = randn(rng, 30, 7), rng.integers(0, 7, 30)
+    qkv = randn(rng, 2, 5, 3 * 16)
+    calls = [("layernorm_forward", (x, w, b, 1e-5)), ("linear_forward", (x2, weight, None, residual, "gelu")),
+             ("cross_entropy_forward", (logits, targets, -100)), ("attention_forward", (qkv, 2, 0.25))]
+    for name, args in calls:
+        full = run_both(backend, name, *args)[0]
+        ours, ref = run_both(backend, name, *args, for_backward=False)
+        assert ours[1:] == ref[1:] == (None,) * (len(full) - 1), name
+        np.testing.assert_array_equal(ours[0], full[0], err_msg=name)
+        assert relative_error(ours[0], ref[0]) <= RTOL, name
+
+
 def test_cross_entropy(backend, rng):
     logits, targets = randn(rng, 37, 11), rng.integers(0, 11, 37)
     targets[3] = -100

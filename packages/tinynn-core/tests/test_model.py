@@ -34,6 +34,19 @@ def test_gpt_forward_shapes_and_initial_loss(backend):
     assert abs(loss.item() - np.log(11)) < 0.1  # small init: close to uniform
 
 
+def test_gpt_forward_gives_the_same_bits_with_grad_on_and_off(backend):
+    """Under no_grad the forwards skip the outputs only a backward reads (backends' for_backward): the
+    logits and loss must not move by a bit."""
+    tinynn.manual_seed(0)
+    model = GPT(SMALL).to(backend)
+    idx = np.random.default_rng(1).integers(0, 11, (2, 8))
+    with_grad = [t.numpy() for t in model(idx, idx)]
+    with tinynn.no_grad():
+        without = [t.numpy() for t in model(idx, idx)]
+    for a, b in zip(with_grad, without):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_gpt_is_causal(backend):
     tinynn.manual_seed(0)
     model = GPT(SMALL).to(backend)

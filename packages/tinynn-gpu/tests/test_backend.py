@@ -113,6 +113,33 @@ def test_one_host_sync_per_step_and_cached_bind_groups(gpu):
     assert dict(gpu.fallbacks) == fallbacks
 
 
+def test_an_eval_forward_allocates_no_backward_only_outputs(gpu, monkeypatch):
+    """Under no_grad, LayerNorm's mean and rstd, the MLP's GELU input, attention's lse and cross entropy's
+    probs and count go to the runtime's scratch arrays: a forward allocates that many arrays fewer."""
+    tinynn.manual_seed(0)
+    model = GPT(CFG).to(gpu)
+    x = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, CFG.block_size))
+    made, empty = [], type(gpu.rt).empty
+
+    def counted(rt, shape, dtype=np.float32):
+        made.append(shape)
+        return empty(rt, shape, dtype)
+    monkeypatch.setattr(type(gpu.rt), "empty", counted)
+    monkeypatch.setattr(gpu, "_empty", gpu.rt.empty)  # the backend's own reference, bound before the patch
+
+    def arrays_made():
+        made.clear()
+        model(x, x)[1].item()
+        return len(made)
+    model.eval()
+    with tinynn.no_grad():
+        arrays_made()  # the scratch arrays, made once
+        without = arrays_made()
+    with_grad = arrays_made()
+    layer_norms = 2 * CFG.n_layer + 1
+    assert with_grad - without == 2 * layer_norms + 2 * CFG.n_layer + 2  # + GELU inputs and lse, + probs, count
+
+
 def test_arrays_beyond_the_binding_limit_run_on_the_cpu(gpu, monkeypatch, rng):
     monkeypatch.setattr(gpu.rt, "max_binding", 4096)  # pretend the device binds at most 1024 floats
     a, b = rng.standard_normal((40, 50)).astype(np.float32), rng.standard_normal((50, 30)).astype(np.float32)

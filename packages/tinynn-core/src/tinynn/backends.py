@@ -26,9 +26,9 @@ ENTRY_POINT_GROUP = "tinynn.backends"
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
-INTERFACE_VERSION = 2  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre,
+INTERFACE_VERSION = 3  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre,
 # embedding_with_positions, global_norm_and_clip (for clip_coefficient), cross_entropy's count, adamw_update_'s
-# weight decay per parameter
+# weight decay per parameter; 3: the forwards' for_backward (linear, layernorm, cross_entropy, attention)
 DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -62,6 +62,9 @@ def reference_fallback(method):
 
 class Backend:
     """The operations core needs, at the level a GPU kernel implements them.
+
+    A forward whose backward reads outputs of its own (LayerNorm's mean and rstd, say) takes `for_backward`:
+    False where no backward will run (under no_grad), and those outputs come back as None, never made.
 
     Arrays are opaque to core except for `.shape`, `.dtype`, `.ndim` and `.size`. Transfer and creation
     (`from_numpy`, `to_numpy`, `is_array`, `write_`) every backend implements; every op marked
@@ -187,10 +190,11 @@ class Backend:
         (equal, or b 2-D and shared by every batch). A linear layer is `linear_forward`."""
 
     @reference_fallback
-    def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
+    def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         """A linear layer with its neighbours fused: y = activation(x @ weight.T + bias) + residual for x (N, in)
         and weight (out, in); bias (out,), residual (N, out) and activation ("gelu") each optional.
-        -> (y, pre): pre is the activation's input, kept for the backward (None without an activation)."""
+        -> (y, pre): pre is the activation's input, kept for the backward (None without an activation, or
+        without for_backward)."""
 
     @reference_fallback
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
@@ -217,8 +221,9 @@ class Backend:
         """Gradient of y = log_softmax_forward(x) given the output gradient g."""
 
     @reference_fallback
-    def layernorm_forward(self, x, weight, bias, eps: float):
-        """LayerNorm over the last axis -> (y, mean, rstd); weight and bias (C,) may each be None."""
+    def layernorm_forward(self, x, weight, bias, eps: float, for_backward=True):
+        """LayerNorm over the last axis -> (y, mean, rstd); weight and bias (C,) may each be None; mean and
+        rstd None without for_backward."""
 
     @reference_fallback
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
@@ -227,10 +232,10 @@ class Backend:
         block x also feeds the residual stream, whose gradient would otherwise cost an add of its own."""
 
     @reference_fallback
-    def cross_entropy_forward(self, logits, targets, ignore_index: int):
+    def cross_entropy_forward(self, logits, targets, ignore_index: int, for_backward=True):
         """Mean negative log-likelihood of integer `targets` (N,) under `logits` (N, C), rows whose target is
         `ignore_index` left out -> (loss scalar, probs (N, C) and count, the number of valid targets as a
-        scalar array: what the backward needs)."""
+        scalar array: what the backward needs; both None without for_backward)."""
 
     @reference_fallback
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index: int, count=None):
@@ -256,8 +261,9 @@ class Backend:
         g's rows added up per token id, and per position over the leading axes (rows T onwards zero)."""
 
     @reference_fallback
-    def attention_forward(self, qkv, n_head: int, scale: float):
-        """Causal self-attention straight from the qkv projection's output -> (y, lse).
+    def attention_forward(self, qkv, n_head: int, scale: float, for_backward=True):
+        """Causal self-attention straight from the qkv projection's output -> (y, lse); lse None without
+        for_backward.
 
         qkv (B, T, 3C) holds [q | k | v] along the last axis, head h in columns h*hs:(h+1)*hs of each part
         (hs = C / n_head). y (B, T, C) is softmax(scale * q @ k.T, causal) @ v per head, written where the

@@ -16,13 +16,19 @@ from tinynn.tensor import Tensor, is_grad_enabled
 
 
 def _result(data, backend, parents, backward) -> Tensor:
-    """The op's output; a node of the graph when grad is on and a parent requires it. `parents` may hold
-    None for an absent optional input (a bias): dropped here, only when the node is recorded (an eager
-    forward under no_grad builds no tuple)."""
-    if is_grad_enabled() and any(p is not None and p.requires_grad for p in parents):
+    """The op's output; a node of the graph when `_recorded(parents)`. `parents` may hold None for an absent
+    optional input (a bias): dropped here, only when the node is recorded (an eager forward under no_grad
+    builds no tuple)."""
+    if _recorded(parents):
         return Tensor(data, backend, requires_grad=True, _parents=tuple(p for p in parents if p is not None),
                       _backward=backward)
     return Tensor(data, backend)
+
+
+def _recorded(parents) -> bool:
+    """Whether an op on these inputs becomes a node of the graph (grad on and an input requires it): an op
+    whose backward reads outputs of its forward asks for them (`for_backward`) only then."""
+    return is_grad_enabled() and any(p is not None and p.requires_grad for p in parents)
 
 
 def _tensor_like(x, like: Tensor) -> Tensor:
@@ -244,14 +250,15 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tens
     out_features = _check_linear("linear", x.shape, weight, bias, residual)
     be, rows, out_shape = x.backend, _rows(x), x.shape[:-1] + (out_features,)  # rows (N, in)
     res = None if residual is None else be.reshape(residual.data, (rows.shape[0], out_features))  # (N, out)
-    y, pre = be.linear_forward(rows, weight.data, _data(bias), res, activation)  # (N, out)
+    parents = (x, weight, bias, residual)
+    y, pre = be.linear_forward(rows, weight.data, _data(bias), res, activation, _recorded(parents))  # (N, out)
 
     def backward(g):  # g: the output's shape
         g = be.reshape(g, y.shape)  # (N, out)
         g_x, g_w, g_b = be.linear_backward(g, rows, weight.data, pre, activation, has_bias=bias is not None)
         return (be.reshape(g_x, x.shape), g_w) + ((g_b,) if bias is not None else ()) + \
             _residual_grad(be, g, residual)
-    return _result(be.reshape(y, out_shape), be, (x, weight, bias, residual), backward)
+    return _result(be.reshape(y, out_shape), be, parents, backward)
 
 
 def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tensor, proj_bias: Tensor | None,
@@ -263,7 +270,8 @@ def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tenso
     out_features = _check_linear("mlp", x.shape[:-1] + (hidden,), proj_weight, proj_bias, residual)
     be, rows, out_shape = x.backend, _rows(x), x.shape[:-1] + (out_features,)  # rows (N, in)
     res = None if residual is None else be.reshape(residual.data, (rows.shape[0], out_features))  # (N, out)
-    h, pre = be.linear_forward(rows, fc_weight.data, _data(fc_bias), None, "gelu")  # (N, hidden) each
+    parents = (x, fc_weight, fc_bias, proj_weight, proj_bias, residual)
+    h, pre = be.linear_forward(rows, fc_weight.data, _data(fc_bias), None, "gelu", _recorded(parents))  # (N, hidden)
     y, _ = be.linear_forward(h, proj_weight.data, _data(proj_bias), res, None)  # (N, out)
 
     def backward(g):  # g: the output's shape
@@ -273,7 +281,7 @@ def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tenso
         g_x, g_w1, g_b1 = be.linear_backward(g_pre, rows, fc_weight.data, has_bias=fc_bias is not None)
         return tuple(v for v in (be.reshape(g_x, x.shape), g_w1, g_b1, g_w2, g_b2) if v is not None) + \
             _residual_grad(be, g, residual)
-    return _result(be.reshape(y, out_shape), be, (x, fc_weight, fc_bias, proj_weight, proj_bias, residual), backward)
+    return _result(be.reshape(y, out_shape), be, parents, backward)
 
 
 def _rows(x: Tensor):
@@ -347,14 +355,14 @@ def attention(qkv: Tensor, n_head: int) -> Tensor:
     if C3 % 3 or (C3 // 3) % n_head:
         raise ValueError(f"attention: the last axis of qkv {qkv.shape} is not 3 * n_head ({n_head}) * head size")
     be, scale = qkv.backend, 1.0 / math.sqrt(C3 // 3 // n_head)
-    y, lse = be.attention_forward(qkv.data, n_head, scale)
+    y, lse = be.attention_forward(qkv.data, n_head, scale, _recorded((qkv,)))
     return _result(y, be, (qkv,), lambda g: (be.attention_backward(g, qkv.data, y, lse, n_head, scale),))
 
 
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps=1e-5) -> Tensor:
     """Normalise over the last axis, then scale and shift; statistics and normalisation fused."""
     be = x.backend
-    y, mean_, rstd = be.layernorm_forward(x.data, _data(weight), _data(bias), eps)
+    y, mean_, rstd = be.layernorm_forward(x.data, _data(weight), _data(bias), eps, _recorded((x, weight, bias)))
 
     def backward(g, g_x_so_far=None):
         g_x, g_w, g_b = be.layernorm_backward(g, x.data, _data(weight), mean_, rstd, has_bias=bias is not None,
@@ -394,7 +402,7 @@ def cross_entropy(logits: Tensor, targets, ignore_index=-100) -> Tensor:
         raise ValueError(f"cross_entropy: targets {targets.shape} do not match logits {logits.shape}")
     flat = reshape(logits, (-1, logits.shape[-1]))  # (N, C)
     t = be.reshape(targets.data, (flat.shape[0],))
-    loss, probs, count = be.cross_entropy_forward(flat.data, t, ignore_index)
+    loss, probs, count = be.cross_entropy_forward(flat.data, t, ignore_index, _recorded((flat,)))
     return _result(loss, be, (flat,), lambda g: (be.cross_entropy_backward(probs, t, g, ignore_index, count),))
 
 

@@ -183,7 +183,7 @@ class NumpyBackend(Backend):
             b = b.swapaxes(-1, -2)
         return np.matmul(a, b)
 
-    def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
+    def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         pre = x @ weight.T
         if bias is not None:
             pre = pre + bias
@@ -192,7 +192,7 @@ class NumpyBackend(Backend):
         y = pre if activation is None else self.unary(activation, pre)
         if residual is not None:
             y = y + residual
-        return y, (pre if activation else None)
+        return y, (pre if activation and for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         if activation is not None:
@@ -221,7 +221,7 @@ class NumpyBackend(Backend):
     def log_softmax_backward(self, y, g):
         return g - np.exp(y) * g.sum(axis=-1, keepdims=True)
 
-    def layernorm_forward(self, x, weight, bias, eps):
+    def layernorm_forward(self, x, weight, bias, eps, for_backward=True):
         mean = x.mean(axis=-1)
         rstd = 1.0 / np.sqrt(((x - mean[..., None]) ** 2).mean(axis=-1) + eps)
         y = (x - mean[..., None]) * rstd[..., None]
@@ -229,6 +229,8 @@ class NumpyBackend(Backend):
             y = y * weight
         if bias is not None:
             y = y + bias
+        if not for_backward:
+            return y.astype(x.dtype), None, None
         return y.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
@@ -243,14 +245,16 @@ class NumpyBackend(Backend):
             g_x = g_x + g_add
         return g_x.astype(x.dtype), g_weight, g_bias
 
-    def cross_entropy_forward(self, logits, targets, ignore_index):
-        """Mean negative log-likelihood of `targets` (N,) under `logits` (N, C); returns (loss, probs)."""
+    def cross_entropy_forward(self, logits, targets, ignore_index, for_backward=True):
+        """Mean negative log-likelihood of `targets` (N,) under `logits` (N, C) -> (loss, probs, count)."""
         _check_range(targets, logits.shape[-1], TARGET_RANGE, ignore_index)
         probs = self.softmax_forward(logits)
         valid = targets != ignore_index
         picked = probs[np.arange(len(targets)), np.where(valid, targets, 0)]
         with np.errstate(invalid="ignore", divide="ignore"):  # no valid target: nan, like PyTorch
             loss = -np.log(picked[valid]).sum() / valid.sum()
+        if not for_backward:
+            return np.asarray(loss, dtype=logits.dtype), None, None
         return np.asarray(loss, dtype=logits.dtype), probs, np.asarray(valid.sum(), dtype=logits.dtype)
 
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index, count=None):
@@ -282,7 +286,7 @@ class NumpyBackend(Backend):
         g_wpe[:t] = g.reshape(-1, t, c).sum(axis=0)
         return self.embedding_backward(g, idx, num_embeddings), g_wpe
 
-    def attention_forward(self, qkv, n_head, scale):
+    def attention_forward(self, qkv, n_head, scale, for_backward=True):
         """The plain formula, with the T x T scores: the specification the fused kernels are tested against."""
         q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)
         s = np.where(_causal((q.shape[-2], k.shape[-2])), -np.inf, scale * (q @ k.swapaxes(-1, -2)))  # (B, nh, T, T)
@@ -291,7 +295,7 @@ class NumpyBackend(Backend):
         total = e.sum(axis=-1, keepdims=True)
         y = (e / total) @ v  # (B, nh, T, hs)
         lse = (m + np.log(total))[..., 0]  # (B, nh, T)
-        return _merge_heads(y).astype(qkv.dtype), lse.astype(qkv.dtype)
+        return _merge_heads(y).astype(qkv.dtype), (lse.astype(qkv.dtype) if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
         q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)

@@ -47,7 +47,7 @@ NO_EPILOGUE = Epilogue()  # frozen: one for every plain matmul
 
 class WgpuBackend(StepOps, DecodeOps, Backend):
     name = "gpu"
-    interface_version = 2  # tinynn.backends.INTERFACE_VERSION when these ops were written
+    interface_version = 3  # tinynn.backends.INTERFACE_VERSION when these ops were written
     is_gpu = True
 
     def __init__(self, ctx):
@@ -309,13 +309,16 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
         return self._matmul(a, b, transpose_a, transpose_b, NO_EPILOGUE)
 
-    def linear_forward(self, x, weight, bias=None, residual=None, activation=None):
+    def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}")
-        pre = self._empty((x.shape[0], weight.shape[0])) if activation else None
+        pre = None
+        if activation:
+            rows, cols = x.shape[0], weight.shape[0]
+            pre = self._empty((rows, cols)) if for_backward else self.rt.scratch(0, rows * cols)
         y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation, pre,
                                                           None if residual is None else bindable(residual)))
-        return y, pre
+        return y, (pre if for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         if x_activation not in ACTIVATIONS:
@@ -389,17 +392,19 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
                          {"rows": rows, "len": y.shape[-1]})
         return out
 
-    def layernorm_forward(self, x, weight, bias, eps):
+    def layernorm_forward(self, x, weight, bias, eps, for_backward=True):
         c, lead = x.shape[-1], x.shape[:-1]
         rows = math.prod(lead)
-        y, mean, rstd = self._empty(x.shape), self._empty(lead), self._empty(lead)
+        y = self._empty(x.shape)
+        mean, rstd = (self._empty(lead), self._empty(lead)) if for_backward else \
+            (self.rt.scratch(0, rows), self.rt.scratch(1, rows))
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
         shader = group_sum.shader(self.rt, "layernorm")
         self.rt.dispatch(shader, "layernorm_forward_main", -(-rows // group_sum.TEAM_ROWS),
                          {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd},
                          {"rows": rows, "cols": c, "eps": eps})
-        return y, mean, rstd
+        return (y, mean, rstd) if for_backward else (y, None, None)
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
         c = x.shape[-1]
@@ -423,16 +428,18 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
                              params)
         return gx, (gw if weight is not None else None), (gb if has_bias else None)
 
-    def cross_entropy_forward(self, logits, targets, ignore_index):
+    def cross_entropy_forward(self, logits, targets, ignore_index, for_backward=True):
         _check_dtypes("cross_entropy_forward", logits, targets)
         n, c = logits.shape
-        probs, rows, loss, count = self._empty((n, c)), self._empty((n, 2)), self._empty(()), self._empty(())
+        rows, loss = self._empty((n, 2)), self._empty(())
+        probs, count = (self._empty((n, c)), self._empty(())) if for_backward else \
+            (self.rt.scratch(0, n * c), self.rt.scratch(1, 1))
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
         bindings = {0: bindable(logits), 1: bindable(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
         shader = group_sum.shader(self.rt, "cross_entropy")
         self.rt.dispatch(shader, "cross_entropy_forward_rows_main", -(-n // group_sum.TEAM_ROWS), bindings, params)
         self.rt.dispatch(shader, "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss, 9: count}, params)
-        return loss, probs, count
+        return (loss, probs, count) if for_backward else (loss, None, None)
 
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index, count=None):
         _check_dtypes("cross_entropy_backward", probs, g_loss, *([] if count is None else [count]), targets)
@@ -495,14 +502,15 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
                           "batch": g.size // max(1, t * c), "blocks": blocks, "block_cols": block_cols})
         return g_wte, g_wpe
 
-    def attention_forward(self, qkv, n_head, scale):
+    def attention_forward(self, qkv, n_head, scale, for_backward=True):
         why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)
         if why:
             raise OnCpu(why)
         batch, seq, c3 = qkv.shape
-        y, lse = self._empty((batch, seq, c3 // 3)), self._empty((batch, n_head, seq))
+        y = self._empty((batch, seq, c3 // 3))
+        lse = self._empty((batch, n_head, seq)) if for_backward else self.rt.scratch(0, batch * n_head * seq)
         self.attention.forward(bindable(qkv), y, lse, n_head, scale)
-        return y, lse
+        return y, (lse if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
         why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)

@@ -93,6 +93,7 @@ class Runtime(Replaying, BufferPool):
         self._profile = None  # while profiling: {"queries", "labels", "times"}
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.stand_ins = []  # `stand_in`'s arrays
+        self.scratches = {}  # `scratch`'s arrays
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
         self.native, self.native_reason, self.recorder, self._stop_recorder = None, "", None, None
         self.orphaned_aheads = deque()  # dropped tapes' recordings ahead, released by the next replay
@@ -154,6 +155,16 @@ class Runtime(Replaying, BufferPool):
             while len(self.stand_ins) <= i:
                 self.stand_ins.append(self.empty((1,)))
             return self.stand_ins[i]
+
+    def scratch(self, i: int, n: int) -> GpuArray:
+        """The i-th array of at least n float32s that kernels write and nothing reads: bound in place of the
+        outputs a forward makes only for its backward, where none will run (`for_backward`), so an eager
+        forward under no_grad allocates none of them. Grown to a whole size bucket when too small; as with
+        `stand_in`, a dispatch's slots take different i."""
+        found = self.scratches.get(i)
+        if found is None or found.size < n:
+            found = self.scratches[i] = self.empty((min(_bucket(4 * max(1, n)), self.max_binding) // 4,))
+        return found
 
     def upload(self, x: np.ndarray) -> GpuArray:
         arr = self.empty(x.shape, x.dtype)
