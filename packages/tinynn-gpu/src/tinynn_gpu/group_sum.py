@@ -4,8 +4,9 @@ A file with a `{{GROUP_SUM}}` line gets `group_sum(lanes, x)` from kernels/group
 device was opened with the `subgroup` feature, else from kernels/group_sum_workgroup.wgsl (a tree in
 workgroup memory). One with a `{{ROW_SUM}}` line gets the row teams (a subgroup, or 32 threads, per row;
 TEAM_ROWS rows per workgroup) and `row_sum(team, x)` from kernels/row_sum_subgroup.wgsl or
-row_sum_workgroup.wgsl the same way. TINYNN_SUBGROUPS=0 forces the workgroup-memory path (tests run both).
-Each variant is compiled once and kept in the runtime's kernels under its own name.
+row_sum_workgroup.wgsl the same way. TINYNN_SUBGROUPS=0 forces the workgroup-memory path (tests run both);
+the runtime reads it once, into `Runtime.subgroups` (an eager forward asks for these kernels at every
+LayerNorm). Each variant is compiled once and kept in the runtime's kernels under (name, subgroups, team width).
 """
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ def fills(subgroups: bool) -> dict:
 
 
 def shader(rt, name: str):
-    """kernels/<name>.wgsl with the device's group_sum or row teams, compiled on first use (a runtime Shader)."""
-    subgroups = uses_subgroups(rt.ctx)
-    key = f"{name}[{'subgroup' if subgroups else f'workgroup x{TEAM_WIDTH}'}]"
+    """kernels/<name>.wgsl with the runtime's group_sum or row teams, compiled on first use (a runtime Shader)."""
+    subgroups = rt.subgroups
+    key = (name, subgroups, TEAM_WIDTH)
     found = rt.kernels.get(key)
     if found is None:
-        found = rt.kernels[key] = rt.shader(kernel_source(name, fills(subgroups)), key)
+        label = f"{name}[{'subgroup' if subgroups else f'workgroup x{TEAM_WIDTH}'}]"
+        found = rt.kernels[key] = rt.shader(kernel_source(name, fills(subgroups)), label)
     return found

@@ -100,7 +100,7 @@ class MultiTensor:
 
     def _module(self):
         """The kernels' shader, compiled on first use with the device's group_sum."""
-        subgroups = group_sum.uses_subgroups(self.rt.ctx)
+        subgroups = self.rt.subgroups
         if subgroups not in self._shaders:
             name = f"multi_tensor x{self.slots}/{self.square_slots} [{'subgroup' if subgroups else 'workgroup'}]"
             self._shaders[subgroups] = self.rt.shader(generate(self.slots, self.square_slots, subgroups), name)

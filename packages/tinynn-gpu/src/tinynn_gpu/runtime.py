@@ -31,6 +31,7 @@ import wgpu
 from tinynn.errors import TinynnError
 from tinynn.numpy_backend import EMBEDDING_RANGE, TARGET_RANGE
 from tinynn_gpu import native
+from tinynn_gpu.group_sum import uses_subgroups
 from tinynn_gpu.params import ParamsLayout
 from tinynn_gpu.pool import STORAGE_USAGE, BufferPool, GpuArray, TooLarge, _bucket, _round4  # noqa: F401 (re-exported)
 from tinynn_gpu.replay import Replaying
@@ -77,7 +78,8 @@ class Runtime(Replaying, BufferPool):
         self.ctx = ctx
         self.queue = ctx.device.queue
         self.shaders = {}  # hash of the WGSL -> Shader
-        self.kernels = {}  # kernel file name -> Shader
+        self.kernels = {}  # kernel file name (group_sum's: (name, subgroups, team width)) -> Shader
+        self.subgroups = uses_subgroups(ctx)  # TINYNN_SUBGROUPS, read once (group_sum.py)
         self.entry_points = {}  # (kernel file name or Shader, entry point) -> (Shader, pipeline): one look-up
         self.uniforms = {}  # bytes -> uniform buffer
         self.bind_groups = {}  # (pipeline, slots, buffer, ...) -> bind group
