@@ -50,6 +50,22 @@ def test_the_pool_sizes_an_array_by_the_limit_in_force(gpu, monkeypatch):
     assert shape == (40, 50) and all(type(n) is int for n in shape)
 
 
+def test_scratch_grows_by_buckets_and_refuses_what_no_binding_holds(gpu, monkeypatch):
+    """A scratch array is reused while big enough, replaced by a whole bucket when not, and one past the
+    binding limit is refused like any array (a kernel bound to a smaller one would write past its end)."""
+    from tinynn_gpu.runtime import TooLarge
+    rt = gpu.rt
+    first = rt.scratch(5, 100)
+    assert rt.scratch(5, 60) is first and first.size >= 100
+    bigger = rt.scratch(5, first.size + 1)
+    assert bigger is not first and bigger.size > first.size
+    with monkeypatch.context() as patched:
+        patched.setattr(rt, "max_binding", 4000)
+        with pytest.raises(TooLarge):
+            rt.scratch(6, 2000)  # 8000 bytes
+        assert rt.scratch(6, 900).size == 1000  # a 4096-byte bucket, held to the limit
+
+
 def test_the_numpy_backend_reports_what_it_can():
     cpu = backends.reference()
     assert cpu.memory_stats() == {"in_use_bytes": None, "pooled_bytes": 0, "peak_bytes": None}

@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 from tinynn.errors import TinynnError
 from tinynn_gpu.context import kernel_file, kernel_source
-from tinynn_gpu.group_sum import uses_subgroups
 
 # fastest first, as timed on an H200 (experiments/attention_tiles.py): 8x4 beat 16x4, 16x2, 8x8 and 32x2 by
 # 10-15% on the lesson, mid and big shapes; a single split was twice as slow
@@ -324,7 +323,7 @@ class Attention:
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
-        key = (head_size, rows, splits, lanes_for(head_size, uses_subgroups(self.rt.ctx)))
+        key = (head_size, rows, splits, lanes_for(head_size, self.rt.subgroups))
         if key not in self.shaders:
             self.shaders[key] = self.rt.shader(source(*key), f"attention hs{head_size} {rows}x{splits}x{key[3]}")
         return self.shaders[key], rows

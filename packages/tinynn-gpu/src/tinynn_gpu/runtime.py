@@ -165,7 +165,8 @@ class Runtime(Replaying, BufferPool):
         `stand_in`, a dispatch's slots take different i."""
         found = self.scratches.get(i)
         if found is None or found.size < n:
-            found = self.scratches[i] = self.empty((min(_bucket(4 * max(1, n)), self.max_binding) // 4,))
+            # a whole bucket where one binding holds it; past that, n itself (which `empty` refuses if too large)
+            found = self.scratches[i] = self.empty((max(n, min(_bucket(4 * max(1, n)), self.max_binding) // 4),))
         return found
 
     def upload(self, x: np.ndarray) -> GpuArray:
