@@ -105,6 +105,25 @@ def test_every_backward_tile(subgroup_path, monkeypatch, batch, seq, n_head, dat
     monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", str(tile))
     check_against_reference(subgroup_path, batch, seq, n_head, head_size, data.draw(st.integers(0, 2**31)))
 
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, 2), seq=st.integers(200, 300), n_head=st.integers(1, 2), seed=st.integers(0, 2**31))
+def test_the_backward_stays_on_the_gpu_where_the_dq_slices_exceed_a_binding(poisoned, monkeypatch, batch, seq,
+                                                                             n_head, seed):
+    """The tiled backward's dQ slices grow as T^2 / KEYS, the per-row kernels' delta as T: where the slices
+    would not fit one storage binding (and everything else does), the per-row kernels run, not NumPy."""
+    head_size = 64
+    tile = choose_backward_tile(head_size, poisoned.attention.max_bytes)
+    if tile is None:
+        pytest.skip(f"no backward tile fits head size {head_size} here")
+    slices = 4 * tile.part_floats(batch, seq, n_head, head_size)
+    largest = 4 * batch * seq * 3 * n_head * head_size  # qkv and its gradient
+    assert largest < slices - 4
+    monkeypatch.setattr(poisoned.rt, "max_binding", slices - 4)
+    fallbacks = sum(poisoned.fallbacks.values())
+    check_against_reference(poisoned, batch, seq, n_head, head_size, seed)
+    assert sum(poisoned.fallbacks.values()) == fallbacks, "the backward ran on the CPU"
+
+
 
 def test_backward_tile_choice(monkeypatch):
     """The first tile of BACKWARD_TILES that fits the head size and workgroup memory; none: the per-row kernels."""
