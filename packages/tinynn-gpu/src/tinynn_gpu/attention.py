@@ -7,7 +7,8 @@ TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward.
 
 The backward is kernels/attention_backward_tiled.wgsl (dK, dV and dQ's per-key-block slices, then dQ as the
 slices' sum) with the first tile of BACKWARD_TILES that fits the head size and the device; where none does
-(head sizes 16 and 20, or too little workgroup memory), attention.wgsl's per-row kernels (dQ, then dK/dV).
+(head sizes 16 and 20, too little workgroup memory, or dQ slices past a storage binding: they grow as T^2),
+attention.wgsl's per-row kernels (dQ, then dK/dV).
 TINYNN_ATTENTION_BACKWARD_TILE=KEYSxQUERIESxSN forces a tile, =0 the per-row kernels. On an H200 the tiled
 backward took 0.57-0.82x the per-row kernels' time at every shape measured, T = 32 to 256 (BACKWARD_TILES has
 the figures), so no sequence length keeps the per-row kernels; head size 128 was a tie.
@@ -362,11 +363,21 @@ class Attention:
     def backward_scratch(self, qkv_shape: tuple, n_head: int) -> tuple:
         """The shape of `backward`'s scratch: the tiled kernels' dQ slices, or the per-row kernels' delta."""
         batch, seq, c3 = qkv_shape
-        head_size = c3 // 3 // n_head
-        _, tile = self._backward_tiled_shader(head_size)
+        _, tile = self._backward_plan(qkv_shape, n_head)
         if tile is None:
             return (batch, n_head, seq)
-        return (tile.part_floats(batch, seq, n_head, head_size),)
+        return (tile.part_floats(batch, seq, n_head, c3 // 3 // n_head),)
+
+    def _backward_plan(self, qkv_shape: tuple, n_head: int):
+        """(Shader, tile) of the tiled backward for this shape, (None, None) for the per-row kernels: also where
+        the tile's dQ slices, which grow as T^2 / KEYS, would not fit one storage binding (the per-row
+        kernels' delta grows as T; the slices, refused, would send the whole backward to NumPy)."""
+        batch, seq, c3 = qkv_shape
+        head_size = c3 // 3 // n_head
+        shader, tile = self._backward_tiled_shader(head_size)
+        if tile is not None and 4 * tile.part_floats(batch, seq, n_head, head_size) > self.rt.max_binding:
+            return None, None
+        return shader, tile
 
     def backward(self, g, qkv, y, lse, scratch, g_qkv, n_head: int, scale: float) -> None:
         """g_qkv from g; scratch has backward_scratch's shape. Tiled: dK, dV and dQ's slices, then dQ. Per row:
@@ -374,7 +385,7 @@ class Attention:
         batch, seq, c3 = qkv.shape
         head_size = c3 // 3 // n_head
         params = {"seq": seq, "n_head": n_head, "scale": scale}
-        shader, tile = self._backward_tiled_shader(head_size)
+        shader, tile = self._backward_plan(qkv.shape, n_head)
         if shader is not None:
             self.rt.dispatch(shader, "attention_backward_kv_main", (batch * n_head, -(-seq // tile.keys), 1),
                              {0: qkv, 1: g, 4: lse, 5: y, 6: scratch, 2: g_qkv}, params)
