@@ -4,7 +4,12 @@ only powers of two), batch 1. Each runs with subgroup lanes (where the adapter h
 per row. The forward is the tiled kernel (every tile of TILES that fits the adapter) and, forced, the per-row
 one (every layout); the backward likewise (BACKWARD_TILES and more tiles, and the per-row kernels). Bounds
 are relative (Frobenius) errors; fp32 kernels measured ~3e-7 here."""
+import importlib.util
+import json
+import os
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,3 +189,43 @@ def test_unsupported_head_size_runs_the_reference(poisoned, monkeypatch):
     monkeypatch.setattr(poisoned, "fallbacks", Counter())  # the session's backend: other tests count on it
     check_against_reference(poisoned, 2, 5, 2, 6, seed=0)
     assert poisoned.fallbacks == Counter({"attention_forward": 1, "attention_backward": 1})
+
+
+def test_attention_tiles_runs_the_path_it_names(gpu, monkeypatch, tmp_path):
+    """experiments/attention_tiles.py's per-row sweep with --paths workgroup times the per-row kernels (forward
+    and backward) with one thread a row, as its rows say (lanes 1): the runtime reads TINYNN_SUBGROUPS once
+    (Runtime.subgroups), at start, and the tiled backward is the default where a tile fits."""
+    path = Path(__file__).parents[1] / "experiments" / "attention_tiles.py"
+    spec = importlib.util.spec_from_file_location("attention_tiles", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    if "timestamp-query" not in gpu.ctx.features:
+        pytest.skip("the script times kernels with timestamps")
+    monkeypatch.setattr(script, "heat", lambda gpu, seconds: None)  # the timings are not the point here
+    monkeypatch.setattr(gpu.rt, "subgroups", gpu.rt.subgroups)  # the session's backend, as it was after
+    attention, lanes, per_row_backward = gpu.attention, [], []
+    shader, plan = attention._shader, attention._backward_plan
+
+    def sweeping():
+        return bool(os.environ.get("TINYNN_ATTENTION_LAYOUT"))  # the per-row sweep sets it
+
+    def shader_spy(head_size):
+        if sweeping():
+            lanes.append(lanes_for(head_size, gpu.rt.subgroups))
+        return shader(head_size)
+
+    def plan_spy(qkv_shape, n_head):
+        found = plan(qkv_shape, n_head)
+        if sweeping():
+            per_row_backward.append(found[0] is None)
+        return found
+    monkeypatch.setattr(attention, "_shader", shader_spy)
+    monkeypatch.setattr(attention, "_backward_plan", plan_spy)
+    monkeypatch.setattr(sys, "argv", [str(path), "--shapes", "tiny", "--layouts", "8x4", "--paths", "workgroup",
+                                      "--tiles", "", "--backward-tiles", "", "--reps", "1",
+                                      "--json", str(tmp_path / "rows.json")])
+    script.main()
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [row["lanes"] for row in rows if "layout" in row] == [1]
+    assert lanes and set(lanes) == {1}, f"the per-row kernels ran with {sorted(set(lanes))} lanes a row"
+    assert per_row_backward and all(per_row_backward), "the per-row sweep timed the tiled backward"
