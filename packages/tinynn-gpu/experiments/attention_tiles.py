@@ -52,6 +52,7 @@ def main():
     limit = gpu.attention.max_bytes
     print(f"{gpu.device_name}: {limit} bytes of workgroup memory")
     heat(gpu, args.heat)
+    subgroups = gpu.rt.subgroups
     results = []
     for label in args.shapes.split(","):
         batch, seq, n_head, hs = SHAPES[label]
@@ -66,6 +67,7 @@ def main():
         layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",") if layout]
         paths = [{"subgroup": "1", "workgroup": "0"}[p] for p in args.paths.split(",")]
         os.environ["TINYNN_ATTENTION_TILE"] = "0"  # the per-row forward
+        os.environ["TINYNN_ATTENTION_BACKWARD_TILE"] = "0"  # and backward
         for (rows, splits), path in ((layout, path) for path in paths for layout in layouts):
             lanes = lanes_for(hs, subgroups=path == "1")
             if workgroup_bytes(hs, rows, splits) > limit or rows * splits * lanes > THREADS:
@@ -73,7 +75,7 @@ def main():
             if path == "1" and "subgroup" not in gpu.ctx.features:
                 continue
             os.environ["TINYNN_ATTENTION_LAYOUT"] = f"{rows}x{splits}"
-            os.environ["TINYNN_SUBGROUPS"] = path
+            gpu.rt.subgroups = path == "1"  # TINYNN_SUBGROUPS is read once, when the runtime starts
             y, lse = gpu.attention_forward(d_qkv, n_head, scale)
             g_qkv = gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
             errs = [rel_err(gpu.to_numpy(y), y_ref), rel_err(gpu.to_numpy(lse), lse_ref),
@@ -92,6 +94,8 @@ def main():
             print(f"{label:7s} {rows:3d}x{splits:<2d} lanes {lanes} us: {kernels}  total {sum(times.values()):7.1f}  "
                   f"err {max(errs):.1e}{'' if row['ok'] else '  WRONG'}", flush=True)
         os.environ.pop("TINYNN_ATTENTION_LAYOUT", None)
+        os.environ.pop("TINYNN_ATTENTION_BACKWARD_TILE", None)
+        gpu.rt.subgroups = subgroups  # the runtime's own choice for the tiled sweeps and the per-row backward
         for tile in (Tile(*(int(n) for n in t.split("x"))) for t in args.tiles.split(",") if t):
             if tile.check(hs, limit):
                 continue
@@ -110,8 +114,7 @@ def main():
         os.environ.pop("TINYNN_ATTENTION_TILE", None)
         tiles = ["0"] + [t for t in args.backward_tiles.split(",") if t]
         results += backward_rows(gpu, label, tiles, d_qkv, d_grad, g_ref, n_head, scale, args.reps, args.heat / 2)
-    for name in ("TINYNN_ATTENTION_LAYOUT", "TINYNN_SUBGROUPS", "TINYNN_ATTENTION_TILE",
-                 "TINYNN_ATTENTION_BACKWARD_TILE"):
+    for name in ("TINYNN_ATTENTION_LAYOUT", "TINYNN_ATTENTION_TILE", "TINYNN_ATTENTION_BACKWARD_TILE"):
         os.environ.pop(name, None)
     if args.json:
         with open(args.json, "w") as f:
