@@ -229,3 +229,11 @@ def test_attention_tiles_runs_the_path_it_names(gpu, monkeypatch, tmp_path):
     assert [row["lanes"] for row in rows if "layout" in row] == [1]
     assert lanes and set(lanes) == {1}, f"the per-row kernels ran with {sorted(set(lanes))} lanes a row"
     assert per_row_backward and all(per_row_backward), "the per-row sweep timed the tiled backward"
+
+
+def test_more_heads_than_a_dispatch_dimension_holds(poisoned, monkeypatch):
+    """batch x n_head past the 65535 workgroups of a dispatch dimension (each kernel's grid has a row of
+    workgroups per head): the NumPy reference, not a validation error that takes the recorded work with it."""
+    monkeypatch.setattr(poisoned, "fallbacks", Counter())  # the session's backend: other tests count on it
+    check_against_reference(poisoned, 32_800, 1, 2, 32, seed=0)  # 65,600 heads
+    poisoned.sync()
