@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from tinynn.errors import TinynnError
 from tinynn_gpu.context import kernel_file, kernel_source
+from tinynn_gpu.runtime import MAX_GROUPS
 
 # fastest first, as timed on an H200 (experiments/attention_tiles.py): 8x4 beat 16x4, 16x2, 8x8 and 32x2 by
 # 10-15% on the lesson, mid and big shapes; a single split was twice as slow
@@ -42,6 +43,12 @@ def unsupported_head_size(head_size: int) -> str:
     if head_size > 128:
         return f"head size {head_size} exceeds 128 (the per-thread accumulators would spill)"
     return ""
+
+
+def too_many_heads(heads: int) -> str:
+    """Why the kernels cannot run batch x n_head = heads, or "": every grid has a dimension of one row of
+    workgroups per head."""
+    return f"{heads} heads (batch x n_head) exceed a dispatch dimension's {MAX_GROUPS}" if heads > MAX_GROUPS else ""
 
 
 def lanes_for(head_size: int, subgroups: bool) -> int:

@@ -20,7 +20,7 @@ import numpy as np
 
 from tinynn.backends import Backend, BackendUnavailable
 from tinynn_gpu import fallback, group_sum
-from tinynn_gpu.attention import Attention, unsupported_head_size
+from tinynn_gpu.attention import Attention, too_many_heads, unsupported_head_size
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.decode import DecodeOps
 from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims
@@ -503,7 +503,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         return g_wte, g_wpe
 
     def attention_forward(self, qkv, n_head, scale, for_backward=True):
-        why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)
+        why = unsupported_head_size(qkv.shape[-1] // 3 // n_head) or too_many_heads(qkv.shape[0] * n_head)
         if why:
             raise OnCpu(why)
         batch, seq, c3 = qkv.shape
@@ -513,7 +513,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         return y, (lse if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
-        why = unsupported_head_size(qkv.shape[-1] // 3 // n_head)
+        why = unsupported_head_size(qkv.shape[-1] // 3 // n_head) or too_many_heads(qkv.shape[0] * n_head)
         if why:
             raise OnCpu(why)
         g_qkv, scratch = self._empty(qkv.shape), self._empty(self.attention.backward_scratch(qkv.shape, n_head))
