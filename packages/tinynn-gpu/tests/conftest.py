@@ -66,8 +66,7 @@ def subgroup_path(request, poisoned, monkeypatch):
     the row-team kernels (group_sum.py) two rows a team, as a 64-wide subgroup would (lavapipe's are 8)."""
     if request.param == "subgroup" and "subgroup" not in poisoned.ctx.features:
         pytest.skip("the adapter has no subgroup operations")
-    monkeypatch.setenv("TINYNN_SUBGROUPS", "1" if request.param == "subgroup" else "0")  # attention reads it
-    monkeypatch.setattr(poisoned.rt, "subgroups", request.param == "subgroup")  # the runtime read it at start
+    monkeypatch.setattr(poisoned.rt, "subgroups", request.param == "subgroup")  # TINYNN_SUBGROUPS, read at start
     if request.param.endswith("64"):
         monkeypatch.setattr(group_sum, "TEAM_WIDTH", 64)
     return poisoned

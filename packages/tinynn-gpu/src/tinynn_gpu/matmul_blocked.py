@@ -91,7 +91,7 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> l
     """One operand's tile copy (BK x B{M,N}, stored as vec4 along m or n) as (opening, fetch, stash) per slot
     of a thread: the opening is a guard where not every thread has the slot and the slot's place in the tile;
     fetch reads global memory into the registers {operand}_{slot}, stash writes them into the workgroup tile
-    in buffer `{operand}_buf`, rows of BM/4 + 1 (or BN/4 + 1) vec4s. Fetch takes its tile's first k as
+    in buffer `{operand}_buf`, rows of BM/4 (or BN/4) vec4s, padded by one where the config asks. Fetch takes its tile's first k as
     `{origin}`, so that double buffering can fetch the next tile while the current one is in use.
     Scalar loads: each slot is one tile entry. vec4 loads: along m (or n) a quad is one tile entry; along k
     a thread loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries."""

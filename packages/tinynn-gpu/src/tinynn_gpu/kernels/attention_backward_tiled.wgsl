@@ -46,7 +46,7 @@ struct Params { seq: u32, n_head: u32, scale: f32 }
 @group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(3) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(4) var<storage, read> lse: array<f32>;
 @group(0) @binding(5) var<storage, read> y: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> part: array<vec4<f32>>;
 

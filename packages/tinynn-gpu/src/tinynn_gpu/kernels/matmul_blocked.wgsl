@@ -72,7 +72,7 @@ const THREADS: u32 = {{THREADS}}u;
 const GROUP: u32 = {{GROUP}}u;
 
 const BUFFERS: u32 = {{BUFFERS}}u;  // 2: double-buffered
-// [buffer][k][m / 4 + 1] and [buffer][k][n / 4 + 1], nested: see the header
+// [buffer][k][m / 4 (+ 1 where padded)] and [buffer][k][n / 4 (+ 1)], nested: see the header
 var<workgroup> a_tile: array<array<array<vec4<f32>, {{A_STRIDE}}>, BK>, BUFFERS>;
 var<workgroup> b_tile: array<array<array<vec4<f32>, {{B_STRIDE}}>, BK>, BUFFERS>;
 
