@@ -1,16 +1,27 @@
-"""Matmul kernel designs against the shipped blocked kernel, shape by shape: each variant checked against
-float64, then timed with `Runtime.time_pass` after 2 s of load (an idle H200 runs at 345 MHz).
+"""Matmul kernel designs and anatomy against the shipped blocked kernel, shape by shape: each variant is a
+generated kernel, or a text edit of one, checked against float64 and then timed with `Runtime.time_pass` (back to
+back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
-    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick]
+    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy]
 
+Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
   aligned  the shipped kernel for shapes of whole tiles: loads without bounds checks
   const    aligned, with the shape's sizes as literals instead of read from the uniform
   unroll   (double-buffered) aligned, the k loop unrolled by two so that each tile read has a constant buffer
-
 The H200, session 8 (BENCHMARKS.md): aligned beat checked by 9-19% in the double-buffered configurations on the
 big model's shapes, 0-3% in the single-buffered ones; const gained nothing; unroll lost 3-20%; thread tiles of
-8x16 or 16x8 lost 30-45%. --check runs every variant once and prints its error (lavapipe); --quick: small shapes.
+8x16 or 16x8 lost 30-45%.
+
+--anatomy: where a kernel's time goes, each configuration with parts of it cut out (their results, and so
+their printed errors, are wrong on purpose: only their time means something):
+  noglobal  A and B loads read element 0 (cache hits): what global memory costs
+  nolds     also no tile stores and no barriers: the inner loop alone, reading stale tiles
+  onetile   also every thread reads the same tile addresses: the inner loop without per-thread index work
+  fma       fma() in place of `acc + a * b`
+(session 5's table in BENCHMARKS.md, then a script of its own).
+
+--check runs every variant once and prints its error (lavapipe); --quick: small shapes.
 """
 import re
 import sys
@@ -47,8 +58,28 @@ def unroll(code, shape):
     return code.replace("    var buf = 0u;  // the buffer holding this step's tiles\n", "")
 
 
+def noglobal(code, shape):
+    return re.sub(r"return (a|b)\[\(.*?\)( / 4u)?\];", r"return \1[0u];", code)
+
+
+def nolds(code, shape):
+    code = re.sub(r"(a|b)_tile\[(a|b)_buf\][^=;]*= [^;]*;", "", noglobal(code, shape))
+    return code.replace("workgroupBarrier();", "")
+
+
+def onetile(code, shape):
+    return re.sub(r"\[(a|b)_column_\d+\]", "[0u]", nolds(code, shape))
+
+
+def usefma(code, shape):
+    return re.sub(r"(acc_\d+_\d+) = \1 \+ (a\d+_\d+\.[xyzw]) \* (b\d+_\d+);", r"\1 = fma(vec4<f32>(\2), \3, \1);",
+                  code)
+
+
 # each variant: (aligned flag for the generator, an edit of its text or None)
 VARIANTS = {"checked": (False, None), "aligned": (True, None), "const": (True, const), "unroll": (True, unroll)}
+CUTS = {"base": (True, None), "noglobal": (True, noglobal), "nolds": (True, nolds), "onetile": (True, onetile),
+        "fma": (True, usefma)}  # the shipped kernel of these shapes of whole tiles, cut
 C = BlockConfig
 DB = dict(vec4=True, double=True)
 CASES = [  # (M, N, K, A transposed, B transposed): the big model's training shapes, and 4096^2
@@ -62,6 +93,11 @@ CASES = [  # (M, N, K, A transposed, B transposed): the big model's training sha
     ((3072, 768, 2048, True, False), [C(128, 128, 16, 8, 8, splits=4, vec4=True), C(128, 128, 16, 8, 8, splits=2, **DB)]),
     ((2048, 2304, 768, False, True), [C(128, 128, 16, 8, 8, vec4=True), C(128, 128, 16, 8, 8, **DB)]),
 ]
+if "--anatomy" in sys.argv:
+    VARIANTS = CUTS
+    CASES = [((4096, 4096, 4096, False, False), [C(128, 128, 16, 8, 8)]),
+             ((2048, 3072, 768, False, True), [C(128, 128, 16, 8, 8)]),
+             ((2048, 1024, 256, False, True), [C(64, 64, 16, 4, 4), C(128, 64, 16, 8, 4)])]
 if "--quick" in sys.argv:
     CASES = [((256, 256, 256, ta, tb), [C(128, 128, 16, 8, 8, vec4=True), C(64, 64, 16, 8, 4, **DB),
                                         C(64, 64, 16, 4, 4, splits=2, **DB)])
@@ -94,7 +130,7 @@ def main():
                 def call(variant=variant, a=a, b=b, out=out, m=m, n=n, k=k, ta=ta, tb=tb):
                     variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True)
                 call()
-                err = np.abs(gpu.to_numpy(out) - want).max() / np.abs(want).max()
+                err = np.abs(gpu.to_numpy(out) - want).max() / np.abs(want).max()  # (meaningless for the cuts)
                 label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {config.name:<28} {name:<8}"
                 runs.append((label, 2 * m * n * k, call, err))
     blocked.generate = shipped
