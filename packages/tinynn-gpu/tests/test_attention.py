@@ -169,14 +169,14 @@ def test_the_forward_follows_the_tile_setting_of_the_moment(gpu, monkeypatch):
     attention = gpu.attention
     if choose_tile(16, attention.max_bytes) is None or TILES[-1].check(16, attention.max_bytes):
         pytest.skip("the adapter's workgroup memory fits no tile")
-    tiled, rows = attention._tiled_shader(16)
-    assert tiled is not None and rows == choose_tile(16, attention.max_bytes).rows
+    tiled, tile = attention._tiled_shader(16)
+    assert tiled is not None and tile == choose_tile(16, attention.max_bytes)
     monkeypatch.setenv("TINYNN_ATTENTION_TILE", "0")
-    assert attention._tiled_shader(16) == (None, 0)
+    assert attention._tiled_shader(16) == (None, None)
     monkeypatch.setenv("TINYNN_ATTENTION_TILE", str(TILES[-1]))
-    assert attention._tiled_shader(16)[1] == TILES[-1].rows
+    assert attention._tiled_shader(16)[1] == TILES[-1]
     monkeypatch.delenv("TINYNN_ATTENTION_TILE")
-    assert attention._tiled_shader(16) == (tiled, rows)
+    assert attention._tiled_shader(16) == (tiled, tile)
 
 
 def test_lanes_split_rows_evenly():

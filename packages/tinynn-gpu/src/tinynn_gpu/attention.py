@@ -34,21 +34,20 @@ LAYOUTS = ((8, 4), (8, 2), (8, 1))
 THREADS = 256  # at most, per workgroup
 SUBGROUP_LANES = 4  # WebGPU's smallest subgroup
 XYZW = "xyzw"
+FORWARD_TILE, BACKWARD_TILE = "TINYNN_ATTENTION_TILE", "TINYNN_ATTENTION_BACKWARD_TILE"  # force a tile, or 0
 
 
-def unsupported_head_size(head_size: int) -> str:
-    """Why the kernels cannot run this head size, or "" when they can."""
+def unsupported(qkv_shape: tuple, n_head: int) -> str:
+    """Why the kernels cannot run attention on a qkv of this shape (B, T, 3C), or "" when they can."""
+    head_size = qkv_shape[-1] // 3 // n_head
     if head_size % 4:
         return f"head size {head_size} is not a multiple of 4 (the kernels load vec4s)"
     if head_size > 128:
         return f"head size {head_size} exceeds 128 (the per-thread accumulators would spill)"
+    heads = qkv_shape[0] * n_head
+    if heads > MAX_GROUPS:  # every grid has a dimension of one row of workgroups per head
+        return f"{heads} heads (batch x n_head) exceed a dispatch dimension's {MAX_GROUPS}"
     return ""
-
-
-def too_many_heads(heads: int) -> str:
-    """Why the kernels cannot run batch x n_head = heads, or "": every grid has a dimension of one row of
-    workgroups per head."""
-    return f"{heads} heads (batch x n_head) exceed a dispatch dimension's {MAX_GROUPS}" if heads > MAX_GROUPS else ""
 
 
 def lanes_for(head_size: int, subgroups: bool) -> int:
@@ -122,22 +121,27 @@ class Tile(NamedTuple):
 TILES = (Tile(64, 32, 4), Tile(32, 32, 2), Tile(16, 32, 2))
 
 
-def choose_tile(head_size: int, max_bytes: int) -> Tile | None:
-    """The tiled forward's tile, or None for the per-row kernel."""
-    forced = os.environ.get("TINYNN_ATTENTION_TILE")
+def _choose(variable: str, make, tiles: tuple, example: str, head_size: int, max_bytes: int):
+    """The first of `tiles` that runs the head size here, or None; `variable` forces one (written like
+    `example`), or none with 0."""
+    forced = os.environ.get(variable)
     if forced == "0":
         return None
     if forced:
         try:
-            tile = Tile(*(int(n) for n in forced.lower().split("x")))
+            tile = make(*(int(n) for n in forced.lower().split("x")))
         except (TypeError, ValueError):
-            raise TinynnError(f"TINYNN_ATTENTION_TILE must look like 64x32x2 (rows, keys, keys a thread) or 0, "
-                              f"got {forced!r}") from None
+            raise TinynnError(f"{variable} must look like {example} or 0, got {forced!r}") from None
         why = tile.check(head_size, max_bytes)
         if why:
-            raise TinynnError(f"TINYNN_ATTENTION_TILE={forced}: {why}")
+            raise TinynnError(f"{variable}={forced}: {why}")
         return tile
-    return next((tile for tile in TILES if not tile.check(head_size, max_bytes)), None)
+    return next((tile for tile in tiles if not tile.check(head_size, max_bytes)), None)
+
+
+def choose_tile(head_size: int, max_bytes: int) -> Tile | None:
+    """The tiled forward's tile, or None for the per-row kernel."""
+    return _choose(FORWARD_TILE, Tile, TILES, "64x32x2 (rows, keys, keys a thread)", head_size, max_bytes)
 
 
 def tiled_source(head_size: int, tile: Tile) -> str:
@@ -228,20 +232,8 @@ BACKWARD_TILES = (BackwardTile(32, 32, 2), BackwardTile(16, 16, 1), BackwardTile
 
 def choose_backward_tile(head_size: int, max_bytes: int) -> BackwardTile | None:
     """The tiled backward's tile, or None for the per-row kernels."""
-    forced = os.environ.get("TINYNN_ATTENTION_BACKWARD_TILE")
-    if forced == "0":
-        return None
-    if forced:
-        try:
-            tile = BackwardTile(*(int(n) for n in forced.lower().split("x")))
-        except (TypeError, ValueError):
-            raise TinynnError(f"TINYNN_ATTENTION_BACKWARD_TILE must look like 32x32x2 (keys, queries, keys a thread) "
-                              f"or 0, got {forced!r}") from None
-        why = tile.check(head_size, max_bytes)
-        if why:
-            raise TinynnError(f"TINYNN_ATTENTION_BACKWARD_TILE={forced}: {why}")
-        return tile
-    return next((tile for tile in BACKWARD_TILES if not tile.check(head_size, max_bytes)), None)
+    return _choose(BACKWARD_TILE, BackwardTile, BACKWARD_TILES, "32x32x2 (keys, queries, keys a thread)", head_size,
+                   max_bytes)
 
 
 def backward_tiled_source(head_size: int, tile: BackwardTile) -> str:
@@ -326,8 +318,7 @@ class Attention:
         self.rt = runtime
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
         self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
-        self.tiled_shaders = {}  # (head size, TINYNN_ATTENTION_TILE) -> `_tiled_shader`'s answer
-        self.backward_shaders = {}  # (head size, TINYNN_ATTENTION_BACKWARD_TILE) -> `_backward_tiled_shader`'s
+        self.tiled_shaders = {}  # (variable, head size, its setting) -> `_tiled_shader`'s answer
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -336,34 +327,24 @@ class Attention:
             self.shaders[key] = self.rt.shader(source(*key), f"attention hs{head_size} {rows}x{splits}x{key[3]}")
         return self.shaders[key], rows
 
-    def _tiled_shader(self, head_size: int):
-        """(Shader, rows) of the tiled forward, (None, 0) where no tile fits: chosen once per head size and
-        TINYNN_ATTENTION_TILE (every eager forward asks)."""
-        key = (head_size, os.environ.get("TINYNN_ATTENTION_TILE"))
+    def _tiled_shader(self, head_size: int, backward: bool = False):
+        """(Shader, tile) of the tiled forward or backward, (None, None) where no tile runs: chosen once per
+        head size and setting of the variable that forces a tile (every eager call asks)."""
+        variable = BACKWARD_TILE if backward else FORWARD_TILE
+        key = (variable, head_size, os.environ.get(variable))
         found = self.tiled_shaders.get(key)
         if found is None:
-            tile = choose_tile(head_size, self.max_bytes)
-            found = self.tiled_shaders[key] = (None, 0) if tile is None else (
-                self.rt.shader(tiled_source(head_size, tile), f"attention tiled hs{head_size} {tile}"), tile.rows)
-        return found
-
-    def _backward_tiled_shader(self, head_size: int):
-        """(Shader, tile) of the tiled backward, (None, None) for the per-row kernels: chosen once per head size
-        and TINYNN_ATTENTION_BACKWARD_TILE."""
-        key = (head_size, os.environ.get("TINYNN_ATTENTION_BACKWARD_TILE"))
-        found = self.backward_shaders.get(key)
-        if found is None:
-            tile = choose_backward_tile(head_size, self.max_bytes)
-            found = self.backward_shaders[key] = (None, None) if tile is None else (
-                self.rt.shader(backward_tiled_source(head_size, tile), f"attention backward hs{head_size} {tile}"),
-                tile)
+            choose, source = (choose_backward_tile, backward_tiled_source) if backward else (choose_tile, tiled_source)
+            tile = choose(head_size, self.max_bytes)
+            label = f"attention {'backward' if backward else 'tiled'} hs{head_size} {tile}"
+            found = self.tiled_shaders[key] = (None, None) if tile is None else \
+                (self.rt.shader(source(head_size, tile), label), tile)
         return found
 
     def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
-        shader, rows = self._tiled_shader(c3 // 3 // n_head)
-        if shader is None:
-            shader, rows = self._shader(c3 // 3 // n_head)
+        shader, tile = self._tiled_shader(c3 // 3 // n_head)
+        shader, rows = self._shader(c3 // 3 // n_head) if shader is None else (shader, tile.rows)
         self.rt.dispatch(shader, "attention_forward_main", (-(-seq // rows), batch * n_head, 1),
                          {0: qkv, 2: y, 4: lse}, {"seq": seq, "n_head": n_head, "scale": scale})
 
@@ -381,7 +362,7 @@ class Attention:
         kernels' delta grows as T; the slices, refused, would send the whole backward to NumPy)."""
         batch, seq, c3 = qkv_shape
         head_size = c3 // 3 // n_head
-        shader, tile = self._backward_tiled_shader(head_size)
+        shader, tile = self._tiled_shader(head_size, backward=True)
         if tile is not None and 4 * tile.part_floats(batch, seq, n_head, head_size) > self.rt.max_binding:
             return None, None
         return shader, tile

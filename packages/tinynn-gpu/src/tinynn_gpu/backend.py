@@ -20,7 +20,7 @@ import numpy as np
 
 from tinynn.backends import Backend, BackendUnavailable
 from tinynn_gpu import fallback, group_sum
-from tinynn_gpu.attention import Attention, too_many_heads, unsupported_head_size
+from tinynn_gpu.attention import Attention, unsupported
 from tinynn_gpu.capture import CapturedStep
 from tinynn_gpu.decode import DecodeOps
 from tinynn_gpu.layout import basic_view, contiguous_strides, is_basic, merge_dims
@@ -126,6 +126,12 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         if key not in self._constants:
             self._constants[key] = self._fill(self._empty((n,)), value)
         return self._constants[key]
+
+    def _for_backward(self, shape: tuple, for_backward: bool, slot: int = 0):
+        """An output of a forward that only its backward reads: an array of its own, or, where no backward will
+        run (`for_backward` False), the runtime's scratch array `slot`, which the kernel writes and nothing
+        reads (an op's outputs take different slots)."""
+        return self._empty(shape) if for_backward else self.rt.scratch(slot, math.prod(shape))
 
     def full(self, shape, value, dtype=np.float32):
         if np.dtype(dtype).kind in "iub":  # the fill kernel writes f32 bits: ints go through the host
@@ -312,10 +318,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}")
-        pre = None
-        if activation:
-            rows, cols = x.shape[0], weight.shape[0]
-            pre = self._empty((rows, cols)) if for_backward else self.rt.scratch(0, rows * cols)
+        pre = self._for_backward((x.shape[0], weight.shape[0]), for_backward) if activation else None
         y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation, pre,
                                                           None if residual is None else bindable(residual)))
         return y, (pre if for_backward else None)
@@ -396,8 +399,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         c, lead = x.shape[-1], x.shape[:-1]
         rows = math.prod(lead)
         y = self._empty(x.shape)
-        mean, rstd = (self._empty(lead), self._empty(lead)) if for_backward else \
-            (self.rt.scratch(0, rows), self.rt.scratch(1, rows))
+        mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
         shader = group_sum.shader(self.rt, "layernorm")
@@ -432,8 +434,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         _check_dtypes("cross_entropy_forward", logits, targets)
         n, c = logits.shape
         rows, loss = self._empty((n, 2)), self._empty(())
-        probs, count = (self._empty((n, c)), self._empty(())) if for_backward else \
-            (self.rt.scratch(0, n * c), self.rt.scratch(1, 1))
+        probs, count = self._for_backward((n, c), for_backward), self._for_backward((), for_backward, 1)
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
         bindings = {0: bindable(logits), 1: bindable(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
         shader = group_sum.shader(self.rt, "cross_entropy")
@@ -503,17 +504,17 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         return g_wte, g_wpe
 
     def attention_forward(self, qkv, n_head, scale, for_backward=True):
-        why = unsupported_head_size(qkv.shape[-1] // 3 // n_head) or too_many_heads(qkv.shape[0] * n_head)
+        why = unsupported(qkv.shape, n_head)
         if why:
             raise OnCpu(why)
         batch, seq, c3 = qkv.shape
         y = self._empty((batch, seq, c3 // 3))
-        lse = self._empty((batch, n_head, seq)) if for_backward else self.rt.scratch(0, batch * n_head * seq)
+        lse = self._for_backward((batch, n_head, seq), for_backward)
         self.attention.forward(bindable(qkv), y, lse, n_head, scale)
         return y, (lse if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
-        why = unsupported_head_size(qkv.shape[-1] // 3 // n_head) or too_many_heads(qkv.shape[0] * n_head)
+        why = unsupported(qkv.shape, n_head)
         if why:
             raise OnCpu(why)
         g_qkv, scratch = self._empty(qkv.shape), self._empty(self.attention.backward_scratch(qkv.shape, n_head))
