@@ -2,7 +2,7 @@
 
     python packages/tinynn-gpu/experiments/torch_kernels.py path/to/torch_gpt_reference.py [--configs lesson,big]
 
-1. cuBLAS fp32 (TF32 off) time per matmul for the step shapes of the lesson and big configs, and 4096^2: 50
+1. cuBLAS fp32 (TF32 off) time per matmul for the step shapes of the lesson, mid and big configs, and 4096^2: 50
    back-to-back calls between CUDA events, as `Runtime.time_pass` times ours (experiments/matmul_shapes.py).
 2. GPU kernel time per training step of the reference model (eager, fused AdamW, scaled_dot_product_attention:
    the kernels its CUDA graph replays), by category and the largest kernels, from torch.profiler.
@@ -14,10 +14,15 @@ import importlib.util
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-# (M, N, K, A stored transposed, B stored transposed): the lesson step's, then the big one's, then 4096^2
+# (M, N, K, A stored transposed, B stored transposed): the lesson step's, the mid one's, then the big one's,
+# then 4096^2
 SHAPES = [(2048, 1024, 256, 0, 1), (2048, 256, 1024, 0, 1), (2048, 256, 256, 0, 1), (2048, 768, 256, 0, 1),
           (2048, 1024, 256, 0, 0), (1024, 256, 2048, 1, 0), (256, 256, 2048, 1, 0), (2048, 256, 768, 0, 0),
-          (768, 256, 2048, 1, 0), (2048, 3072, 768, 0, 1), (768, 3072, 2048, 1, 0), (2048, 768, 3072, 0, 0),
+          (768, 256, 2048, 1, 0),
+          (2048, 1152, 384, 0, 1), (2048, 384, 384, 0, 1), (2048, 1536, 384, 0, 1), (2048, 384, 1536, 0, 1),
+          (2048, 384, 1152, 0, 0), (2048, 384, 384, 0, 0), (2048, 1536, 384, 0, 0), (2048, 384, 1536, 0, 0),
+          (1152, 384, 2048, 1, 0), (384, 384, 2048, 1, 0), (1536, 384, 2048, 1, 0), (384, 1536, 2048, 1, 0),
+          (2048, 3072, 768, 0, 1), (768, 3072, 2048, 1, 0), (2048, 768, 3072, 0, 0),
           (4096, 4096, 4096, 0, 0)]
 CATEGORIES = (("matmul", ("gemm", "cutlass", "xmma", "cublas")), ("attention", ("fmha", "flash", "attention")),
               ("layernorm", ("layer_norm", "gammabeta")), ("optimizer", ("adam", "multi_tensor", "norm")),

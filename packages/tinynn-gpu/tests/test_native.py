@@ -121,17 +121,21 @@ class Handle:
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_a_replay_program_keeps_runs_of_one_pipeline_between_its_writes(direct):
+def test_a_replay_program_keeps_runs_of_one_pipeline_in_growing_chunks_between_its_writes(direct, monkeypatch):
+    monkeypatch.setattr(replay, "FIRST_CHUNK", 8)
+    monkeypatch.setattr(replay, "CHUNK_GROWTH", 2)
     pipe, other, group, x, y = map(Handle, ("pipe", "other", "group", "x", "y"))
     dispatches = [("dispatch", other if i == 10 else pipe, group, (i + 1, 1, 1)) for i in range(35)]
     events = [("write", x, b"1", 0)] + dispatches[:30] + [("write", y, b"2", 8)] + dispatches[30:]
     program = replay.compile_program(events, direct)
     name = (lambda h: h._internal) if direct else (lambda h: h)
-    assert [kind for kind, _ in program] == ["write", "dispatches", "write", "dispatches"]
-    assert program[0][1] == (name(x), b"1", 0) and program[2][1] == (name(y), b"2", 8)
-    first, second = program[1][1], program[3][1]
-    assert [(p, len(d)) for p, d in first] == [(name(pipe), 10), (name(other), 1), (name(pipe), 19)]
-    assert second == [(name(pipe), [(name(group), x, 1, 1) for x in range(31, 36)])]
+    assert [kind for kind, _ in program] == ["write", "dispatches", "dispatches", "dispatches", "write", "dispatches"]
+    assert program[0][1] == (name(x), b"1", 0) and program[4][1] == (name(y), b"2", 8)
+    # command buffers end after dispatch 8, 8 + 16 and 8 + 16 + 32 of the step, and at each write
+    chunks = [[(p, len(d)) for p, d in runs] for kind, runs in program if kind == "dispatches"]
+    assert chunks == [[(name(pipe), 8)], [(name(pipe), 2), (name(other), 1), (name(pipe), 13)], [(name(pipe), 6)],
+                      [(name(pipe), 5)]]
+    assert program[5][1] == [(name(pipe), [(name(group), x, 1, 1) for x in range(31, 36)])]
 
 
 def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):

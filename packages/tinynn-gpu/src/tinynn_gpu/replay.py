@@ -6,10 +6,18 @@ its commands never change, only the values in its arrays (capture.py). So each r
 buffers recorded and finished while the GPU ran the step before (an `Ahead`), and then starts recording
 the next step's: on a worker thread where the machine has the cores (the caller returns at once), else
 before returning. Either way the recording overlaps the GPU's work, and a synced step's critical path, from
-the host's read-back to the GPU's next start, is the step's Python, its inputs' queue write and one submit.
+the host's read-back to the GPU's next start, is the step's Python, its inputs' queue write and the first
+submit.
 H200 (a prototype of this, in one call against the replay before it, which submitted a first chunk of 16
 dispatches at once and handed the rest to a thread): lesson 3.36-3.46 ms per step against 3.52-3.62, mid
 7.70-7.75 against 7.80-7.89; the caller's host time per step 0.25-0.33 ms (lesson) against 0.54-0.75.
+
+The step's dispatches go in command buffers of growing size, each submitted on its own (`FIRST_CHUNK`,
+`CHUNK_GROWTH`), so that the GPU starts once the first, small, one is submitted and runs it while the host
+submits the rest: a submission costs the H200's host ~30 us plus ~1 us per dispatch. Whole-step buffers
+against chunks of 16, 32, 64, ... (`experiments/replay_chunks.py`, session 9, alternated in one process, two
+rounds, ms per step): lesson 3.036 against 3.040-3.087, mid 7.98-8.02 against 7.86-7.89, big 38.96-39.06
+against 38.73-38.85; first chunks of 4 or 8 gained less.
 
 A step's staged inputs (its token ids, targets and optimizer values, `Runtime.write`) go up in one queue
 write and are copied in at the start of its first command buffer, so an `Ahead` is used only by a replay
@@ -23,6 +31,9 @@ import time
 from concurrent.futures import Future
 
 from tinynn_gpu.pool import GpuArray, _round4
+
+FIRST_CHUNK = 16  # dispatches in a step's first command buffer
+CHUNK_GROWTH = 2  # each later one holds this many times as many as the one before
 
 
 class Ahead:
@@ -57,25 +68,22 @@ class Ahead:
         return self.calls is calls and self.inputs == inputs and self.result is result
 
     def submit(self) -> int:
-        """Its writes and command buffers to the queue, in order: the buffers between two writes in one
-        submission. What a failure leaves unsubmitted is released. Returns the number of submissions."""
-        calls, work, buffers, submissions = self.calls, self.work, [], 0
+        """Its writes and command buffers to the queue, in order, each buffer a submission of its own. What a
+        failure leaves unsubmitted is released. Returns the number of submissions."""
+        calls, work, submissions = self.calls, self.work, 0
         self.work = []
         for i, (kind, item) in enumerate(work):
-            if kind == "buffer":
-                buffers.append(item)
-                continue
             try:
-                calls.submit(buffers)  # releases them, also when it raises
-                submissions += bool(buffers)
-                buffers = []
-                calls.write(*item)
+                if kind == "buffer":
+                    calls.submit([item])  # releases it, also when it raises
+                    submissions += 1
+                else:
+                    calls.write(*item)
             except BaseException:
                 self.work = work[i + 1:]
                 self.release()
                 raise
-        calls.submit(buffers)
-        return submissions + bool(buffers)
+        return submissions
 
     def release(self) -> None:
         """Drop what was never submitted."""
@@ -184,16 +192,23 @@ class Replaying:
 
 def compile_program(events, direct: bool) -> list[tuple]:
     """A tape's events as the replay runs them: ("write", (buffer, bytes, byte offset)) and ("dispatches",
-    runs) for the dispatches between two writes, a run being (pipeline, [(bind group, x, y, z), ...]) under
-    one pipeline. Direct calls take native handles; the tape's events keep their objects (and so the
-    handles) alive."""
+    runs), the dispatches of one command buffer, a run being (pipeline, [(bind group, x, y, z), ...]) under
+    one pipeline. A command buffer ends at a write, and where the step's dispatches so far reach the end of
+    a chunk (`FIRST_CHUNK`, growing by `CHUNK_GROWTH`). Direct calls take native handles; the tape's events
+    keep their objects (and so the handles) alive."""
     handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
     program, last, runs = [], None, None
+    count, chunk, chunk_end = 0, FIRST_CHUNK, FIRST_CHUNK
     for event in events:
         if event[0] == "write":
             program.append(("write", (handle(event[1]), event[2], event[3])))
             runs = None  # a write goes in before the dispatches after it: they go in a command buffer of their own
             continue
+        if count == chunk_end:
+            chunk *= CHUNK_GROWTH
+            chunk_end += chunk
+            runs = None
+        count += 1
         _, pipe, group, (x, y, z) = event
         if runs is None:
             runs, last = [], None
