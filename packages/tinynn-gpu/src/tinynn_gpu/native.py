@@ -113,13 +113,14 @@ class NativeCalls:
         finally:
             self._lib.wgpuCommandEncoderRelease(encoder)
 
-    def submit(self, command_buffers) -> None:
-        """Submit command buffers (handles), in order, and release them (also when submitting raises)."""
+    def submit(self, command_buffers) -> int | None:
+        """Submit command buffers (handles), in order, and release them (also when submitting raises). Returns
+        the submission's index (`read` can wait for it), None when there was nothing to submit."""
         if not command_buffers:
-            return
+            return None
         handles = self._ffi.new("WGPUCommandBuffer[]", command_buffers)
         try:
-            self._checked.wgpuQueueSubmit(self._queue, len(command_buffers), handles)
+            return self._checked.wgpuQueueSubmitForIndex(self._queue, len(command_buffers), handles)
         finally:
             self.release(command_buffers)
 
@@ -133,14 +134,21 @@ class NativeCalls:
         view = self._ffi.from_buffer(data)
         self._checked.wgpuQueueWriteBuffer(self._queue, buffer, offset, view, len(view))
 
-    def read(self, buffer, parts) -> None:
+    def read(self, buffer, parts, first=()) -> None:
         """Copy bytes of a MAP_READ buffer handle into host arrays once everything submitted before has run:
         `parts` is [(byte offset, writable contiguous array), ...], each array filled from its offset. Map, copy,
         unmap, waiting in one blocking poll of the device from this thread. wgpu-py's `map_sync` waits through its
         poll thread and an event instead, two thread hand-overs: on the H200 an idle 4-byte read-back took
         190-320 us that way, 87-93 us this way (a polling loop in place of the blocking poll: 84-87), and the
-        lesson step 4.09 -> 3.65 ms."""
+        lesson step 4.09 -> 3.65 ms.
+
+        `first`: submission indices to wait for one by one before that. The poll that finds a submission done
+        also cleans up after it, and for a step's command buffers that takes a while (the H200: ~155 us for a
+        lesson or mid step, against ~1 us for a poll with nothing done); waiting for a step's earlier command
+        buffers first cleans up after them while the GPU runs the later ones, instead of after the GPU's last."""
         ffi, lib, status = self._ffi, self._lib, self._map_status
+        for index in first:
+            lib.wgpuDevicePoll(self._device, 1, ffi.new("WGPUSubmissionIndex *", index))
         views = [(offset, ffi.from_buffer(into, require_writable=True)) for offset, into in parts]
         size = max(offset + len(view) for offset, view in views)
         status[0] = 0

@@ -34,6 +34,7 @@ from tinynn_gpu.pool import GpuArray, _round4
 
 FIRST_CHUNK = 16  # dispatches in a step's first command buffer
 CHUNK_GROWTH = 2  # each later one holds this many times as many as the one before
+LAST_CHUNK = 16  # dispatches in its last: what is cleaned up after the GPU's end (NativeCalls.read)
 
 
 class Ahead:
@@ -67,16 +68,15 @@ class Ahead:
         """Whether a replay through `calls`, with these staged-input copies and this result, can use it."""
         return self.calls is calls and self.inputs == inputs and self.result is result
 
-    def submit(self) -> int:
+    def submit(self) -> list[int]:
         """Its writes and command buffers to the queue, in order, each buffer a submission of its own. What a
-        failure leaves unsubmitted is released. Returns the number of submissions."""
-        calls, work, submissions = self.calls, self.work, 0
+        failure leaves unsubmitted is released. Returns the submissions' indices."""
+        calls, work, submissions = self.calls, self.work, []
         self.work = []
         for i, (kind, item) in enumerate(work):
             try:
                 if kind == "buffer":
-                    calls.submit([item])  # releases it, also when it raises
-                    submissions += 1
+                    submissions.append(calls.submit([item]))  # releases it, also when it raises
                 else:
                     calls.write(*item)
             except BaseException:
@@ -125,7 +125,9 @@ class Replaying:
             if ahead is None:
                 ahead = Ahead(self.native, program, inputs, result, self._result_array(result), keep)
             out = ahead.out
-            submissions = ahead.submit()
+            indices = ahead.submit()
+            submissions = len(indices)
+            self.step_submissions = indices[:-1]  # the next read-back waits for these first (NativeCalls.read)
             tape.ahead = self._record_ahead(program, inputs, result, keep)
         self.counters["dispatches"] += tape.dispatches
         self.counters["submissions"] += submissions
@@ -193,12 +195,13 @@ class Replaying:
 def compile_program(events, direct: bool) -> list[tuple]:
     """A tape's events as the replay runs them: ("write", (buffer, bytes, byte offset)) and ("dispatches",
     runs), the dispatches of one command buffer, a run being (pipeline, [(bind group, x, y, z), ...]) under
-    one pipeline. A command buffer ends at a write, and where the step's dispatches so far reach the end of
-    a chunk (`FIRST_CHUNK`, growing by `CHUNK_GROWTH`). Direct calls take native handles; the tape's events
-    keep their objects (and so the handles) alive."""
+    one pipeline. A command buffer ends at a write, where the step's dispatches so far reach the end of a
+    chunk (`FIRST_CHUNK`, growing by `CHUNK_GROWTH`), and before the step's last `LAST_CHUNK` dispatches.
+    Direct calls take native handles; the tape's events keep their objects (and so the handles) alive."""
     handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
     program, last, runs = [], None, None
     count, chunk, chunk_end = 0, FIRST_CHUNK, FIRST_CHUNK
+    last_start = sum(event[0] != "write" for event in events) - LAST_CHUNK
     for event in events:
         if event[0] == "write":
             program.append(("write", (handle(event[1]), event[2], event[3])))
@@ -207,6 +210,8 @@ def compile_program(events, direct: bool) -> list[tuple]:
         if count == chunk_end:
             chunk *= CHUNK_GROWTH
             chunk_end += chunk
+            runs = None
+        if count == last_start:
             runs = None
         count += 1
         _, pipe, group, (x, y, z) = event

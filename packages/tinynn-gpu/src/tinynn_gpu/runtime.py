@@ -99,6 +99,7 @@ class Runtime(Replaying, BufferPool):
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
         self.native, self.native_reason, self.recorder, self._stop_recorder = None, "", None, None
         self.orphaned_aheads = deque()  # dropped tapes' recordings ahead, released by the next replay
+        self.step_submissions = []  # the last replay's submissions but its last: a read-back waits for them first
         self.use_native(*native.probe(self.device))
 
     def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
@@ -254,7 +255,8 @@ class Runtime(Replaying, BufferPool):
         if self.native is not None:  # the values straight into `out` where it is one block of memory
             flags_word = np.zeros(1, np.uint32)
             into = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-            self.native.read(staging._internal, [(0, into), (flags_at, flags_word)])
+            first, self.step_submissions = self.step_submissions, []
+            self.native.read(staging._internal, [(0, into), (flags_at, flags_word)], first)
             flags = int(flags_word[0])
             if into is not out:
                 out[...] = into
