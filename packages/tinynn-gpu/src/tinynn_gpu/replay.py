@@ -16,7 +16,7 @@ The step's dispatches go in command buffers of growing size, each submitted on i
 `CHUNK_GROWTH`), so that the GPU starts once the first, small, one is submitted and runs it while the host
 submits the rest: a submission costs the H200's host ~30 us plus ~1 us per dispatch. Whole-step buffers
 against chunks of 16, 32, 64, ... (`experiments/replay_chunks.py`, session 9, alternated in one process, two
-rounds, ms per step): lesson 3.036 against 3.040-3.087, mid 7.98-8.02 against 7.86-7.89, big 38.96-39.06
+rounds, ms per step; its `16x2` setting): lesson 3.036 against 3.040-3.087, mid 7.98-8.02 against 7.86-7.89, big 38.96-39.06
 against 38.73-38.85; first chunks of 4 or 8 gained less.
 
 A step's staged inputs (its token ids, targets and optimizer values, `Runtime.write`) go up in one queue
