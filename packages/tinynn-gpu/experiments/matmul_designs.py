@@ -58,6 +58,23 @@ def unroll(code, shape):
     return code.replace("    var buf = 0u;  // the buffer holding this step's tiles\n", "")
 
 
+def fragments(code, shape):
+    """Each k's A and B fragments read from the tile before the previous k's products, not after them (the
+    fragments of two k live at once: register double-buffering)."""
+    lines = code.split("\n")
+    inner = [i for i, line in enumerate(lines) if re.match(r"        (let [ab]\d+_\d+ = [ab]_tile|acc_\d+_\d+ = )", line)]
+    first, last = inner[0], inner[-1]
+    assert inner == list(range(first, last + 1))
+    loads, products = {}, {}
+    for line in lines[first:last + 1]:
+        kk = int(re.search(r"\b[ab](\d+)_\d+", line.split("=")[1] if "acc_" in line else line).group(1))
+        (products if "acc_" in line else loads).setdefault(kk, []).append(line)
+    body = loads[0]
+    for kk in sorted(products):
+        body += loads.get(kk + 1, []) + products[kk]
+    return "\n".join(lines[:first] + body + lines[last + 1:])
+
+
 def noglobal(code, shape):
     return re.sub(r"return (a|b)\[\(.*?\)( / 4u)?\];", r"return \1[0u];", code)
 
@@ -104,8 +121,101 @@ if "--quick" in sys.argv:
              for ta in (False, True) for tb in (False, True)]
 
 
+# --pipeline (session 9): the lesson and mid models' training shapes, (M, N, K, A transposed, B transposed,
+# epilogue parts), every shipped candidate against deeper pipelines and BK 8; NEW_SPLIT only where K >= 1024
+PIPELINE_SHAPES = [
+    (2048, 1024, 256, False, True, ("bias", "activation")), (2048, 256, 1024, False, True, ("bias", "residual")),
+    (2048, 1024, 256, False, False, ()), (1024, 256, 2048, True, False, ("row_sums",)),
+    (2048, 768, 256, False, True, ("bias",)),
+    (2048, 1536, 384, False, True, ("bias", "activation")), (2048, 384, 1536, False, True, ("bias", "residual")),
+    (2048, 1536, 384, False, False, ()), (384, 1536, 2048, True, False, ("row_sums",)),
+    (2048, 384, 1536, False, False, ()), (1536, 384, 2048, True, False, ("row_sums",)),
+    (2048, 1152, 384, False, True, ("bias",)), (2048, 384, 1152, False, False, ()),
+    (1152, 384, 2048, True, False, ("row_sums",)), (2048, 384, 384, False, True, ("bias", "residual")),
+]
+NEW = [C(64, 64, 16, 8, 4, **DB, ahead=2), C(64, 64, 16, 4, 4, **DB, ahead=2), C(64, 64, 8, 8, 4, **DB),
+       C(64, 64, 8, 8, 4, **DB, ahead=2), C(128, 64, 8, 8, 8, **DB, ahead=2), C(128, 64, 16, 8, 8, **DB, ahead=2),
+       C(128, 128, 16, 8, 8, **DB, pad=False, ahead=2)]
+NEW_SPLIT = [C(64, 64, 16, 8, 4, splits=4, **DB, ahead=2), C(64, 64, 8, 8, 4, splits=4, **DB, ahead=2),
+             C(64, 64, 16, 4, 4, splits=4, **DB, ahead=2), C(128, 128, 16, 8, 8, splits=2, **DB, pad=False, ahead=2)]
+EDITS = [(C(64, 64, 16, 8, 4, **DB), "fragments"), (C(64, 64, 16, 4, 4), "fragments"),
+         (C(64, 64, 16, 8, 4, **DB, ahead=2), "fragments")]
+
+
+def pipeline(gpu):
+    """--pipeline: per shape the best shipped candidate (what autotune would pick) against each new design."""
+    from tinynn_gpu.matmul import BLOCK_CONFIGS
+    rt = gpu.rt
+    g = np.random.default_rng(0)
+    shipped_generate = blocked.generate
+    kernels = {}  # (config, edit) -> BlockedMatmul, shared by the shapes (one module per layout)
+
+    def kernel(config, edit):
+        if (config, edit) not in kernels:
+            kernels[config, edit] = BlockedMatmul(rt, config)
+        return kernels[config, edit]
+
+    def generator(edit):
+        def generate(cfg, ta, tb, vec4=False, aligned=False):
+            code = shipped_generate(cfg, ta, tb, vec4, aligned)
+            return code if edit is None else globals()[edit](code, None)
+        return generate
+    check = "--check" in sys.argv
+    shapes = [(m // 8, n // 8, k, *rest) for m, n, k, *rest in PIPELINE_SHAPES[5:11]] + \
+        [(100, 70, 333, False, True, ()), (70, 100, 333, False, False, ()), (100, 70, 333, True, False, ())] \
+        if check else PIPELINE_SHAPES
+    cases = []
+    for m, n, k, ta, tb, parts in shapes:
+        a_host = g.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+        b_host = g.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+        want = (a_host.T if ta else a_host).astype(np.float64) @ (b_host.T if tb else b_host)
+        a, b, out = gpu.from_numpy(a_host), gpu.from_numpy(b_host), rt.empty((m, n))
+        epilogue = blocked.Epilogue(
+            gpu.from_numpy(g.standard_normal(n, dtype=np.float32)) if "bias" in parts else None,
+            "gelu" if "activation" in parts else None, rt.empty((m, n)) if "activation" in parts else None,
+            gpu.from_numpy(g.standard_normal((m, n), dtype=np.float32)) if "residual" in parts else None,
+            rt.empty((m,)) if "row_sums" in parts else None)
+        entries = [] if check else [(c, None) for c in BLOCK_CONFIGS]
+        entries += [(c, None) for c in NEW + NEW_SPLIT * (k >= 1024 or check)] + EDITS
+        runs = []
+        for config, edit in entries:
+            variant = kernel(config, edit)
+            blocked.generate = generator(edit)  # compiles with it on first use of a layout
+            variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True)  # the plain product, checked
+            err = np.abs(gpu.to_numpy(out) - want).max() / np.abs(want).max()
+
+            def call(variant=variant, a=a, b=b, out=out, m=m, n=n, k=k, ta=ta, tb=tb, epilogue=epilogue):
+                variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True, epilogue)
+            call()
+            name = config.name + (f" {edit}" if edit else "")
+            runs.append((name, config in BLOCK_CONFIGS and edit is None, call, err))
+        label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {'+'.join(parts) or '-'}"
+        cases.append((label, 2 * m * n * k, runs))
+        if check:
+            for name, _, _, err in runs:
+                print(f"{label:<42} {name:<40} err {err:.1e}", flush=True)
+    blocked.generate = shipped_generate
+    if check:
+        return
+    heat_until = time.perf_counter() + 2.0
+    while time.perf_counter() < heat_until:
+        cases[0][2][0][2]()
+        rt.sync()
+    for label, flops, runs in cases:
+        times = {name: min(rt.time_pass(call, 10) for _ in range(3)) * 1e3 for name, _, call, _ in runs}
+        best = min((name for name, shipped, _, _ in runs if shipped), key=times.get)
+        print(f"{label}: shipped best {best} {times[best]:.1f} us ({flops / times[best] / 1e6:.1f} TFLOP/s)")
+        for name, shipped, _, err in runs:
+            if not shipped:
+                print(f"    {name:<44} {times[name]:7.1f} us {times[name] / times[best]:5.3f} err {err:.1e}")
+        print("    shipped: " + ", ".join(f"{name} {times[name]:.1f}" for name, shipped, _, _ in
+                                          sorted(runs, key=lambda r: times[r[0]]) if shipped), flush=True)
+
+
 def main():
     gpu = backends.select("gpu")
+    if "--pipeline" in sys.argv:
+        return pipeline(gpu)
     rt = gpu.rt
     g = np.random.default_rng(0)
     shipped = blocked.generate
