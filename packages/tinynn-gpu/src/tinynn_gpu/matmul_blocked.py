@@ -46,6 +46,9 @@ class BlockConfig:
     # double-buffered: how many tiles ahead the global loads run; 2 keeps two tiles in registers (the one being
     # stashed and the one arriving), so a load has two steps of products to arrive in instead of one
     ahead: int = 1
+    # vec4 loads of an operand stored with k contiguous: each thread loads one quad of k and writes its 4 values
+    # into 4 tile rows (spread over all threads), instead of a 4 x 4 block transposed (a quarter of the threads)
+    spread: bool = False
     # each tile row padded by a vec4, against bank conflicts where a warp stores neighbouring k of a row (scalar
     # loads of an operand stored with k contiguous); vec4-load stashes write 512 bytes a warp, 4 wavefronts
     # either way. Unpadded, 128x128x16 double-buffered tiles take 32 KB, which every Vulkan adapter offers.
@@ -55,7 +58,7 @@ class BlockConfig:
     def name(self) -> str:
         split = f" split{self.splits}" if self.splits > 1 else ""
         return (f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}{' vec4' * self.vec4}{' db' * self.double}"
-                f"{' unpadded' * (not self.pad)}{f' ahead{self.ahead}' * (self.ahead > 1)}")
+                f"{' unpadded' * (not self.pad)}{f' ahead{self.ahead}' * (self.ahead > 1)}{' spread' * self.spread}")
 
     @property
     def buffers(self) -> int:
@@ -82,7 +85,7 @@ class BlockConfig:
 
     def check(self, max_threads=256, max_workgroup_bytes=16384) -> None:
         if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk < 1 or \
-                (self.vec4 and self.bk % 4):
+                (self.vec4 and self.bk % 4) or (self.spread and (self.bk % 8 or self.bm % 16 or self.bn % 16)):
             raise ValueError(f"matmul config {self.name}: TM, TN must be multiples of 4 dividing BM, BN")
         if self.ahead not in (1, 2) or (self.ahead > 1 and not self.double):
             raise ValueError(f"matmul config {self.name}: loads run 1 or 2 tiles ahead, 2 only double-buffered")
@@ -109,11 +112,20 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, regi
         return f"load_a{'4' * vec4}(a_base, {i}, {k}, k_end)" if operand == "a" else \
             f"load_b{'4' * vec4}(b_base, {k}, {i}, k_end)"
     quads = vec4 and k_fastest
-    total = width4 * (cfg.bk // 4) if quads else cfg.bk * width4
+    total = width4 * (cfg.bk // 4) * (4 if cfg.spread else 1) if quads else cfg.bk * width4
     copies = []
     for i in range(-(-total // cfg.threads)):
         slot, reg = f"lid + {i * cfg.threads}u", f"{operand}{registers}_{i}"
-        if quads:  # neighbouring threads take neighbouring quads of k
+        if quads and cfg.spread:
+            # a warp takes 2 quads of k (32 bytes of a row: whole sectors) of 16 rows, so that its stores into the
+            # padded tile (4 rows of k 16 banks apart) hit 32 banks once each
+            first = ("row0" if operand == "a" else "col0") + " + r"
+            where = (f"let kq = ({slot}) % 2u + 2u * ((({slot}) / 32u) % {cfg.bk // 8}u); "
+                     f"let r = (({slot}) / 2u) % 16u + 16u * (({slot}) / {16 * cfg.bk // 4}u);")
+            fetch = f"{reg} = {load(first, '{origin} + 4u * kq')};"
+            stash = " ".join(f"{tile}[{operand}_buf][4u * kq + {j}u][r / 4u][r % 4u] = {reg}.{x};"
+                             for j, x in enumerate(XYZW))
+        elif quads:  # neighbouring threads take neighbouring quads of k
             where = f"let kq = ({slot}) % {cfg.bk // 4}u; let w4 = ({slot}) / {cfg.bk // 4}u;"
             fetch = " ".join(f"{reg}[{c}] = {load(f'{index} + {c}u', '{origin} + 4u * kq')};" for c in range(4))
             stash = " ".join(f"{tile}[{operand}_buf][4u * kq + {j}u][w4] = "
@@ -133,7 +145,7 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, regi
 
 
 def _registers(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, registers: str = "") -> list[str]:
-    kind = "array<vec4<f32>, 4>" if vec4 and k_fastest else "vec4<f32>"
+    kind = "array<vec4<f32>, 4>" if vec4 and k_fastest and not cfg.spread else "vec4<f32>"
     return [f"    var {operand}{registers}_{i}: {kind};"
             for i in range(len(_tile_copy(cfg, operand, k_fastest, vec4)))]
 
