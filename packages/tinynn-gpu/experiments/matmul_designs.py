@@ -2,7 +2,7 @@
 generated kernel, or a text edit of one, checked against float64 and then timed with `Runtime.time_pass` (back to
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
-    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy]
+    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy | --pipeline]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -20,6 +20,41 @@ their printed errors, are wrong on purpose: only their time means something):
   onetile   also every thread reads the same tile addresses: the inner loop without per-thread index work
   fma       fma() in place of `acc + a * b`
 (session 5's table in BENCHMARKS.md, then a script of its own).
+
+--pipeline: the lesson and mid models' training shapes (their epilogues included), every shipped candidate
+(BLOCK_CONFIGS: the best is what autotune would pick) against deeper pipelines: BlockConfig.ahead = 2 (global
+loads two tiles ahead, a second register set), BlockConfig.spread (vec4 loads along k spread over every thread,
+one quad each, instead of a 4 x 4 block on a quarter of them), BK 8 with 128 threads (cuBLAS's 64x64x8 tile,
+8x4 per thread), 128x64x8/8x8, and `fragments` (each k's tile reads before the previous k's products). H200,
+session 9 (one call: the 2 s heat, then per shape 0.5 s more and the best of 3 rounds; us per call; db =
+64x64x16/8x4 vec4 db, the shipped double-buffered candidate; the next columns change one thing at a time):
+
+| shape, layout, epilogue | shipped best | us | db | +ahead2 | +spread | BK 8 ahead2 spread | 4x4 vec4 spread (1 buffer) | ahead2 fragments | split4 ahead2 |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+| 2048x1536x384 B^T bias+GELU | 64x64x16/4x4 | 103.2 | 127.8 | 126.7 | 118.3 | 110.2 | 110.9 | 126.6 | |
+| 2048x384x1536 B^T bias+residual | 64x64x16/8x4 split4 | 96.5 | 127.3 | 125.9 | 118.0 | 107.9 | 137.8 | 125.9 | 116.5 |
+| 2048x1536x384 nn | 64x64x16/4x4 | 97.6 | 103.0 | 95.7 | 96.9 | 96.2 | 95.4 | 94.5 | |
+| 384x1536x2048 A^T row sums | 64x64x16/8x4 split4 | 95.7 | 128.2 | 131.7 | 131.3 | 136.4 | 166.7 | 131.6 | 104.4 |
+| 2048x384x1536 nn | 64x64x16/8x4 split4 | 96.7 | 116.0 | 105.7 | 108.8 | 117.3 | 131.2 | 105.7 | 99.1 |
+| 1536x384x2048 A^T row sums | 64x64x16/8x4 split4 | 97.1 | 128.6 | 132.0 | 131.7 | 137.0 | 163.7 | 132.1 | 103.5 |
+| 2048x1152x384 B^T bias | 32x64x16/4x4 | 77.1 | 108.9 | 108.0 | 101.0 | 84.4 | 88.0 | 106.8 | |
+| 2048x384x1152 nn | 128x128x16/8x8 split2 vec4 db unpadded | 77.3 | 88.6 | 80.4 | 82.3 | 88.2 | 98.6 | 80.5 | 79.8 |
+| 1152x384x2048 A^T row sums | 128x128x16/8x8 split4 vec4 db unpadded | 65.2 | 85.5 | 88.2 | 87.2 | 98.5 | 113.6 | 87.4 | 74.3 |
+| 2048x384x384 B^T bias+residual | 32x64x16/4x4 | 30.5 | 39.6 | 39.6 | 37.3 | 35.5 | 39.7 | 39.0 | |
+| 2048x1024x256 B^T bias+GELU | 64x64x16/8x4 | 49.8 | 62.8 | 62.6 | 59.6 | 51.3 | 54.3 | 61.3 | |
+| 2048x256x1024 B^T bias+residual | 128x64x32/8x4 split2 | 44.4 | 63.2 | 63.9 | 53.8 | 62.1 | 64.0 | 63.8 | 56.2 |
+| 2048x1024x256 nn | 128x64x16/8x4 | 43.1 | 51.9 | 48.6 | 48.6 | 42.2 | 45.4 | 47.6 | |
+| 1024x256x2048 A^T row sums | 64x64x32/8x4 split4 vec4 | 45.3 | 84.8 | 87.5 | 87.4 | 98.7 | 112.4 | 87.4 | 41.0 |
+| 2048x768x256 B^T bias | 64x64x16/8x4 | 35.2 | 54.6 | 54.9 | 51.8 | 35.1 | 38.2 | 53.8 | |
+
+No design beat the best shipped candidate by 8% on more than one shape: the best new design per shape was
+0.91-1.14x of it (0.907: the lesson's 1024x256x2048 weight gradient, 64x64x16/8x4 split4 vec4 db ahead2, 41.0
+against 45.3 us; 0.97-0.98: 2048x1536x384 nn, 2048x1024x256 nn). Against the double-buffered kernel they
+extend: ahead2 gained 6-9% on every nn shape, lost 3% on the A^T ones, +-1% on B^T; spread then gained 5-16%
+where both operands have k contiguous (B^T), -3% to +1% elsewhere; fragments changed nothing (0.97-1.00: the
+compiler schedules the unrolled tile reads itself); ahead2 on scalar loads (64x64x16/4x4 db) 0-2% slower;
+128x64x8/8x8 db ahead2 lost 5-260% to the best shipped. The winners stay the shipped ones: single-buffered
+scalar-load 64x64 and 32x64 blocks where K <= 384, split-K where K >= 1024 (64x64x16/8x4 split4 mostly).
 
 --check runs every variant once and prints its error (lavapipe); --quick: small shapes.
 """
@@ -62,7 +97,8 @@ def fragments(code, shape):
     """Each k's A and B fragments read from the tile before the previous k's products, not after them (the
     fragments of two k live at once: register double-buffering)."""
     lines = code.split("\n")
-    inner = [i for i, line in enumerate(lines) if re.match(r"        (let [ab]\d+_\d+ = [ab]_tile|acc_\d+_\d+ = )", line)]
+    inner = [i for i, line in enumerate(lines)
+             if re.match(r"        (let [ab]\d+_\d+ = [ab]_tile|acc_\d+_\d+ = )", line)]
     first, last = inner[0], inner[-1]
     assert inner == list(range(first, last + 1))
     loads, products = {}, {}

@@ -43,11 +43,13 @@ class BlockConfig:
     splits: int = 1  # split-K: this many workgroups share each output block's K range
     vec4: bool = False  # global loads of 4 floats at once where the shape allows (`uses_vec4`)
     double: bool = False  # two tiles in workgroup memory: the next one's loads overlap this one's products
-    # double-buffered: how many tiles ahead the global loads run; 2 keeps two tiles in registers (the one being
-    # stashed and the one arriving), so a load has two steps of products to arrive in instead of one
+    # Two designs that no shipped candidate uses (they lost to the shipped kernels on the lesson and mid models'
+    # shapes, H200: experiments/matmul_designs.py --pipeline), kept for further experiments:
+    # ahead = 2 (double-buffered): the global loads run two tiles ahead, into a second set of registers, so that
+    # a load has two steps of products to arrive in instead of one;
     ahead: int = 1
-    # vec4 loads of an operand stored with k contiguous: each thread loads one quad of k and writes its 4 values
-    # into 4 tile rows (spread over all threads), instead of a 4 x 4 block transposed (a quarter of the threads)
+    # spread: vec4 loads of an operand stored with k contiguous give each thread one quad of k, written into 4
+    # tile rows, instead of a 4 x 4 block transposed (which leaves three quarters of the threads without loads).
     spread: bool = False
     # each tile row padded by a vec4, against bank conflicts where a warp stores neighbouring k of a row (scalar
     # loads of an operand stored with k contiguous); vec4-load stashes write 512 bytes a warp, 4 wavefronts
@@ -85,8 +87,10 @@ class BlockConfig:
 
     def check(self, max_threads=256, max_workgroup_bytes=16384) -> None:
         if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk < 1 or \
-                (self.vec4 and self.bk % 4) or (self.spread and (self.bk % 8 or self.bm % 16 or self.bn % 16)):
+                (self.vec4 and self.bk % 4):
             raise ValueError(f"matmul config {self.name}: TM, TN must be multiples of 4 dividing BM, BN")
+        if self.spread and (self.bk % 8 or self.bm % 16 or self.bn % 16):  # a warp's 2 quads of k by 16 rows
+            raise ValueError(f"matmul config {self.name}: spread loads need BK a multiple of 8, BM and BN of 16")
         if self.ahead not in (1, 2) or (self.ahead > 1 and not self.double):
             raise ValueError(f"matmul config {self.name}: loads run 1 or 2 tiles ahead, 2 only double-buffered")
         if not 1 <= self.threads <= max_threads:
@@ -99,11 +103,13 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, regi
         -> list[tuple[str, str, str]]:
     """One operand's tile copy (BK x B{M,N}, stored as vec4 along m or n) as (opening, fetch, stash) per slot
     of a thread: the opening is a guard where not every thread has the slot and the slot's place in the tile;
-    fetch reads global memory into the registers {operand}{registers}_{slot}, stash writes them into the workgroup tile
-    in buffer `{operand}_buf`, rows of BM/4 (or BN/4) vec4s, padded by one where the config asks. Fetch takes its tile's first k as
-    `{origin}`, so that double buffering can fetch the next tile while the current one is in use.
+    fetch reads global memory into the registers {operand}{registers}_{slot}, stash writes them into the
+    workgroup tile in buffer `{operand}_buf`, rows of BM/4 (or BN/4) vec4s, padded by one where the config asks.
+    Fetch takes its tile's first k as `{origin}`, so that double buffering can fetch the next tile while the
+    current one is in use.
     Scalar loads: each slot is one tile entry. vec4 loads: along m (or n) a quad is one tile entry; along k
-    a thread loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries."""
+    a thread loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries, or with
+    `spread` one quad of k, whose 4 values go into 4 tile entries one float each."""
     width4 = (cfg.bm if operand == "a" else cfg.bn) // 4
     tile = f"{operand}_tile"
     index = ("row0" if operand == "a" else "col0") + " + 4u * w4"
@@ -179,9 +185,11 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
         # the far registers receive the tile after next, then move into the near ones once the next is stashed
         prologue = ["    {"] + copy("k_begin", "        ") + ["    }", "    if (k_begin + BK < k_end) {"] + \
             fetch("k_begin + BK", "        ") + ["    }", "    workgroupBarrier();"]
-        fetch_next = ["        if (k0 + 2u * BK < k_end) {"] + fetch("k0 + 2u * BK", "            ", far) + ["        }"]
+        fetch_next = ["        if (k0 + 2u * BK < k_end) {"] + fetch("k0 + 2u * BK", "            ", far) + \
+            ["        }"]
         stash_next = ["        if (k0 + BK < k_end) {"] + stash("(1u - buf)", "            ") + ["        }"]
-        stash_next += [f"        {op}_{i} = {op}_far_{i};" for op, k_fastest in (("a", not transpose_a), ("b", transpose_b))
+        stash_next += [f"        {op}_{i} = {op}_far_{i};"
+                       for op, k_fastest in (("a", not transpose_a), ("b", transpose_b))
                        for i in range(len(_tile_copy(cfg, op, k_fastest, vec4)))]
     elif cfg.double:  # the first tile before the loop; in the loop the next tile's loads overlap the products
         prologue = ["    {"] + copy("k_begin", "        ") + ["    }", "    workgroupBarrier();"]
