@@ -2,7 +2,7 @@
 generated kernel, or a text edit of one, checked against float64 and then timed with `Runtime.time_pass` (back to
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
-    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy]
+    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy | --pipeline]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -20,6 +20,41 @@ their printed errors, are wrong on purpose: only their time means something):
   onetile   also every thread reads the same tile addresses: the inner loop without per-thread index work
   fma       fma() in place of `acc + a * b`
 (session 5's table in BENCHMARKS.md, then a script of its own).
+
+--pipeline: the lesson and mid models' training shapes (their epilogues included), every shipped candidate
+(BLOCK_CONFIGS: the best is what autotune would pick) against deeper pipelines: BlockConfig.ahead = 2 (global
+loads two tiles ahead, a second register set), BlockConfig.spread (vec4 loads along k spread over every thread,
+one quad each, instead of a 4 x 4 block on a quarter of them), BK 8 with 128 threads (cuBLAS's 64x64x8 tile,
+8x4 per thread), 128x64x8/8x8, and `fragments` (each k's tile reads before the previous k's products). H200,
+session 9 (one call: the 2 s heat, then per shape 0.5 s more and the best of 3 rounds; us per call; db =
+64x64x16/8x4 vec4 db, the shipped double-buffered candidate; the next columns change one thing at a time):
+
+| shape, layout, epilogue | shipped best | us | db | +ahead2 | +spread | BK 8 ahead2 spread | 4x4 vec4 spread (1 buffer) | ahead2 fragments | split4 ahead2 |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+| 2048x1536x384 B^T bias+GELU | 64x64x16/4x4 | 103.2 | 127.8 | 126.7 | 118.3 | 110.2 | 110.9 | 126.6 | |
+| 2048x384x1536 B^T bias+residual | 64x64x16/8x4 split4 | 96.5 | 127.3 | 125.9 | 118.0 | 107.9 | 137.8 | 125.9 | 116.5 |
+| 2048x1536x384 nn | 64x64x16/4x4 | 97.6 | 103.0 | 95.7 | 96.9 | 96.2 | 95.4 | 94.5 | |
+| 384x1536x2048 A^T row sums | 64x64x16/8x4 split4 | 95.7 | 128.2 | 131.7 | 131.3 | 136.4 | 166.7 | 131.6 | 104.4 |
+| 2048x384x1536 nn | 64x64x16/8x4 split4 | 96.7 | 116.0 | 105.7 | 108.8 | 117.3 | 131.2 | 105.7 | 99.1 |
+| 1536x384x2048 A^T row sums | 64x64x16/8x4 split4 | 97.1 | 128.6 | 132.0 | 131.7 | 137.0 | 163.7 | 132.1 | 103.5 |
+| 2048x1152x384 B^T bias | 32x64x16/4x4 | 77.1 | 108.9 | 108.0 | 101.0 | 84.4 | 88.0 | 106.8 | |
+| 2048x384x1152 nn | 128x128x16/8x8 split2 vec4 db unpadded | 77.3 | 88.6 | 80.4 | 82.3 | 88.2 | 98.6 | 80.5 | 79.8 |
+| 1152x384x2048 A^T row sums | 128x128x16/8x8 split4 vec4 db unpadded | 65.2 | 85.5 | 88.2 | 87.2 | 98.5 | 113.6 | 87.4 | 74.3 |
+| 2048x384x384 B^T bias+residual | 32x64x16/4x4 | 30.5 | 39.6 | 39.6 | 37.3 | 35.5 | 39.7 | 39.0 | |
+| 2048x1024x256 B^T bias+GELU | 64x64x16/8x4 | 49.8 | 62.8 | 62.6 | 59.6 | 51.3 | 54.3 | 61.3 | |
+| 2048x256x1024 B^T bias+residual | 128x64x32/8x4 split2 | 44.4 | 63.2 | 63.9 | 53.8 | 62.1 | 64.0 | 63.8 | 56.2 |
+| 2048x1024x256 nn | 128x64x16/8x4 | 43.1 | 51.9 | 48.6 | 48.6 | 42.2 | 45.4 | 47.6 | |
+| 1024x256x2048 A^T row sums | 64x64x32/8x4 split4 vec4 | 45.3 | 84.8 | 87.5 | 87.4 | 98.7 | 112.4 | 87.4 | 41.0 |
+| 2048x768x256 B^T bias | 64x64x16/8x4 | 35.2 | 54.6 | 54.9 | 51.8 | 35.1 | 38.2 | 53.8 | |
+
+No design beat the best shipped candidate by 8% on more than one shape: the best new design per shape was
+0.91-1.14x of it (0.907: the lesson's 1024x256x2048 weight gradient, 64x64x16/8x4 split4 vec4 db ahead2, 41.0
+against 45.3 us; 0.97-0.98: 2048x1536x384 nn, 2048x1024x256 nn). Against the double-buffered kernel they
+extend: ahead2 gained 6-9% on every nn shape, lost 3% on the A^T ones, +-1% on B^T; spread then gained 5-16%
+where both operands have k contiguous (B^T), -3% to +1% elsewhere; fragments changed nothing (0.97-1.00: the
+compiler schedules the unrolled tile reads itself); ahead2 on scalar loads (64x64x16/4x4 db) 0-2% slower;
+128x64x8/8x8 db ahead2 lost 5-260% to the best shipped. The winners stay the shipped ones: single-buffered
+scalar-load 64x64 and 32x64 blocks where K <= 384, split-K where K >= 1024 (64x64x16/8x4 split4 mostly).
 
 --check runs every variant once and prints its error (lavapipe); --quick: small shapes.
 """
@@ -56,6 +91,24 @@ def unroll(code, shape):
            re.sub(r"\bk0\b", "k1", re.sub(r"\bbuf\b", "1u", body)) + "        }\n    }\n")
     code = code[:i] + new + code[j + len(end):]
     return code.replace("    var buf = 0u;  // the buffer holding this step's tiles\n", "")
+
+
+def fragments(code, shape):
+    """Each k's A and B fragments read from the tile before the previous k's products, not after them (the
+    fragments of two k live at once: register double-buffering)."""
+    lines = code.split("\n")
+    inner = [i for i, line in enumerate(lines)
+             if re.match(r"        (let [ab]\d+_\d+ = [ab]_tile|acc_\d+_\d+ = )", line)]
+    first, last = inner[0], inner[-1]
+    assert inner == list(range(first, last + 1))
+    loads, products = {}, {}
+    for line in lines[first:last + 1]:
+        kk = int(re.search(r"\b[ab](\d+)_\d+", line.split("=")[1] if "acc_" in line else line).group(1))
+        (products if "acc_" in line else loads).setdefault(kk, []).append(line)
+    body = loads[0]
+    for kk in sorted(products):
+        body += loads.get(kk + 1, []) + products[kk]
+    return "\n".join(lines[:first] + body + lines[last + 1:])
 
 
 def noglobal(code, shape):
@@ -104,8 +157,110 @@ if "--quick" in sys.argv:
              for ta in (False, True) for tb in (False, True)]
 
 
+# --pipeline (session 9): the lesson and mid models' training shapes, (M, N, K, A transposed, B transposed,
+# epilogue parts), every shipped candidate against deeper pipelines and BK 8; NEW_SPLIT only where K >= 1024
+PIPELINE_SHAPES = [
+    (2048, 1536, 384, False, True, ("bias", "activation")), (2048, 384, 1536, False, True, ("bias", "residual")),
+    (2048, 1536, 384, False, False, ()), (384, 1536, 2048, True, False, ("row_sums",)),
+    (2048, 384, 1536, False, False, ()), (1536, 384, 2048, True, False, ("row_sums",)),
+    (2048, 1152, 384, False, True, ("bias",)), (2048, 384, 1152, False, False, ()),
+    (1152, 384, 2048, True, False, ("row_sums",)), (2048, 384, 384, False, True, ("bias", "residual")),
+    (2048, 1024, 256, False, True, ("bias", "activation")), (2048, 256, 1024, False, True, ("bias", "residual")),
+    (2048, 1024, 256, False, False, ()), (1024, 256, 2048, True, False, ("row_sums",)),
+    (2048, 768, 256, False, True, ("bias",)),
+]
+NEW = [C(64, 64, 16, 8, 4, **DB, ahead=2), C(64, 64, 16, 4, 4, **DB, ahead=2), C(64, 64, 8, 8, 4, **DB),
+       C(64, 64, 8, 8, 4, **DB, ahead=2), C(128, 64, 8, 8, 8, **DB, ahead=2),
+       C(128, 128, 16, 8, 8, **DB, pad=False, ahead=2), C(64, 64, 16, 4, 4, vec4=True, spread=True),
+       C(64, 64, 16, 4, 4, **DB, spread=True), C(64, 64, 16, 4, 4, **DB, ahead=2, spread=True),
+       C(64, 64, 16, 8, 4, **DB, ahead=2, spread=True), C(64, 64, 8, 8, 4, **DB, ahead=2, spread=True),
+       C(64, 64, 16, 4, 4, double=True, ahead=2)]
+NEW_SPLIT = [C(64, 64, 16, 8, 4, splits=4, **DB, ahead=2), C(64, 64, 16, 4, 4, splits=4, **DB, ahead=2, spread=True),
+             C(64, 64, 16, 8, 4, splits=4, **DB, ahead=2, spread=True),
+             C(128, 128, 16, 8, 8, splits=2, **DB, pad=False, ahead=2)]
+EDITS = [(C(64, 64, 16, 8, 4, **DB), "fragments"), (C(64, 64, 16, 8, 4, **DB, ahead=2), "fragments")]
+
+
+def pipeline(gpu):
+    """--pipeline: per shape the best shipped candidate (what autotune would pick) against each new design."""
+    from tinynn_gpu.matmul import BLOCK_CONFIGS
+    rt = gpu.rt
+    g = np.random.default_rng(0)
+    shipped_generate = blocked.generate
+    kernels = {}  # (config, edit) -> BlockedMatmul, shared by the shapes (one module per layout)
+
+    def kernel(config, edit):
+        if (config, edit) not in kernels:
+            kernels[config, edit] = BlockedMatmul(rt, config)
+        return kernels[config, edit]
+
+    def generator(edit):
+        def generate(cfg, ta, tb, vec4=False, aligned=False):
+            code = shipped_generate(cfg, ta, tb, vec4, aligned)
+            return code if edit is None else globals()[edit](code, None)
+        return generate
+    check = "--check" in sys.argv
+    shapes = [(m // 8, n // 8, k, *rest) for m, n, k, *rest in PIPELINE_SHAPES[:6]] + \
+        [(100, 70, 333, False, True, ()), (70, 100, 333, False, False, ()), (100, 70, 333, True, False, ())] \
+        if check else PIPELINE_SHAPES
+    heat = 2.0  # seconds of load before the first shape's timing (the clock), less before the next ones'
+    for m, n, k, ta, tb, parts in shapes:
+        started = time.perf_counter()
+        a_host = g.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+        b_host = g.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+        want = (a_host.T if ta else a_host).astype(np.float64) @ (b_host.T if tb else b_host)
+        a, b, out = gpu.from_numpy(a_host), gpu.from_numpy(b_host), rt.empty((m, n))
+        epilogue = blocked.Epilogue(
+            gpu.from_numpy(g.standard_normal(n, dtype=np.float32)) if "bias" in parts else None,
+            "gelu" if "activation" in parts else None, rt.empty((m, n)) if "activation" in parts else None,
+            gpu.from_numpy(g.standard_normal((m, n), dtype=np.float32)) if "residual" in parts else None,
+            rt.empty((m,)) if "row_sums" in parts else None)
+        entries = [] if check else [(c, None) for c in BLOCK_CONFIGS]
+        entries += [(c, None) for c in NEW + NEW_SPLIT * (k >= 1024 or check)] + EDITS
+        runs = []
+        for config, edit in entries:
+            variant = kernel(config, edit)
+            blocked.generate = generator(edit)  # compiles with it on first use of a layout
+            variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True)  # the plain product, checked
+            err = np.abs(gpu.to_numpy(out) - want).max() / np.abs(want).max()
+
+            def call(variant=variant, a=a, b=b, out=out, m=m, n=n, k=k, ta=ta, tb=tb, epilogue=epilogue):
+                variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True, epilogue)
+            call()
+            name = config.name + (f" {edit}" if edit else "")
+            runs.append((name, config in BLOCK_CONFIGS and edit is None, call, err))
+        blocked.generate = shipped_generate
+        label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {'+'.join(parts) or '-'}"
+        if check:
+            for name, _, _, err in runs:
+                print(f"{label:<42} {name:<40} err {err:.1e}", flush=True)
+            continue
+        rt.sync()
+        compiled = time.perf_counter()
+        heat_until = compiled + heat
+        while time.perf_counter() < heat_until:  # all of them: the clock up, every code path warm
+            for _, _, call, _ in runs:
+                call()
+            rt.sync()
+        heat = 0.5
+        times = {}
+        for _ in range(3):  # rounds over all of them, the best of each kept: a drifting clock hits all alike
+            for name, _, call, _ in runs:
+                times[name] = min(times.get(name, float("inf")), rt.time_pass(call, 10) * 1e3)
+        best = min((name for name, shipped, _, _ in runs if shipped), key=times.get)
+        print(f"{label}: shipped best {best} {times[best]:.1f} us ({2 * m * n * k / times[best] / 1e6:.1f} TFLOP/s)"
+              f" [setup {compiled - started:.1f} s, timing {time.perf_counter() - compiled:.1f} s]")
+        for name, shipped, _, err in runs:
+            if not shipped:
+                print(f"    {name:<46} {times[name]:7.1f} us {times[name] / times[best]:5.3f} err {err:.1e}")
+        print("    shipped: " + ", ".join(f"{name} {times[name]:.1f}" for name, shipped, _, _ in
+                                          sorted(runs, key=lambda r: times[r[0]]) if shipped), flush=True)
+
+
 def main():
     gpu = backends.select("gpu")
+    if "--pipeline" in sys.argv:
+        return pipeline(gpu)
     rt = gpu.rt
     g = np.random.default_rng(0)
     shipped = blocked.generate

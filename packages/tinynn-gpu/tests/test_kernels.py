@@ -91,7 +91,16 @@ def epilogue_for(case, gpu):
     return epilogue, expected
 
 
-@pytest.mark.parametrize("config", BLOCK_CONFIGS, ids=lambda c: c.name)
+# generator options no shipped candidate uses (BlockConfig.ahead, .spread), for experiments/matmul_designs.py;
+# each within the 32 KB of workgroup memory lavapipe offers
+DESIGN_CONFIGS = (BlockConfig(64, 64, 16, 8, 4, vec4=True, double=True, ahead=2),
+                  BlockConfig(64, 64, 8, 8, 4, vec4=True, double=True, ahead=2, spread=True),
+                  BlockConfig(32, 64, 16, 4, 4, splits=4, vec4=True, double=True, ahead=2, spread=True),
+                  BlockConfig(32, 32, 16, 4, 4, double=True, ahead=2),
+                  BlockConfig(64, 32, 16, 4, 4, vec4=True, spread=True))
+
+
+@pytest.mark.parametrize("config", BLOCK_CONFIGS + DESIGN_CONFIGS, ids=lambda c: c.name)
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=matmul_cases)
 def test_blocked_matmul_every_variant(poisoned, config, case):
@@ -140,7 +149,7 @@ def test_lesson_matmul_leaves_the_epilogue_to_the_backend(poisoned, case):
 quads = st.integers(1, 40).map(lambda q: 4 * q)
 
 
-@pytest.mark.parametrize("config", [c for c in BLOCK_CONFIGS if c.vec4], ids=lambda c: c.name)
+@pytest.mark.parametrize("config", [c for c in BLOCK_CONFIGS + DESIGN_CONFIGS if c.vec4], ids=lambda c: c.name)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=st.tuples(st.integers(1, 2), quads, quads, st.one_of(quads, st.sampled_from([260, 516])), st.booleans(),
                       st.booleans(), st.booleans(), st.integers(0, 2**31)))
@@ -151,7 +160,7 @@ def test_vec4_loads(poisoned, config, case):
     check_blocked(poisoned, config, case)
 
 
-@pytest.mark.parametrize("config", BLOCK_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("config", BLOCK_CONFIGS + DESIGN_CONFIGS, ids=lambda c: c.name)
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.booleans(),
                       st.booleans(), st.booleans(), st.integers(0, 2**31)))
@@ -167,6 +176,16 @@ def test_aligned_tiles_load_unchecked(poisoned, config, case):
     assert matmul.record(da, db, out, batch, m, n, k, ta, tb, shared, epilogue)
     assert [layout[3] for layout in matmul.modules] == [True]
     assert_matmul_result(poisoned, out, epilogue, expected, a, b, ta, tb)
+
+
+@pytest.mark.parametrize("config", [BlockConfig(64, 64, 16, 4, 4, ahead=2),
+                                    BlockConfig(64, 64, 16, 4, 4, double=True, ahead=3),
+                                    BlockConfig(64, 64, 4, 4, 4, vec4=True, spread=True),
+                                    BlockConfig(40, 64, 16, 4, 4, vec4=True, spread=True)], ids=lambda c: c.name)
+def test_design_options_refuse_what_they_cannot_do(config):
+    """Loads two tiles ahead need the second tile buffer; spread loads a warp's 2 quads of k by 16 rows."""
+    with pytest.raises(ValueError, match="tiles ahead, 2 only|spread loads need"):
+        config.check()
 
 
 def test_a_split_without_work_is_not_aligned():

@@ -13,6 +13,7 @@ import pytest
 from tinynn_gpu import attention, group_sum, matmul_blocked, multi_tensor, packing
 from tinynn_gpu.context import KERNEL_FILES, kernel_source
 from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, lesson_source
+from tinynn_gpu.matmul_blocked import BlockConfig
 
 if os.environ.get("TINYNN_REQUIRE_GPU") == "1":  # nox's tests-gpu installs it: there it must run
     import wgpudawn
@@ -32,7 +33,9 @@ def tint():
 def every_kernel():
     yield from ((name, kernel_source(name)) for name in KERNEL_FILES)
     yield from ((f"lesson{tile}", lesson_source(tile)) for tile in LESSON_TILES)
-    for config in BLOCK_CONFIGS:
+    designs = (BlockConfig(64, 64, 16, 8, 4, vec4=True, double=True, ahead=2),  # options no candidate uses
+               BlockConfig(64, 64, 8, 4, 4, vec4=True, double=True, ahead=2, spread=True))
+    for config in BLOCK_CONFIGS + designs:
         for ta in (False, True):
             for tb in (False, True):
                 yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)

@@ -43,6 +43,14 @@ class BlockConfig:
     splits: int = 1  # split-K: this many workgroups share each output block's K range
     vec4: bool = False  # global loads of 4 floats at once where the shape allows (`uses_vec4`)
     double: bool = False  # two tiles in workgroup memory: the next one's loads overlap this one's products
+    # Two designs that no shipped candidate uses (they lost to the shipped kernels on the lesson and mid models'
+    # shapes, H200: experiments/matmul_designs.py --pipeline), kept for further experiments:
+    # ahead = 2 (double-buffered): the global loads run two tiles ahead, into a second set of registers, so that
+    # a load has two steps of products to arrive in instead of one;
+    ahead: int = 1
+    # spread: vec4 loads of an operand stored with k contiguous give each thread one quad of k, written into 4
+    # tile rows, instead of a 4 x 4 block transposed (which leaves three quarters of the threads without loads).
+    spread: bool = False
     # each tile row padded by a vec4, against bank conflicts where a warp stores neighbouring k of a row (scalar
     # loads of an operand stored with k contiguous); vec4-load stashes write 512 bytes a warp, 4 wavefronts
     # either way. Unpadded, 128x128x16 double-buffered tiles take 32 KB, which every Vulkan adapter offers.
@@ -52,7 +60,7 @@ class BlockConfig:
     def name(self) -> str:
         split = f" split{self.splits}" if self.splits > 1 else ""
         return (f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}{' vec4' * self.vec4}{' db' * self.double}"
-                f"{' unpadded' * (not self.pad)}")
+                f"{' unpadded' * (not self.pad)}{f' ahead{self.ahead}' * (self.ahead > 1)}{' spread' * self.spread}")
 
     @property
     def buffers(self) -> int:
@@ -81,20 +89,27 @@ class BlockConfig:
         if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk < 1 or \
                 (self.vec4 and self.bk % 4):
             raise ValueError(f"matmul config {self.name}: TM, TN must be multiples of 4 dividing BM, BN")
+        if self.spread and (self.bk % 8 or self.bm % 16 or self.bn % 16):  # a warp's 2 quads of k by 16 rows
+            raise ValueError(f"matmul config {self.name}: spread loads need BK a multiple of 8, BM and BN of 16")
+        if self.ahead not in (1, 2) or (self.ahead > 1 and not self.double):
+            raise ValueError(f"matmul config {self.name}: loads run 1 or 2 tiles ahead, 2 only double-buffered")
         if not 1 <= self.threads <= max_threads:
             raise ValueError(f"matmul config {self.name}: {self.threads} threads, the device allows {max_threads}")
         if self.workgroup_bytes > max_workgroup_bytes:
             raise ValueError(f"matmul config {self.name}: tiles exceed {max_workgroup_bytes} bytes of workgroup memory")
 
 
-def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> list[tuple[str, str, str]]:
+def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, registers: str = "") \
+        -> list[tuple[str, str, str]]:
     """One operand's tile copy (BK x B{M,N}, stored as vec4 along m or n) as (opening, fetch, stash) per slot
     of a thread: the opening is a guard where not every thread has the slot and the slot's place in the tile;
-    fetch reads global memory into the registers {operand}_{slot}, stash writes them into the workgroup tile
-    in buffer `{operand}_buf`, rows of BM/4 (or BN/4) vec4s, padded by one where the config asks. Fetch takes its tile's first k as
-    `{origin}`, so that double buffering can fetch the next tile while the current one is in use.
+    fetch reads global memory into the registers {operand}{registers}_{slot}, stash writes them into the
+    workgroup tile in buffer `{operand}_buf`, rows of BM/4 (or BN/4) vec4s, padded by one where the config asks.
+    Fetch takes its tile's first k as `{origin}`, so that double buffering can fetch the next tile while the
+    current one is in use.
     Scalar loads: each slot is one tile entry. vec4 loads: along m (or n) a quad is one tile entry; along k
-    a thread loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries."""
+    a thread loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries, or with
+    `spread` one quad of k, whose 4 values go into 4 tile entries one float each."""
     width4 = (cfg.bm if operand == "a" else cfg.bn) // 4
     tile = f"{operand}_tile"
     index = ("row0" if operand == "a" else "col0") + " + 4u * w4"
@@ -103,11 +118,20 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> l
         return f"load_a{'4' * vec4}(a_base, {i}, {k}, k_end)" if operand == "a" else \
             f"load_b{'4' * vec4}(b_base, {k}, {i}, k_end)"
     quads = vec4 and k_fastest
-    total = width4 * (cfg.bk // 4) if quads else cfg.bk * width4
+    total = width4 * (cfg.bk // 4) * (4 if cfg.spread else 1) if quads else cfg.bk * width4
     copies = []
     for i in range(-(-total // cfg.threads)):
-        slot, reg = f"lid + {i * cfg.threads}u", f"{operand}_{i}"
-        if quads:  # neighbouring threads take neighbouring quads of k
+        slot, reg = f"lid + {i * cfg.threads}u", f"{operand}{registers}_{i}"
+        if quads and cfg.spread:
+            # a warp takes 2 quads of k (32 bytes of a row: whole sectors) of 16 rows, so that its stores into the
+            # padded tile (4 rows of k 16 banks apart) hit 32 banks once each
+            first = ("row0" if operand == "a" else "col0") + " + r"
+            where = (f"let kq = ({slot}) % 2u + 2u * ((({slot}) / 32u) % {cfg.bk // 8}u); "
+                     f"let r = (({slot}) / 2u) % 16u + 16u * (({slot}) / {16 * cfg.bk // 4}u);")
+            fetch = f"{reg} = {load(first, '{origin} + 4u * kq')};"
+            stash = " ".join(f"{tile}[{operand}_buf][4u * kq + {j}u][r / 4u][r % 4u] = {reg}.{x};"
+                             for j, x in enumerate(XYZW))
+        elif quads:  # neighbouring threads take neighbouring quads of k
             where = f"let kq = ({slot}) % {cfg.bk // 4}u; let w4 = ({slot}) / {cfg.bk // 4}u;"
             fetch = " ".join(f"{reg}[{c}] = {load(f'{index} + {c}u', '{origin} + 4u * kq')};" for c in range(4))
             stash = " ".join(f"{tile}[{operand}_buf][4u * kq + {j}u][w4] = "
@@ -126,9 +150,10 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> l
     return copies
 
 
-def _registers(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool) -> list[str]:
-    kind = "array<vec4<f32>, 4>" if vec4 and k_fastest else "vec4<f32>"
-    return [f"    var {operand}_{i}: {kind};" for i in range(len(_tile_copy(cfg, operand, k_fastest, vec4)))]
+def _registers(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, registers: str = "") -> list[str]:
+    kind = "array<vec4<f32>, 4>" if vec4 and k_fastest and not cfg.spread else "vec4<f32>"
+    return [f"    var {operand}{registers}_{i}: {kind};"
+            for i in range(len(_tile_copy(cfg, operand, k_fastest, vec4)))]
 
 
 def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False, aligned: bool = False) -> str:
@@ -141,8 +166,12 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
     declare += [f"    let b_column_{q} = tx + {q}u * THREADS_N;" for q in range(qn)]
     declare += _registers(cfg, "a", not transpose_a, vec4) + _registers(cfg, "b", transpose_b, vec4)
     copies = _tile_copy(cfg, "a", not transpose_a, vec4) + _tile_copy(cfg, "b", transpose_b, vec4)
+    if cfg.ahead > 1:  # a second set of registers, `far`, receives the tile after the next one
+        declare += _registers(cfg, "a", not transpose_a, vec4, "_far") + \
+            _registers(cfg, "b", transpose_b, vec4, "_far")
+        far = _tile_copy(cfg, "a", not transpose_a, vec4, "_far") + _tile_copy(cfg, "b", transpose_b, vec4, "_far")
 
-    def fetch(origin, indent):
+    def fetch(origin, indent, copies=copies):
         return [f"{indent}{where}{f.format(origin=origin)} }}" for where, f, _ in copies]
 
     def stash(buffer, indent):
@@ -152,7 +181,17 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
     def copy(origin, indent):  # fetch and stash in one statement: no register lives past it
         return [f"{indent}let a_buf = 0u;", f"{indent}let b_buf = 0u;"] + \
             [f"{indent}{where}{f.format(origin=origin)} {s} }}" for where, f, s in copies]
-    if cfg.double:  # the first tile before the loop; in the loop the next tile's loads overlap the products
+    if cfg.double and cfg.ahead > 1:  # the first tile stashed and the second fetched before the loop; in the loop
+        # the far registers receive the tile after next, then move into the near ones once the next is stashed
+        prologue = ["    {"] + copy("k_begin", "        ") + ["    }", "    if (k_begin + BK < k_end) {"] + \
+            fetch("k_begin + BK", "        ") + ["    }", "    workgroupBarrier();"]
+        fetch_next = ["        if (k0 + 2u * BK < k_end) {"] + fetch("k0 + 2u * BK", "            ", far) + \
+            ["        }"]
+        stash_next = ["        if (k0 + BK < k_end) {"] + stash("(1u - buf)", "            ") + ["        }"]
+        stash_next += [f"        {op}_{i} = {op}_far_{i};"
+                       for op, k_fastest in (("a", not transpose_a), ("b", transpose_b))
+                       for i in range(len(_tile_copy(cfg, op, k_fastest, vec4)))]
+    elif cfg.double:  # the first tile before the loop; in the loop the next tile's loads overlap the products
         prologue = ["    {"] + copy("k_begin", "        ") + ["    }", "    workgroupBarrier();"]
         fetch_next = ["        if (k0 + BK < k_end) {"] + fetch("k0 + BK", "            ") + ["        }"]
         stash_next = ["        if (k0 + BK < k_end) {"] + stash("(1u - buf)", "            ") + ["        }"]
