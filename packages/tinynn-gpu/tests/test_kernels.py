@@ -91,8 +91,8 @@ def epilogue_for(case, gpu):
     return epilogue, expected
 
 
-# generator options no shipped candidate uses (BlockConfig.ahead, .spread), for experiments/matmul_designs.py;
-# each within the 32 KB of workgroup memory lavapipe offers
+# the generator's other designs (BlockConfig.ahead, .spread) for experiments/matmul_designs.py, beyond the one
+# shipped candidate with ahead = 2; each within the 32 KB of workgroup memory lavapipe offers
 DESIGN_CONFIGS = (BlockConfig(64, 64, 16, 8, 4, vec4=True, double=True, ahead=2),
                   BlockConfig(64, 64, 8, 8, 4, vec4=True, double=True, ahead=2, spread=True),
                   BlockConfig(32, 64, 16, 4, 4, splits=4, vec4=True, double=True, ahead=2, spread=True),

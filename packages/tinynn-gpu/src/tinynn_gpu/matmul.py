@@ -56,10 +56,13 @@ BLOCK_CONFIGS = (
     BlockConfig(128, 128, 16, 8, 8, splits=2, vec4=True, double=True, pad=False),
     BlockConfig(128, 128, 16, 8, 8, splits=4, vec4=True, double=True, pad=False),
     BlockConfig(64, 64, 16, 8, 4, vec4=True, double=True),
+    # global loads two tiles ahead: the lesson's 1024x256x2048 weight gradient 45.3 -> 41.0 us, the one shape of
+    # the lesson's and mid's where a design of the session-9 probe beat every other candidate by 8%
+    BlockConfig(64, 64, 16, 8, 4, splits=4, vec4=True, double=True, ahead=2),
 )
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
-# 5: aligned tiles load unchecked, double-buffered 128x128 candidates
-CACHE_VERSION = 5
+# 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead
+CACHE_VERSION = 6
 
 
 def lesson_source(tile: int) -> str:

@@ -43,13 +43,14 @@ class BlockConfig:
     splits: int = 1  # split-K: this many workgroups share each output block's K range
     vec4: bool = False  # global loads of 4 floats at once where the shape allows (`uses_vec4`)
     double: bool = False  # two tiles in workgroup memory: the next one's loads overlap this one's products
-    # Two designs that no shipped candidate uses (they lost to the shipped kernels on the lesson and mid models'
-    # shapes, H200: experiments/matmul_designs.py --pipeline), kept for further experiments:
+    # Two pipeline designs (H200, experiments/matmul_designs.py --pipeline): on the lesson and mid models' shapes
+    # only one candidate of the first beat the other candidates by 8% (matmul.py), and none of the second:
     # ahead = 2 (double-buffered): the global loads run two tiles ahead, into a second set of registers, so that
     # a load has two steps of products to arrive in instead of one;
     ahead: int = 1
     # spread: vec4 loads of an operand stored with k contiguous give each thread one quad of k, written into 4
-    # tile rows, instead of a 4 x 4 block transposed (which leaves three quarters of the threads without loads).
+    # tile rows, instead of a 4 x 4 block transposed (which leaves three quarters of the threads without loads);
+    # no shipped candidate uses it (kept for the probe: 5-16% faster on B-transposed shapes than without it).
     spread: bool = False
     # each tile row padded by a vec4, against bank conflicts where a warp stores neighbouring k of a row (scalar
     # loads of an operand stored with k contiguous); vec4-load stashes write 512 bytes a warp, 4 wavefronts

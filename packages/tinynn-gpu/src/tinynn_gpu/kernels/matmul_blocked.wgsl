@@ -18,8 +18,8 @@
 // (BUFFERS = 2) keep two tiles: the next step's global loads go into registers before this step's products and
 // into the other buffer after them, so their latency hides behind the arithmetic, with one barrier per step.
 // The generator can also run those loads two tiles ahead (BlockConfig.ahead, a second set of registers) and
-// spread vec4 loads along k over every thread (BlockConfig.spread); on the lesson and mid models' shapes neither
-// beat the shipped candidates (H200, session 9: experiments/matmul_designs.py --pipeline), so none uses them.
+// spread vec4 loads along k over every thread (BlockConfig.spread); on the lesson and mid models' shapes only the
+// first won, on one shape (H200, session 9: experiments/matmul_designs.py --pipeline): one candidate uses it.
 // Edges: out-of-range loads read 0 and out-of-range stores are skipped; no thread leaves before a barrier.
 // Aligned variants, for shapes whose every tile lies whole inside the operands (M, N, K multiples of BM, BN,
 // BK, no empty split), load without those checks: the branch around each load cost the double-buffered kernels
