@@ -57,7 +57,9 @@ BLOCK_CONFIGS = (
     BlockConfig(128, 128, 16, 8, 8, splits=4, vec4=True, double=True, pad=False),
     BlockConfig(64, 64, 16, 8, 4, vec4=True, double=True),
     # global loads two tiles ahead: the lesson's 1024x256x2048 weight gradient 45.3 -> 41.0 us, the one shape of
-    # the lesson's and mid's where a design of the session-9 probe beat every other candidate by 8%
+    # the lesson's and mid's where a design of the session-9 probe beat every other candidate by 8%. The H200's
+    # autotune takes it for both lesson MLP weight gradients and mid's 2048x384x1536 input gradient; 128x128
+    # blocks loading two tiles ahead won none of the big model's shapes (session 9's final call)
     BlockConfig(64, 64, 16, 8, 4, splits=4, vec4=True, double=True, ahead=2),
 )
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;

@@ -14,10 +14,14 @@ dispatches at once and handed the rest to a thread): lesson 3.36-3.46 ms per ste
 
 The step's dispatches go in command buffers of growing size, each submitted on its own (`FIRST_CHUNK`,
 `CHUNK_GROWTH`), so that the GPU starts once the first, small, one is submitted and runs it while the host
-submits the rest: a submission costs the H200's host ~30 us plus ~1 us per dispatch. Whole-step buffers
-against chunks of 16, 32, 64, ... (`experiments/replay_chunks.py`, session 9, alternated in one process, two
-rounds, ms per step; its `16x2` setting): lesson 3.036 against 3.040-3.087, mid 7.98-8.02 against 7.86-7.89, big 38.96-39.06
-against 38.73-38.85; first chunks of 4 or 8 gained less.
+submits the rest: a submission costs the H200's host ~30 us plus ~1 us per dispatch. The last `LAST_CHUNK`
+dispatches get one of their own, and the next read-back waits for the step's other submissions first
+(`Runtime.step_submissions`, NativeCalls.read): wgpu cleans up after a finished submission in the poll that
+finds it done, ~155 us for a whole lesson or mid step on the H200, and that now runs while the GPU works on
+the last chunk instead of after it. Against whole-step command buffers (`experiments/replay_chunks.py`, H200,
+session 9's final call, alternated in one process, ms per step): lesson 2.977, 2.867 against 3.016, 3.032;
+mid 7.492, 7.588 against 7.721, 7.707; big 38.689 against 39.008. Chunks alone (16, 32, 64, ..., an earlier
+call) gained less: mid 7.86-7.89 against 7.98-8.02, lesson nothing; first chunks of 4 or 8 no more.
 
 A step's staged inputs (its token ids, targets and optimizer values, `Runtime.write`) go up in one queue
 write and are copied in at the start of its first command buffer, so an `Ahead` is used only by a replay
