@@ -13,9 +13,10 @@
    runs inside whichever poll first finds them done.
 
 H200, session 9 (a prototype of this script, on a build whose replay's first command buffer held 8 dispatches,
-without the read-back's early waits; lesson / mid): the input writes, optimizer values and guard key took 101 /
-100 us of Python, the replay's queue write 33 / 30, its first submission 60 / 54 us; an empty submission 28 us, with a 16 KB write 37, an idle read-back 99 us; a poll 1
-us idle, 158 / 153 us after a finished step.
+without the read-back's early waits; lesson / mid): the input writes, optimizer values and guard key took
+101 / 100 us of Python, the replay's queue write 33 / 30, its first submission 60 / 54 us; an empty
+submission 28 us, with a 16 KB write 37, an idle read-back 99 us; a poll 1 us idle, 158 / 153 us after a
+finished step.
 """
 import argparse
 import collections
