@@ -1,5 +1,5 @@
-"""The runtime's memory accounting, its pool's trimming, and the out-of-memory error; staged writes; kept launches; bench's GPU
-figures."""
+"""The runtime's memory accounting, its pool's trimming, and the out-of-memory error; staged writes; kept
+launches; bench's GPU figures."""
 import gc
 import json
 
