@@ -4,7 +4,8 @@ and submits only when it must, the read-backs, and the replay of captured steps.
 - The arrays and their buffer pool: pool.py (`GpuArray`, `BufferPool`, which `Runtime` extends).
 - Caches: shader modules by the hash of their WGSL, pipelines by (module, entry point); uniform buffers
   by their bytes; bind groups by (pipeline, buffers), because creating a bind group costs ~50 us and a
-  training step repeats them all.
+  training step repeats them all; an op's prepared dispatches (`Launch`: pipeline, slots, uniform,
+  workgroups) by its shapes and parameters (`keep`), so that an eager op's repeat packs nothing.
 - Recording goes through wgpu-native's C functions directly where `native.probe` found them working
   (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods: `encoder` and
   `compute_pass` then hold native handles, not wgpu-py objects, and every command goes through the
