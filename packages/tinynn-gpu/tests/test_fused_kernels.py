@@ -27,16 +27,17 @@ def rel_err(actual, expected):
 
 def dispatches(gpu, fn):
     """fn()'s result and how many kernels it dispatched (the poisoning fills not counted)."""
-    entries, plain = [], gpu.rt.dispatch
+    entries, plain = [], gpu.rt.launch
 
-    def counted(module_name, entry, *args, **kwargs):
-        entries.append(entry)
-        return plain(module_name, entry, *args, **kwargs)
-    gpu.rt.dispatch = counted
+    def counted(launch, arrays):  # every dispatch, prepared afresh or kept, is launched
+        if launch is not None:
+            entries.append(launch.entry)
+        return plain(launch, arrays)
+    gpu.rt.launch = counted
     try:
         result = fn()
     finally:
-        del gpu.rt.dispatch
+        del gpu.rt.launch
     return result, sum(entry != "fill_main" for entry in entries)
 
 

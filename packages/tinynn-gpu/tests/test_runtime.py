@@ -1,5 +1,5 @@
-"""The runtime's memory accounting, its pool's trimming, and the out-of-memory error; staged writes; bench's GPU
-figures."""
+"""The runtime's memory accounting, its pool's trimming, and the out-of-memory error; staged writes; kept
+launches; bench's GPU figures."""
 import gc
 import json
 
@@ -189,3 +189,49 @@ def test_time_pass_times_back_to_back_dispatches_in_one_pass(gpu):
     assert np.array_equal(gpu.to_numpy(sums[-1]), 2 * np.arange(1 << 16, dtype=np.float32))
     with pytest.raises(RuntimeError, match="inside a captured step or a profile"):
         rt.profile(lambda: rt.time_pass(lambda: None, 1))
+
+
+def test_kept_launches_run_on_the_arrays_and_parameters_of_each_call(gpu, rng):
+    """The forwards that keep their prepared dispatch (Runtime.keep, the blocked matmul's plans) against the NumPy
+    reference at one shape, called again with other arrays (the first ones freed, their buffers reused), other
+    parameters (eps, ignore_index, the linear's epilogue) and a split-K variant: a kept launch that bound stale
+    arrays or parameters would give the first call's answer."""
+    ref = backends.reference()
+    n, c, heads, seq = 24, 32, 2, 12
+
+    def close(got, want):
+        np.testing.assert_allclose(gpu.to_numpy(got), want, rtol=1e-4, atol=1e-5)
+
+    def data(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+    kept = len(gpu.rt.launches)
+    for call in range(3):
+        x, w, b, res = data(n, c), data(3 * c, c), data(3 * c), data(n, 3 * c)
+        eps, ignore = (1e-5, 1e-3, 1e-5)[call], (-100, 3, -100)[call]
+        y, _, _ = gpu.layernorm_forward(gpu.from_numpy(x), gpu.from_numpy(w[0]), gpu.from_numpy(b[:c]), eps, False)
+        close(y, ref.layernorm_forward(x, w[0], b[:c], eps)[0])
+        epilogues = [dict(bias=b), dict(bias=b, activation="gelu"), dict(residual=res)]
+        for variant in ("blocked 32x64x16/4x4", "blocked 64x64x16/8x4 split4"):  # split-K: a finish dispatch
+            gpu.mm.forced = variant
+            try:
+                parts = epilogues[call]
+                got, _ = gpu.linear_forward(gpu.from_numpy(x), gpu.from_numpy(w), **{
+                    k: v if isinstance(v, str) else gpu.from_numpy(v) for k, v in parts.items()}, for_backward=False)
+            finally:
+                gpu.mm.forced = None
+            close(got, ref.linear_forward(x, w, **parts)[0])
+        targets = rng.integers(0, 3 * c, n)
+        targets[::5] = ignore
+        loss, _, _ = gpu.cross_entropy_forward(gpu.from_numpy(res), gpu.from_numpy(targets), ignore, False)
+        close(loss, ref.cross_entropy_forward(res, targets, ignore)[0])
+        idx = rng.integers(0, n, (2, seq))
+        close(gpu.embedding_with_positions_forward(gpu.from_numpy(x), gpu.from_numpy(res[:seq, :c]),
+                                                   gpu.from_numpy(idx)),
+              ref.embedding_with_positions_forward(x, res[:seq, :c], idx))
+        qkv = data(2, seq, 3 * c)
+        y, _ = gpu.attention_forward(gpu.from_numpy(qkv), heads, 0.25, False)
+        close(y, ref.attention_forward(qkv, heads, 0.25)[0])
+        del x, y, loss
+        gc.collect()
+    # a launch per op and setting (eps, ignore_index: two each), none more for the repeats
+    assert len(gpu.rt.launches) - kept <= 2 + 2 + 1 + 1

@@ -345,8 +345,11 @@ class Attention:
         batch, seq, c3 = qkv.shape
         shader, tile = self._tiled_shader(c3 // 3 // n_head)
         shader, rows = self._shader(c3 // 3 // n_head) if shader is None else (shader, tile.rows)
-        self.rt.dispatch(shader, "attention_forward_main", (-(-seq // rows), batch * n_head, 1),
-                         {0: qkv, 2: y, 4: lse}, {"seq": seq, "n_head": n_head, "scale": scale})
+        rt, key = self.rt, ("attention_forward", shader, batch, seq, n_head, scale)
+        launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
+            shader, "attention_forward_main", (-(-seq // rows), batch * n_head, 1), (0, 2, 4),
+            {"seq": seq, "n_head": n_head, "scale": scale}))
+        rt.launch(launch, (qkv, y, lse))
 
     def backward_scratch(self, qkv_shape: tuple, n_head: int) -> tuple:
         """The shape of `backward`'s scratch: the tiled kernels' dQ slices, or the per-row kernels' delta."""

@@ -402,10 +402,12 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
-        shader = group_sum.shader(self.rt, "layernorm")
-        self.rt.dispatch(shader, "layernorm_forward_main", -(-rows // group_sum.TEAM_ROWS),
-                         {0: bindable(x), 1: bindable(w), 2: bindable(b), 4: y, 5: mean, 6: rstd},
-                         {"rows": rows, "cols": c, "eps": eps})
+        rt, shader = self.rt, group_sum.shader(self.rt, "layernorm")
+        key = ("layernorm_forward", shader, rows, c, eps)
+        launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
+            shader, "layernorm_forward_main", -(-rows // group_sum.TEAM_ROWS), (0, 1, 2, 4, 5, 6),
+            {"rows": rows, "cols": c, "eps": eps}))
+        rt.launch(launch, (bindable(x), bindable(w), bindable(b), y, mean, rstd))
         return (y, mean, rstd) if for_backward else (y, None, None)
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
@@ -435,12 +437,20 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         n, c = logits.shape
         rows, loss = self._empty((n, 2)), self._empty(())
         probs, count = self._for_backward((n, c), for_backward), self._for_backward((), for_backward, 1)
-        params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
-        bindings = {0: bindable(logits), 1: bindable(targets), 2: probs, 4: rows, 8: self.rt.error_flags}
-        shader = group_sum.shader(self.rt, "cross_entropy")
-        self.rt.dispatch(shader, "cross_entropy_forward_rows_main", -(-n // group_sum.TEAM_ROWS), bindings, params)
-        self.rt.dispatch(shader, "cross_entropy_forward_mean_main", 1, {4: rows, 5: loss, 9: count}, params)
+        rt, shader = self.rt, group_sum.shader(self.rt, "cross_entropy")
+        key = ("cross_entropy_forward", shader, n, c, int(ignore_index))
+        launches = rt.launches.get(key) or rt.keep(key, self._cross_entropy_forward_launches(shader, n, c, ignore_index))
+        rt.launch(launches[0], (bindable(logits), bindable(targets), probs, rows, rt.error_flags))
+        rt.launch(launches[1], (rows, loss, count))
         return (loss, probs, count) if for_backward else (loss, None, None)
+
+    def _cross_entropy_forward_launches(self, shader, n, c, ignore_index) -> tuple:
+        """The rows' dispatch (logits 0, targets 1, probs 2, rows 4, flags 8), then the mean's (rows 4, loss 5,
+        count 9)."""
+        params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
+        return (self.rt.prepare(shader, "cross_entropy_forward_rows_main", -(-n // group_sum.TEAM_ROWS),
+                                (0, 1, 2, 4, 8), params),
+                self.rt.prepare(shader, "cross_entropy_forward_mean_main", 1, (4, 5, 9), params))
 
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index, count=None):
         _check_dtypes("cross_entropy_backward", probs, g_loss, *([] if count is None else [count]), targets)
@@ -483,10 +493,13 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
     def embedding_with_positions_forward(self, wte, wpe, idx):
         _check_dtypes("embedding_with_positions_forward", wte, wpe, idx)
         v, c = wte.shape
-        out = self._empty(idx.shape + (c,))
-        self.rt.dispatch("embedding", "embedding_with_positions_forward_main", groups(out.size),
-                         {0: bindable(wte), 5: bindable(wpe), 1: bindable(idx), 2: out, 8: self.rt.error_flags},
-                         {"total": out.size, "cols": c, "rows": v, "positions": idx.shape[-1]})
+        out, rt = self._empty(idx.shape + (c,)), self.rt
+        total = out.size
+        key = ("embedding_with_positions_forward", total, c, v, idx.shape[-1])
+        launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
+            "embedding", "embedding_with_positions_forward_main", groups(total), (0, 5, 1, 2, 8),
+            {"total": total, "cols": c, "rows": v, "positions": idx.shape[-1]}))
+        rt.launch(launch, (bindable(wte), bindable(wpe), bindable(idx), out, rt.error_flags))
         return out
 
     def embedding_with_positions_backward(self, g, idx, num_embeddings, num_positions):

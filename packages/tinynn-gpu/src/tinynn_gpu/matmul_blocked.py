@@ -241,36 +241,37 @@ class BlockedMatmul:
         self.config = config
         self.modules = {}
         self.description = f"blocked {config.name}"  # made once: the selector asks for it every matmul
-        self.plans = {}  # (layout, shape, epilogue parts) -> (module, splits, [(groups, params)], params)
+        self.plans = {}  # (layout, shape, epilogue parts) -> (splits, [main Launch, ...], finish Launch or None)
 
     def describe(self) -> str:
         return self.description
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = epilogue(op(a) @ op(b)); True: the epilogue was applied (always, for this kernel)."""
-        row_sums = epilogue.row_sums
-        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, epilogue.bias is not None, epilogue.activation,
-               epilogue.activation_grad, epilogue.residual is not None, row_sums is not None)
+        bias, activation, pre, residual, row_sums, activation_grad = epilogue
+        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, bias is not None, activation, activation_grad,
+               residual is not None, row_sums is not None)
         plan = self.plans.get(key)
-        if plan is None:  # the shape's module, split count and per-dispatch parameters, worked out once
+        if plan is None:  # the shape's module, split count and dispatches, made ready once
             plan = self.plans[key] = self._plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
             _trim(self.plans)
-        module, splits, launches, params = plan
+        splits, launches, finish = plan
+        rt = self.rt
         if splits > 1:  # one slice per split, for matmul_finish_main to add up
-            target = self.rt.empty((batch * splits * m * n,))
-            row_target = self.rt.empty((batch * splits * m,)) if row_sums is not None else None
+            target = rt.empty((batch * splits * m * n,))
+            row_target = rt.empty((batch * splits * m,)) if row_sums is not None else None
         else:
             target, row_target = out, row_sums
-        bindings = {4: _or(epilogue.bias, self.rt.stand_in(0)), 5: _or(epilogue.residual, self.rt.stand_in(0)),
-                    6: _or(epilogue.pre, self.rt.stand_in(1))}
-        main = {**bindings, 0: a, 1: b, 2: target, 7: _or(row_target, self.rt.stand_in(2))}
-        for groups, launch_params in launches:
-            self.rt.dispatch(module, "matmul_main", groups, main, launch_params)
-        if splits > 1:
-            total = batch * m * n
-            self.rt.dispatch(module, "matmul_finish_main", grid(-(-total // 256)),
-                             {**bindings, 2: out, 7: _or(row_sums, self.rt.stand_in(2)), 8: target,
-                              9: _or(row_target, self.rt.stand_in(0))}, params)
+        stand_in = rt.stand_in
+        bias = stand_in(0) if bias is None else bias
+        residual = stand_in(0) if residual is None else residual
+        pre = stand_in(1) if pre is None else pre
+        arrays = (a, b, target, bias, residual, pre, stand_in(2) if row_target is None else row_target)
+        for launch in launches:
+            rt.launch(launch, arrays)
+        if finish is not None:
+            rt.launch(finish, (out, bias, residual, pre, stand_in(2) if row_sums is None else row_sums, target,
+                               stand_in(0) if row_target is None else row_target))
         return True
 
     def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
@@ -291,11 +292,11 @@ class BlockedMatmul:
                   "batch": batch}
         blocks_n, blocks_m, zs = -(-n // cfg.bn), -(-m // cfg.bm), batch * splits
         # grids past the per-dimension limit: several dispatches, each told where it starts
-        launches = [((blocks_n, min(MAX_GROUPS, blocks_m - y0), min(MAX_GROUPS, zs - z0)),
-                     {**params, "y_offset": y0, "z_offset": z0})
+        launches = [self.rt.prepare(module, "matmul_main", (blocks_n, min(MAX_GROUPS, blocks_m - y0),
+                                                            min(MAX_GROUPS, zs - z0)),
+                                    (0, 1, 2, 4, 5, 6, 7), {**params, "y_offset": y0, "z_offset": z0})
                     for z0 in range(0, zs, MAX_GROUPS) for y0 in range(0, blocks_m, MAX_GROUPS)]
-        return module, splits, launches, params
-
-
-def _or(array, stand_in):
-    return stand_in if array is None else array
+        # the finish adds the splits' slices (8, 9) into the output and its row sums (2, 7)
+        finish = self.rt.prepare(module, "matmul_finish_main", grid(-(-batch * m * n // 256)), (2, 4, 5, 6, 7, 8, 9),
+                                 params) if splits > 1 else None
+        return splits, launches, finish

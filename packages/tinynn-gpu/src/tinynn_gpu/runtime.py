@@ -4,7 +4,8 @@ and submits only when it must, the read-backs, and the replay of captured steps.
 - The arrays and their buffer pool: pool.py (`GpuArray`, `BufferPool`, which `Runtime` extends).
 - Caches: shader modules by the hash of their WGSL, pipelines by (module, entry point); uniform buffers
   by their bytes; bind groups by (pipeline, buffers), because creating a bind group costs ~50 us and a
-  training step repeats them all.
+  training step repeats them all; an op's prepared dispatches (`Launch`: pipeline, slots, uniform,
+  workgroups) by its shapes and parameters (`keep`), so that an eager op's repeat packs nothing.
 - Recording goes through wgpu-native's C functions directly where `native.probe` found them working
   (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods: `encoder` and
   `compute_pass` then hold native handles, not wgpu-py objects, and every command goes through the
@@ -66,6 +67,16 @@ class Shader:
         self.pipelines = {}  # entry point -> compute pipeline
 
 
+class Launch:
+    """A dispatch made ready by `Runtime.prepare`: the pipeline, the binding slots, the uniform buffer of its
+    parameters and the workgroup counts; `Runtime.launch` adds the arrays."""
+    __slots__ = ("shader", "entry", "pipeline", "slots", "uniform", "groups")
+
+    def __init__(self, shader: Shader, entry: str, pipeline, slots: tuple, uniform, groups: tuple):
+        self.shader, self.entry, self.pipeline = shader, entry, pipeline
+        self.slots, self.uniform, self.groups = slots, uniform, groups
+
+
 class OnCpu(Exception):
     """These operands need the NumPy reference (an int32 array where a kernel reads float32, mixed dtypes, a
     head size no kernel takes): raised before the op records a dispatch, so the fallback never repeats part
@@ -83,6 +94,7 @@ class Runtime(Replaying, BufferPool):
         self.entry_points = {}  # (kernel file name or Shader, entry point) -> (Shader, pipeline): one look-up
         self.uniforms = {}  # bytes -> uniform buffer
         self.bind_groups = {}  # (pipeline, slots, buffer, ...) -> bind group
+        self.launches = {}  # an op's key (its shader, shapes and parameters) -> its Launch (`keep`)
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
         self.encoder = None  # the open command encoder: a wgpu-py object, or a native handle (`native`)
         self.compute_pass = None  # the open compute pass in it, the same kind
@@ -329,39 +341,60 @@ class Runtime(Replaying, BufferPool):
         return group
 
     # --- recording ---
-    def dispatch(self, module, entry: str, groups, bindings: dict, params=None):
-        """Record one dispatch of `entry` in `module` (a kernel file's name, or a Shader from `shader`).
-        `bindings` maps binding slots to GpuArrays (or raw buffers); `params` (a dict of the module's
-        `struct Params` fields) becomes the uniform at slot 3; `groups` is a workgroup count or an
-        (x, y, z) tuple. Every eager op runs through here: it is kept to plain look-ups."""
+    def prepare(self, module, entry: str, groups, slots: tuple, params=None) -> Launch | None:
+        """One dispatch of `entry` in `module` (a kernel file's name, or a Shader from `shader`) made ready, but
+        for its arrays: `slots` are the binding slots they will fill, in order; `params` (a dict of the module's
+        `struct Params` fields) becomes the uniform at slot 3; `groups` is a workgroup count or an (x, y, z)
+        tuple. None: no workgroups, nothing to run. An op that records the same shape again keeps its Launch
+        (`launch`) and so skips the look-ups and the packing."""
         if groups.__class__ is int:
             groups = (groups, 1, 1) if 0 < groups <= MAX_GROUPS else grid(groups)
         if 0 in groups:
-            return
+            return None
         found = self.entry_points.get((module, entry))
         if found is None:
             shader = module if isinstance(module, Shader) else self.kernel(module)
             found = self.entry_points[(module, entry)] = (shader, self.pipeline(shader, entry))
         shader, pipe = found
-        buffers = [v.buffer if v.__class__ is GpuArray else v for v in bindings.values()]
         if shader.params is not None:
-            buffers.append(self.uniform(shader.params.pack(params or {})))
-            slots = (*bindings, 3)
-        elif params:
+            return Launch(shader, entry, pipe, (*slots, 3), self.uniform(shader.params.pack(params or {})), groups)
+        if params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
-        else:
-            slots = tuple(bindings)
-        group = self.bind_group(pipe, slots, buffers)
+        return Launch(shader, entry, pipe, tuple(slots), None, groups)
+
+    def launch(self, launch: Launch | None, arrays) -> None:
+        """Record a prepared dispatch over `arrays` (GpuArrays or raw buffers) at its slots, in their order.
+        Every eager op runs through here: it is kept to plain look-ups."""
+        if launch is None:
+            return
+        buffers = [a.buffer if a.__class__ is GpuArray else a for a in arrays]
+        if launch.uniform is not None:
+            buffers.append(launch.uniform)
+        pipe = launch.pipeline
+        group = self.bind_group(pipe, launch.slots, buffers)
         if self.tape is not None:
-            self.tape.events.append(("dispatch", pipe, group, groups))
-            for value in bindings.values():
+            self.tape.events.append(("dispatch", pipe, group, launch.groups))
+            for value in arrays:
                 self.tape.hold(value)
         if self._profile is not None:
-            self._begin_timed_pass(f"{shader.label}.{entry}")
-        self._encode(pipe, group, groups)
+            self._begin_timed_pass(f"{launch.shader.label}.{launch.entry}")
+        self._encode(pipe, group, launch.groups)
         self.counters["dispatches"] += 1
         if self._profile is not None:
             self._end_pass()
+
+    def keep(self, key: tuple, launch: Launch | None) -> Launch | None:
+        """Keep an op's Launch under `key`, which names everything that decided it (the shader, the shapes, the
+        parameters), and return it. The op looks there first:
+        `launch = rt.launches.get(key) or rt.keep(key, rt.prepare(...))` prepares only on a miss."""
+        self.launches[key] = launch
+        _trim(self.launches)
+        return launch
+
+    def dispatch(self, module, entry: str, groups, bindings: dict, params=None) -> None:
+        """Record one dispatch (`prepare`'s arguments, `bindings` mapping binding slots to arrays), made ready
+        afresh: for ops whose shapes seldom repeat."""
+        self.launch(self.prepare(module, entry, groups, tuple(bindings), params), bindings.values())
 
     # --- profiling: each dispatch in its own pass, timestamps at its start and end ---
     @property
