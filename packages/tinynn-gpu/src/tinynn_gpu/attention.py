@@ -351,14 +351,6 @@ class Attention:
             {"seq": seq, "n_head": n_head, "scale": scale}))
         rt.launch(launch, (qkv, y, lse))
 
-    def backward_scratch(self, qkv_shape: tuple, n_head: int) -> tuple:
-        """The shape of `backward`'s scratch: the tiled kernels' dQ slices, or the per-row kernels' delta."""
-        batch, seq, c3 = qkv_shape
-        _, tile = self._backward_plan(qkv_shape, n_head)
-        if tile is None:
-            return (batch, n_head, seq)
-        return (tile.part_floats(batch, seq, n_head, c3 // 3 // n_head),)
-
     def _backward_plan(self, qkv_shape: tuple, n_head: int):
         """(Shader, tile) of the tiled backward for this shape, (None, None) for the per-row kernels: also where
         the tile's dQ slices, which grow as T^2 / KEYS, would not fit one storage binding (the per-row
@@ -370,13 +362,16 @@ class Attention:
             return None, None
         return shader, tile
 
-    def backward(self, g, qkv, y, lse, scratch, g_qkv, n_head: int, scale: float) -> None:
-        """g_qkv from g; scratch has backward_scratch's shape. Tiled: dK, dV and dQ's slices, then dQ. Per row:
-        the dQ kernel saves delta = rowsum(g * y) in scratch for the dK/dV kernel."""
+    def backward(self, g, qkv, y, lse, g_qkv, n_head: int, scale: float) -> None:
+        """g_qkv from g, through a scratch array allocated before any dispatch (too large: TooLarge, and nothing
+        recorded). Tiled: dK, dV and dQ's slices, then dQ. Per row: the dQ kernel saves delta = rowsum(g * y) in
+        the scratch for the dK/dV kernel."""
         batch, seq, c3 = qkv.shape
         head_size = c3 // 3 // n_head
         params = {"seq": seq, "n_head": n_head, "scale": scale}
         shader, tile = self._backward_plan(qkv.shape, n_head)
+        scratch = self.rt.empty((batch, n_head, seq) if tile is None else
+                                (tile.part_floats(batch, seq, n_head, head_size),))
         if shader is not None:
             self.rt.dispatch(shader, "attention_backward_kv_main", (batch * n_head, -(-seq // tile.keys), 1),
                              {0: qkv, 1: g, 4: lse, 5: y, 6: scratch, 2: g_qkv}, params)

@@ -530,9 +530,8 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         why = unsupported(qkv.shape, n_head)
         if why:
             raise OnCpu(why)
-        g_qkv, scratch = self._empty(qkv.shape), self._empty(self.attention.backward_scratch(qkv.shape, n_head))
-        self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), scratch, g_qkv, n_head,
-                                scale)
+        g_qkv = self._empty(qkv.shape)
+        self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), g_qkv, n_head, scale)
         return g_qkv
 
 
