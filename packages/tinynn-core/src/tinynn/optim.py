@@ -9,13 +9,15 @@ host sync), and the coefficient scales the gradients inside the update.
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 
 from tinynn.errors import TinynnError
 from tinynn.tensor import Tensor
+
+_UNSHARED = frozenset(("params", "weight_decay", "hyper"))  # what groups updated in one run may differ in
+_MISSING = object()
 
 
 class Optimizer:
@@ -49,22 +51,31 @@ class Optimizer:
         """Advance the step count and write the per-step values of each run of groups updated together to
         the array of its first group (the one its update reads)."""
         self.steps += 1
-        for g in (run[0] for run in self._update_runs()):
-            be = g["params"][0].backend
-            values = np.asarray(self._per_step_values(g), dtype=g["params"][0].dtype)
-            if g.get("hyper") is None or g["hyper"][0] is not be:
+        for run in self._update_runs():
+            g = run[0]
+            p, hyper = g["params"][0], g.get("hyper")
+            be = p.backend
+            values = np.array(self._per_step_values(g), p.data.dtype)
+            if hyper is None or hyper[0] is not be:
                 g["hyper"] = (be, be.from_numpy(values))
             else:
-                be.write_(g["hyper"][1], values)
+                be.write_(hyper[1], values)
 
     def guard_key(self) -> tuple:
         """What a captured step (train.py's TrainStep) fixes when it records: each group's hyperparameters but
-        the learning rate (written every step), the clipping norm, and the arrays of the per-step values and
-        the state. Compared by value, arrays by identity."""
-        groups = tuple((tuple(sorted((k, v) for k, v in g.items() if k not in ("params", "lr", "hyper"))),
-                        g.get("hyper", (None, None))[1]) for g in self.groups)
-        state = tuple(itertools.chain.from_iterable(self.state.values()))  # every step: the fastest walk
-        return (self.max_grad_norm, groups, state, tuple(len(run) for run in self._update_runs()))
+        the learning rate (written every step), with the (backend, array) of its per-step values; the clipping
+        norm, the state's arrays, and how the groups fall into runs updated together. Compared by value,
+        arrays by identity. A captured step computes it before every replay, on its critical path (between
+        the last read-back and the GPU's next start), so it is kept to C-level copies: each group's dict
+        copied, each parameter's state list as a tuple (a copy: a buffer swapped into a list is seen)."""
+        groups = []
+        for g in self.groups:
+            fixed = g.copy()
+            del fixed["params"]  # its arrays are the model's (TrainStep keys them); its state is keyed below
+            fixed.pop("lr", None)
+            groups.append(fixed)
+        runs = tuple(len(run) for run in self._update_runs())
+        return self.max_grad_norm, tuple(groups), tuple(map(tuple, self.state.values())), runs
 
     def _update_runs(self) -> list[list[dict]]:
         """The groups with parameters, in runs updated by one call that share their per-step values: by
@@ -165,8 +176,10 @@ class AdamW(Optimizer):
 
 
 def _same_but_decay(a: dict, b: dict) -> bool:
-    ignored = ("params", "weight_decay", "hyper")
-    return {k: v for k, v in a.items() if k not in ignored} == {k: v for k, v in b.items() if k not in ignored}
+    for k in a.keys() | b.keys():  # every step (prepare_step, guard_key): no dicts made
+        if k not in _UNSHARED and a.get(k, _MISSING) != b.get(k, _MISSING):
+            return False
+    return True
 
 
 def cosine_lr(step: int, base_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
