@@ -29,7 +29,7 @@ from tinynn_gpu.matmul_blocked import ACTIVATIONS, Epilogue
 from tinynn_gpu.multi_tensor import MultiTensor
 from tinynn_gpu.packing import Packing
 from tinynn_gpu.pool import bindable
-from tinynn_gpu.runtime import GpuArray, OnCpu, Runtime, TooLarge, groups
+from tinynn_gpu.runtime import GpuArray, OnCpu, Runtime, TooLarge, _trim, groups
 from tinynn_gpu.step_ops import StepOps
 
 UNARY = {"neg": 0, "exp": 1, "log": 2, "tanh": 3, "relu": 4, "gelu": 5}
@@ -62,6 +62,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         self.packing = Packing(self.rt)
         self._constants = {}
         self._empty = self.rt.empty  # an uninitialised array (shape, dtype=float32): ~2 per eager dispatch
+        self.matmul_plans = {}  # `_matmul`'s plans by (shapes, layout, epilogue parts)
         for name in group_sum.TEMPLATES:  # compiled now: a failure is a reason at start-up, not a failed step
             try:
                 group_sum.shader(self.rt, name)
@@ -334,24 +335,57 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         return g_x, g_weight, g_bias
 
     def _matmul(self, a, b, transpose_a, transpose_b, epilogue):
-        """out = epilogue(op(a) @ op(b)): in the matmul's own stores where its kernel can, else after it."""
+        """out = epilogue(op(a) @ op(b)): in the matmul's own stores where its kernel can, else after it. Each
+        (shapes, layout, epilogue parts) is planned once (`_plan_matmul`): an eager forward repeats a few."""
+        key = (a.shape, b.shape, transpose_a, transpose_b, epilogue.bias is None, epilogue.activation,
+               epilogue.residual is None, epilogue.row_sums is None, epilogue.activation_grad)
+        plan = self.matmul_plans.get(key)
+        if plan is None:
+            plan = self._plan_matmul(a, b, transpose_a, transpose_b, epilogue, key)
+        out_shape, record = plan
+        if record is None:  # operands to broadcast, or an empty output: the general path
+            return self._matmul_unplanned(a, b, transpose_a, transpose_b, epilogue)
+        if a.buffer is None or b.buffer is None:
+            raise TooLarge("array lives on the host")
+        out = self._empty(out_shape)
+        if record(a, b, out, epilogue):
+            return out
+        return self._epilogue_after(a, out, transpose_a, epilogue)
+
+    def _plan_matmul(self, a, b, transpose_a, transpose_b, epilogue, key):
+        """(output shape, record(a, b, out, epilogue) -> applied?) of `_matmul`'s key, kept in matmul_plans; record
+        None where the batch axes broadcast or the output is empty. Choosing the kernel may tune it on the real
+        operands (`MatmulSelector.plan`), into an output made here."""
         m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
         n = b.shape[-2] if transpose_b else b.shape[-1]
         shared_b = b.ndim == 2 and a.ndim > 2
-        if not shared_b and a.shape[:-2] != b.shape[:-2]:
-            batch_shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-            a = self.broadcast_to(a, batch_shape + a.shape[-2:])
-            b = self.broadcast_to(b, batch_shape + b.shape[-2:])
-        batch_shape = a.shape[:-2]
-        out = self._empty(batch_shape + (m, n))
-        if out.size == 0:
+        out_shape = a.shape[:-2] + (m, n)
+        if (not shared_b and a.shape[:-2] != b.shape[:-2]) or 0 in out_shape:
+            plan = (out_shape, None)
+        else:
+            out = self._empty(out_shape)
+            plan = (out_shape, self.mm.plan(bindable(a), bindable(b), out, math.prod(a.shape[:-2]), m, n, k,
+                                            transpose_a, transpose_b, shared_b, epilogue))
+        self.matmul_plans[key] = plan
+        _trim(self.matmul_plans)
+        return plan
+
+    def _matmul_unplanned(self, a, b, transpose_a, transpose_b, epilogue):
+        """`_matmul` where the batch axes broadcast (each operand gathered to the common shape, then planned), or
+        into an empty output."""
+        m = a.shape[-1] if transpose_a else a.shape[-2]
+        n = b.shape[-2] if transpose_b else b.shape[-1]
+        shared_b = b.ndim == 2 and a.ndim > 2
+        batch_shape = a.shape[:-2] if shared_b else tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        if 0 in batch_shape + (m, n):
             if epilogue.row_sums is not None:
                 self._fill(epilogue.row_sums, 0.0)
-            return out
-        if self.mm.record(bindable(a), bindable(b), out, math.prod(batch_shape), m, n, k, transpose_a, transpose_b,
-                          shared_b, epilogue):
-            return out
-        # a kernel without an epilogue (the lesson's): the same steps as separate ops
+            return self._empty(batch_shape + (m, n))
+        return self._matmul(self.broadcast_to(a, batch_shape + a.shape[-2:]),
+                            self.broadcast_to(b, batch_shape + b.shape[-2:]), transpose_a, transpose_b, epilogue)
+
+    def _epilogue_after(self, a, out, transpose_a, epilogue):
+        """The epilogue as separate ops, after a kernel without one (the lesson's)."""
         if epilogue.activation_grad is not None:
             out = self.unary_backward(epilogue.activation_grad, epilogue.pre, epilogue.pre, out)
         if epilogue.row_sums is not None:

@@ -85,11 +85,18 @@ class LessonMatmul:
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = op(a) @ op(b); the lesson's kernel has no epilogue: False when one was asked for."""
+        return self.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
+
+    def plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
+        """record(a, b, out, epilogue) for this shape (see `MatmulSelector.plan`)."""
         flags = int(transpose_a) | int(transpose_b) << 1 | int(shared_b) << 2
-        groups = (-(-m // self.tile), -(-n // self.tile), batch)
-        self.rt.dispatch(self.module, "matmul_main", groups, {0: a, 1: b, 2: out},
-                         {"p0": m, "p1": n, "p2": k, "p3": flags})  # the lesson's own 16-byte Params
-        return epilogue.empty
+        launch = self.rt.prepare(self.module, "matmul_main", (-(-m // self.tile), -(-n // self.tile), batch), (0, 1, 2),
+                                 {"p0": m, "p1": n, "p2": k, "p3": flags})  # the lesson's own 16-byte Params
+
+        def record(a, b, out, epilogue):
+            self.rt.launch(launch, (a, b, out))
+            return epilogue.empty
+        return record
 
 
 class MatmulSelector:
@@ -149,26 +156,36 @@ class MatmulSelector:
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = epilogue(op(a) @ op(b)) with this shape's variant; True: the epilogue was applied."""
+        return self.plan(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
+
+    def plan(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
+        """This shape's variant (chosen, and tuned on these operands where that is worth it) made ready for the
+        epilogue's parts: a function record(a, b, out, epilogue) -> bool, True where it applies the epilogue.
+        The backend keeps it per shape, so an eager matmul seen before goes straight to its dispatches."""
         if not self.forced and self.rows.fits(batch, m, k, transpose_a, transpose_b, epilogue):  # decoding
-            self.last = self.rows.describe()
-            return self.rows.record(a, b, out, m, n, k, epilogue)
-        shape = (transpose_a, transpose_b, shared_b, batch, m, n, k)
-        key = self._keys.get(shape)
-        if key is None:  # formatted once per shape: an eager forward runs a few shapes over and over
-            key = self._keys[shape] = \
-                f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"
-            _trim(self._keys)
-        name = self.forced or self.choices.get(key)
-        if name not in self.variants:
-            worth_tuning = batch * m * n * k >= self.tune_min_macs
-            if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:  # (the profiler)
-                name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b))
-            else:
-                name = self.default_variant(batch, m, n, k)
-            self.choices[key] = name
-        variant = self.variant(name)
-        self.last = variant.describe()
-        return variant.record(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+            variant = self.rows
+        else:
+            shape = (transpose_a, transpose_b, shared_b, batch, m, n, k)
+            key = self._keys.get(shape)
+            if key is None:  # formatted once per shape
+                key = self._keys[shape] = \
+                    f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"
+                _trim(self._keys)
+            name = self.forced or self.choices.get(key)
+            if name not in self.variants:
+                worth_tuning = batch * m * n * k >= self.tune_min_macs
+                if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:  # (the profiler)
+                    name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b))
+                else:
+                    name = self.default_variant(batch, m, n, k)
+                self.choices[key] = name
+            variant = self.variant(name)
+        run, description = variant.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue), variant.describe()
+
+        def record(a, b, out, epilogue):
+            self.last = description
+            return run(a, b, out, epilogue)
+        return record
 
     def time_variants(self, args, names=None, reps=8, rounds=2) -> dict[str, float]:
         """Milliseconds per call of each variant on these operands (`reps` calls back to back in one timed

@@ -248,31 +248,46 @@ class BlockedMatmul:
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = epilogue(op(a) @ op(b)); True: the epilogue was applied (always, for this kernel)."""
+        return self.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
+
+    def plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
+        """record(a, b, out, epilogue) for this shape and the epilogue's parts (see `MatmulSelector.plan`): the
+        module, split count and dispatches made ready once."""
         bias, activation, pre, residual, row_sums, activation_grad = epilogue
         key = (transpose_a, transpose_b, batch, m, n, k, shared_b, bias is not None, activation, activation_grad,
                residual is not None, row_sums is not None)
         plan = self.plans.get(key)
-        if plan is None:  # the shape's module, split count and dispatches, made ready once
+        if plan is None:
             plan = self.plans[key] = self._plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
             _trim(self.plans)
         splits, launches, finish = plan
         rt = self.rt
-        if splits > 1:  # one slice per split, for matmul_finish_main to add up
-            target = rt.empty((batch * splits * m * n,))
-            row_target = rt.empty((batch * splits * m,)) if row_sums is not None else None
-        else:
-            target, row_target = out, row_sums
-        stand_in = rt.stand_in
-        bias = stand_in(0) if bias is None else bias
-        residual = stand_in(0) if residual is None else residual
-        pre = stand_in(1) if pre is None else pre
-        arrays = (a, b, target, bias, residual, pre, stand_in(2) if row_target is None else row_target)
-        for launch in launches:
-            rt.launch(launch, arrays)
-        if finish is not None:
-            rt.launch(finish, (out, bias, residual, pre, stand_in(2) if row_sums is None else row_sums, target,
-                               stand_in(0) if row_target is None else row_target))
-        return True
+        stand_ins = rt.stand_in(0), rt.stand_in(1), rt.stand_in(2)
+        parts, row_parts = (batch * splits * m * n,), (batch * splits * m,)
+
+        def record(a, b, out, epilogue):
+            bias, _, pre, residual, row_sums, _ = epilogue
+            if bias is None:
+                bias = stand_ins[0]
+            if residual is None:
+                residual = stand_ins[0]
+            if pre is None:
+                pre = stand_ins[1]
+            if finish is None:
+                arrays = (a, b, out, bias, residual, pre, stand_ins[2] if row_sums is None else row_sums)
+                for launch in launches:
+                    rt.launch(launch, arrays)
+                return True
+            # split-K: one slice per split, for matmul_finish_main to add up
+            target = rt.empty(parts)
+            row_target = None if row_sums is None else rt.empty(row_parts)
+            arrays = (a, b, target, bias, residual, pre, stand_ins[2] if row_target is None else row_target)
+            for launch in launches:
+                rt.launch(launch, arrays)
+            rt.launch(finish, (out, bias, residual, pre, stand_ins[2] if row_sums is None else row_sums, target,
+                               stand_ins[0] if row_target is None else row_target))
+            return True
+        return record
 
     def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
         cfg = self.config

@@ -24,12 +24,17 @@ class RowsMatmul:
     def describe(self) -> str:
         return f"rows (M <= {MAX_ROWS})"
 
-    def record(self, a, b, out, m, n, k, epilogue) -> bool:
-        """Record out = epilogue(a @ b.T); True: the epilogue was applied."""
-        bindings = {0: a, 1: b, 2: out, 4: epilogue.bias or self.rt.stand_in(0),
-                    5: epilogue.residual or self.rt.stand_in(0), 6: epilogue.pre or self.rt.stand_in(1)}
-        self.rt.dispatch("matmul_rows", "matmul_rows_main", -(-n // COLUMNS), bindings,
-                         {"m": m, "n": n, "k": k, "has_bias": int(epilogue.bias is not None),
-                          "activation": int(epilogue.activation == "gelu"),
-                          "has_residual": int(epilogue.residual is not None)})
-        return True
+    def plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
+        """record(a, b, out, epilogue) for this shape, a @ b.T with `fits`' epilogue (see `MatmulSelector.plan`)."""
+        launch = self.rt.prepare("matmul_rows", "matmul_rows_main", -(-n // COLUMNS), (0, 1, 2, 4, 5, 6),
+                                 {"m": m, "n": n, "k": k, "has_bias": int(epilogue.bias is not None),
+                                  "activation": int(epilogue.activation == "gelu"),
+                                  "has_residual": int(epilogue.residual is not None)})
+        stand_in = self.rt.stand_in
+
+        def record(a, b, out, epilogue):
+            bias, _, pre, residual, _, _ = epilogue
+            self.rt.launch(launch, (a, b, out, stand_in(0) if bias is None else bias,
+                                    stand_in(0) if residual is None else residual, stand_in(1) if pre is None else pre))
+            return True
+        return record
