@@ -12,7 +12,8 @@ import numbers
 import numpy as np
 
 from tinynn import rng
-from tinynn.tensor import Tensor, is_grad_enabled
+from tinynn import tensor as _tensor
+from tinynn.tensor import Tensor
 
 
 def _result(data, backend, parents, backward) -> Tensor:
@@ -28,7 +29,7 @@ def _result(data, backend, parents, backward) -> Tensor:
 def _recorded(parents) -> bool:
     """Whether an op on these inputs becomes a node of the graph (grad on and an input requires it): an op
     whose backward reads outputs of its forward asks for them (`for_backward`) only then."""
-    return is_grad_enabled() and any(p is not None and p.requires_grad for p in parents)
+    return _tensor._grad_enabled and any(p is not None and p.requires_grad for p in parents)  # (no call: ~2 per op)
 
 
 def _tensor_like(x, like: Tensor) -> Tensor:

@@ -29,14 +29,16 @@ def cpu_reason(int_aware: bool, operands) -> str | None:
     """Why an op must run on the CPU with these operands (arrays, or lists and tuples of them), found before
     it records any dispatch (an in-place update that stopped half-way would then run twice on the first
     parameters); None: the GPU. `int_aware`: the op takes int32 arrays. Runs before every op: plain
-    loops, no generator, no tuple built per operand."""
+    loops, no generator, no tuple built per operand, classes compared rather than isinstance (GpuArray has no
+    subclasses)."""
     for x in operands:
-        if isinstance(x, GpuArray):
+        kind = x.__class__
+        if kind is GpuArray:
             if x.buffer is None or (not int_aware and x.dtype != FLOAT32):
                 return _why(x)
-        elif isinstance(x, (list, tuple)):
+        elif kind is list or kind is tuple:
             for a in x:
-                if isinstance(a, GpuArray) and (a.buffer is None or (not int_aware and a.dtype != FLOAT32)):
+                if a.__class__ is GpuArray and (a.buffer is None or (not int_aware and a.dtype != FLOAT32)):
                     return _why(a)
     return None
 

@@ -107,7 +107,7 @@ class Runtime(Replaying, BufferPool):
         self._profile = None  # while profiling: {"queries", "labels", "times"}
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.stand_ins = []  # `stand_in`'s arrays
-        self.scratches = {}  # `scratch`'s arrays
+        self.scratches = {}  # `scratch`'s arrays: i -> (array, its size)
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
         self.native, self.native_reason, self.recorder, self._stop_recorder = None, "", None, None
         self.orphaned_aheads = deque()  # dropped tapes' recordings ahead, released by the next replay
@@ -177,10 +177,11 @@ class Runtime(Replaying, BufferPool):
         forward under no_grad allocates none of them. Grown to a whole size bucket when too small; as with
         `stand_in`, a dispatch's slots take different i."""
         found = self.scratches.get(i)
-        if found is None or found.size < n:
+        if found is None or found[1] < n:
             # a whole bucket where one binding holds it; past that, n itself (which `empty` refuses if too large)
-            found = self.scratches[i] = self.empty((max(n, min(_bucket(4 * max(1, n)), self.max_binding) // 4),))
-        return found
+            array = self.empty((max(n, min(_bucket(4 * max(1, n)), self.max_binding) // 4),))
+            found = self.scratches[i] = (array, array.size)
+        return found[0]
 
     def upload(self, x: np.ndarray) -> GpuArray:
         arr = self.empty(x.shape, x.dtype)
