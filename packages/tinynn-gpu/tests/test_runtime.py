@@ -217,6 +217,7 @@ def test_kept_launches_run_on_the_arrays_and_parameters_of_each_call(gpu, rng):
                 parts = epilogues[call]
                 got, _ = gpu.linear_forward(gpu.from_numpy(x), gpu.from_numpy(w), **{
                     k: v if isinstance(v, str) else gpu.from_numpy(v) for k, v in parts.items()}, for_backward=False)
+                assert gpu.mm.describe() == variant  # the forced variant ran, not a plan kept from the other
             finally:
                 gpu.mm.forced = None
             close(got, ref.linear_forward(x, w, **parts)[0])

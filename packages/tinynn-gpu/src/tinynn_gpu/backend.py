@@ -62,7 +62,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         self.packing = Packing(self.rt)
         self._constants = {}
         self._empty = self.rt.empty  # an uninitialised array (shape, dtype=float32): ~2 per eager dispatch
-        self.matmul_plans = {}  # `_matmul`'s plans by (shapes, layout, epilogue parts)
+        self.matmul_plans = {}  # `_matmul`'s plans by (shapes, layout, epilogue parts, forced variant)
         for name in group_sum.TEMPLATES:  # compiled now: a failure is a reason at start-up, not a failed step
             try:
                 group_sum.shader(self.rt, name)
@@ -336,9 +336,10 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
 
     def _matmul(self, a, b, transpose_a, transpose_b, epilogue):
         """out = epilogue(op(a) @ op(b)): in the matmul's own stores where its kernel can, else after it. Each
-        (shapes, layout, epilogue parts) is planned once (`_plan_matmul`): an eager forward repeats a few."""
+        (shapes, layout, epilogue parts, forced variant) is planned once (`_plan_matmul`): an eager forward repeats
+        a few."""
         key = (a.shape, b.shape, transpose_a, transpose_b, epilogue.bias is None, epilogue.activation,
-               epilogue.residual is None, epilogue.row_sums is None, epilogue.activation_grad)
+               epilogue.residual is None, epilogue.row_sums is None, epilogue.activation_grad, self.mm.forced)
         plan = self.matmul_plans.get(key)
         if plan is None:
             plan = self._plan_matmul(a, b, transpose_a, transpose_b, epilogue, key)
