@@ -4,7 +4,12 @@ thing a read-back does (the host idle, the GPU working while the host sleeps, th
 Also the host thread's CPU time (is it waiting, or running slowly?) and the
 bind groups each state made (a forward that makes some pays one-time work). One line per state.
 
-    python packages/tinynn-gpu/experiments/eager_host_cost.py apps/bench/lesson.json [--forwards 20]
+    python packages/tinynn-gpu/experiments/eager_host_cost.py apps/bench/lesson.json [--forwards 20] [--batch B --block T]
+    python packages/tinynn-gpu/experiments/eager_host_cost.py apps/bench/lesson.json --batch 1 --block 32 --recorded 30
+
+--recorded R: only R rounds of 20 forwards recorded back to back (no read-back between them, nothing submitted
+until the round's last), the minimum and median: the op layer's own cost with the least noise, which session 10's
+A/B of two builds in alternating processes used (2-core machine: 7.7 us per dispatch before, 6.6-6.9 after).
 
 Lavapipe, 2-core VM, lesson shapes at batch 1 x 16 tokens (33 dispatches): 18-20 us per dispatch after a
 read-back, 10.5 back to back, 11 after sleeping 2 ms, 15 after a flush and 5 ms of sleep (the GPU's work,
@@ -14,6 +19,7 @@ wall time in every state: the host is not waiting, it runs slower.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
@@ -27,10 +33,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("config")
     parser.add_argument("--forwards", type=int, default=20)
+    parser.add_argument("--batch", type=int, help="the config's batch_size replaced")
+    parser.add_argument("--block", type=int, help="the config's block_size replaced")
+    parser.add_argument("--recorded", type=int, help="only this many rounds of 20 forwards recorded back to back")
     args = parser.parse_args()
     backend = backends.select("gpu")
     rt = backend.rt
-    step, x = lesson_step(backend, config.load(args.config))
+    cfg = config.load(args.config)
+    cfg = dataclasses.replace(cfg, batch_size=args.batch or cfg.batch_size, block_size=args.block or cfg.block_size)
+    step, x = lesson_step(backend, cfg)
     model = step.model
     inputs = [Tensor(backend.from_numpy(x), backend) for _ in range(2)]
     model.eval()
@@ -59,6 +70,18 @@ def main():
         forward().item()
         per_forward = rt.counters["dispatches"] - before
         print(f"{args.config}: {per_forward} dispatches per forward, {rt.describe()['recording']}")
+        if args.recorded:
+            times = []
+            for _ in range(args.recorded):
+                for _ in range(20):
+                    t0 = time.perf_counter()
+                    loss = forward()
+                    times.append(time.perf_counter() - t0)
+                loss.item()
+            times = 1e6 * np.array(times) / per_forward
+            print(f"  recorded back to back              us/dispatch min {times.min():5.2f} "
+                  f"median {np.median(times):5.2f}")
+            return
         for name, before_each in states.items():
             wall, cpu, groups = [], [], rt.counters["bind_groups_created"]
             for _ in range(args.forwards):
