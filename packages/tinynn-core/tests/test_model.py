@@ -202,3 +202,33 @@ def test_linear_and_layernorm_modules(rng):
     y = ln(lin(x))
     assert y.shape == (2, 3)
     assert [n for n, _ in lin.named_parameters()] == ["weight", "bias"]
+
+
+def test_calling_a_module_runs_its_forward_unless_a_call_is_written_by_hand():
+    """A module's class gets its forward as `__call__` (one frame fewer per call), but a `__call__` written in the
+    class or a base class still runs, for the class and its subclasses."""
+    from tinynn.nn import Module
+
+    class Plain(Module):
+        def forward(self, x):
+            return ("forward", x)
+
+    class Counted(Module):
+        def __call__(self, x):
+            return ("call", self.forward(x))
+
+        def forward(self, x):
+            return x + 1
+
+    class Child(Counted):
+        def forward(self, x):
+            return x + 2
+
+    class Grandchild(Plain):
+        def forward(self, x):
+            return ("grandchild", x)
+    assert Plain()(1) == ("forward", 1) and Plain.__call__ is Plain.forward
+    assert Counted()(1) == ("call", 2)
+    assert Child()(1) == ("call", 3)
+    assert Grandchild()(1) == ("grandchild", 1)
+    assert Linear(2, 3).__call__.__func__ is Linear.forward

@@ -24,12 +24,18 @@ def normal(shape, std) -> np.ndarray:
 class Module:
     training = True
 
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
     def __init_subclass__(cls, **kwargs):
-        """Calling a module runs its forward: the class's `forward` is its `__call__` too (no hooks to run
-        around it, and an eager forward calls ~30 modules, each call one Python frame fewer)."""
+        """Calling a module runs its forward: a class's own `forward` becomes its `__call__` too (no hooks run
+        around it, and an eager forward calls ~30 modules, each call one Python frame fewer). A `__call__`
+        written by hand, in the class or a base, is kept."""
         super().__init_subclass__(**kwargs)
-        if "forward" in vars(cls):
-            cls.__call__ = cls.forward
+        if "forward" in vars(cls) and "__call__" not in vars(cls):
+            owner = next(base for base in cls.__mro__[1:] if "__call__" in vars(base))
+            if owner is Module or vars(owner)["__call__"] is vars(owner).get("forward"):
+                cls.__call__ = cls.forward
 
     def _children(self):
         for name, value in vars(self).items():
