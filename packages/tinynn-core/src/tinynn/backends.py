@@ -66,8 +66,8 @@ class Backend:
     A forward whose backward reads outputs of its own (LayerNorm's mean and rstd, say) takes `for_backward`:
     False where no backward will run (under no_grad), and those outputs come back as None, never made.
 
-    Arrays are opaque to core except for `.shape`, `.dtype`, `.ndim` and `.size`. Transfer and creation
-    (`from_numpy`, `to_numpy`, `is_array`, `write_`) every backend implements; every op marked
+    Arrays are opaque to core except for `.shape` (a tuple of ints), `.dtype`, `.ndim` and `.size`. Transfer and
+    creation (`from_numpy`, `to_numpy`, `is_array`, `write_`) every backend implements; every op marked
     `@reference_fallback` has the NumPy reference as its default. Floating-point ops keep their input's dtype.
     """
 

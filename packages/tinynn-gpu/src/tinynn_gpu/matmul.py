@@ -180,7 +180,8 @@ class MatmulSelector:
                     name = self.default_variant(batch, m, n, k)
                 self.choices[key] = name
             variant = self.variant(name)
-        run, description = variant.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue), variant.describe()
+        run = variant.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+        description = variant.describe()
 
         def record(a, b, out, epilogue):
             self.last = description
