@@ -119,6 +119,9 @@ def test_matmul(backend, ta, tb, rng):
         b = randn(rng, *batch, *((n, k) if tb else (k, n)))
         check(backend, "matmul", a, b, ta, tb)
     check(backend, "matmul", randn(rng, 4, 6, 8), randn(rng, 8, 3))  # one weight for every batch
+    for _ in range(2):  # twice: the GPU plans a shape the first time and reuses the plan after
+        check(backend, "matmul", randn(rng, 2, 1, 3, 4), randn(rng, 5, 4, 2))  # batch axes that broadcast
+        check(backend, "matmul", randn(rng, 0, 5), randn(rng, 5, 3))  # an empty output
 
 
 def test_softmax_family(backend, rng):

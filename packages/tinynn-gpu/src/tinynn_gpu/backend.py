@@ -346,8 +346,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         out_shape, record = plan
         if record is None:  # operands to broadcast, or an empty output: the general path
             return self._matmul_unplanned(a, b, transpose_a, transpose_b, epilogue)
-        if a.buffer is None or b.buffer is None:
-            raise TooLarge("array lives on the host")
+        a, b = bindable(a), bindable(b)
         out = self._empty(out_shape)
         if record(a, b, out, epilogue):
             return out
@@ -357,15 +356,13 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         """(output shape, record(a, b, out, epilogue) -> applied?) of `_matmul`'s key, kept in matmul_plans; record
         None where the batch axes broadcast or the output is empty. Choosing the kernel may tune it on the real
         operands (`MatmulSelector.plan`), into an output made here."""
-        m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
-        n = b.shape[-2] if transpose_b else b.shape[-1]
-        shared_b = b.ndim == 2 and a.ndim > 2
-        out_shape = a.shape[:-2] + (m, n)
+        m, n, k, shared_b, batch_shape = _matmul_dims(a, b, transpose_a, transpose_b)
+        out_shape = batch_shape + (m, n)
         if (not shared_b and a.shape[:-2] != b.shape[:-2]) or 0 in out_shape:
             plan = (out_shape, None)
         else:
             out = self._empty(out_shape)
-            plan = (out_shape, self.mm.plan(bindable(a), bindable(b), out, math.prod(a.shape[:-2]), m, n, k,
+            plan = (out_shape, self.mm.plan(bindable(a), bindable(b), out, math.prod(batch_shape), m, n, k,
                                             transpose_a, transpose_b, shared_b, epilogue))
         self.matmul_plans[key] = plan
         _trim(self.matmul_plans)
@@ -374,10 +371,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
     def _matmul_unplanned(self, a, b, transpose_a, transpose_b, epilogue):
         """`_matmul` where the batch axes broadcast (each operand gathered to the common shape, then planned), or
         into an empty output."""
-        m = a.shape[-1] if transpose_a else a.shape[-2]
-        n = b.shape[-2] if transpose_b else b.shape[-1]
-        shared_b = b.ndim == 2 and a.ndim > 2
-        batch_shape = a.shape[:-2] if shared_b else tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        m, n, _, _, batch_shape = _matmul_dims(a, b, transpose_a, transpose_b)
         if 0 in batch_shape + (m, n):
             if epilogue.row_sums is not None:
                 self._fill(epilogue.row_sums, 0.0)
@@ -568,6 +562,16 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         g_qkv = self._empty(qkv.shape)
         self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), g_qkv, n_head, scale)
         return g_qkv
+
+
+def _matmul_dims(a, b, transpose_a, transpose_b) -> tuple:
+    """(m, n, k, shared_b, batch shape) of op(a) @ op(b): b shared by every batch where it is a 2-D weight under a
+    batched a, else the batch axes broadcast (NumPy's rules)."""
+    m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
+    n = b.shape[-2] if transpose_b else b.shape[-1]
+    shared_b = b.ndim == 2 and a.ndim > 2
+    batch_shape = a.shape[:-2] if shared_b else tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    return m, n, k, shared_b, batch_shape
 
 
 def _code(table: dict, family: str, op: str) -> int:

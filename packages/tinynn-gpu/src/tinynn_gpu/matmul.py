@@ -25,7 +25,6 @@ import wgpu
 from tinynn_gpu.context import kernel_source
 from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue
 from tinynn_gpu.matmul_rows import RowsMatmul
-from tinynn_gpu.runtime import _trim
 
 LESSON_TILES = (8, 16, 32)
 # The winners of the H200 sweep over the three benchmark models' training shapes (experiments/matmul_shapes.py)
@@ -116,7 +115,6 @@ class MatmulSelector:
         self.candidates = [f"blocked {c.name}" for c in BLOCK_CONFIGS]  # what tuning tries: never a lesson tile
         self._built = {}
         self.choices: dict[str, str] = {}  # exact shape key -> variant name
-        self._keys = {}  # (transpose_a, transpose_b, shared_b, batch, m, n, k) -> its key in `choices`
         checks = "unchecked" if runtime.ctx.unchecked else "checked"  # the checks change what is fastest
         self.cache_key = f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}|{checks}"
         self.cache_path = Path(os.environ.get("TINYNN_CACHE_DIR") or Path.home() / ".cache" / "tinynn") / \
@@ -165,12 +163,7 @@ class MatmulSelector:
         if not self.forced and self.rows.fits(batch, m, k, transpose_a, transpose_b, epilogue):  # decoding
             variant = self.rows
         else:
-            shape = (transpose_a, transpose_b, shared_b, batch, m, n, k)
-            key = self._keys.get(shape)
-            if key is None:  # formatted once per shape
-                key = self._keys[shape] = \
-                    f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"
-                _trim(self._keys)
+            key = f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"
             name = self.forced or self.choices.get(key)
             if name not in self.variants:
                 worth_tuning = batch * m * n * k >= self.tune_min_macs
