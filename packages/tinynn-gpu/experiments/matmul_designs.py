@@ -2,7 +2,7 @@
 generated kernel, or a text edit of one, checked against float64 and then timed with `Runtime.time_pass` (back to
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
-    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy | --pipeline]
+    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy | --pipeline | --waves]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -55,6 +55,37 @@ where both operands have k contiguous (B^T), -3% to +1% elsewhere; fragments cha
 compiler schedules the unrolled tile reads itself); ahead2 on scalar loads (64x64x16/4x4 db) 0-2% slower;
 128x64x8/8x8 db ahead2 lost 5-260% to the best shipped. The winners stay the shipped ones: single-buffered
 scalar-load 64x64 and 32x64 blocks where K <= 384, split-K where K >= 1024 (64x64x16/8x4 split4 mostly).
+
+--waves: the same shapes and harness, every shipped candidate against blocks with a side of 96, 48 or 192
+(WAVES, WAVES_SPLIT), each on the shapes it tiles whole: their workgroup counts land near a multiple of the
+H200's 132 SMs where powers of two leave a partial last wave (2048x1536: 64x64 gives 768 workgroups, 128x128
+192, 128x96 256). The lesson's four shapes with sides of 256 and 1024 have none. A table of the best shipped and
+best new per shape ends the output. H200, session 10 (one call, the harness above; wg: workgroups, splits
+included; the shipped best within 1% of session 9's on every shape):
+
+| shape, layout, epilogue | shipped best | wg | us | best new | wg | us | new / shipped |
+| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |
+| 2048x1536x384 B^T bias+GELU | 64x64x16/4x4 | 768 | 102.8 | 128x96x16/8x8 vec4 | 256 | 104.8 | 1.020 |
+| 2048x384x1536 B^T bias+residual | 64x64x16/8x4 split4 | 768 | 96.1 | 64x96x16/8x4 split2 vec4 db | 256 | 84.6 | 0.881 |
+| 2048x1536x384 nn | 64x64x16/4x4 | 768 | 97.7 | 128x96x16/8x8 vec4 | 256 | 87.1 | 0.891 |
+| 384x1536x2048 A^T row sums | 64x64x16/8x4 split4 | 576 | 96.0 | 64x96x16/8x4 split2 vec4 db | 192 | 92.3 | 0.961 |
+| 2048x384x1536 nn | 64x64x16/8x4 split4 | 768 | 98.0 | 64x96x16/8x4 split2 vec4 db | 256 | 86.2 | 0.880 |
+| 1536x384x2048 A^T row sums | 64x64x16/8x4 split4 | 576 | 97.8 | 64x96x16/8x4 split2 vec4 db | 192 | 93.5 | 0.956 |
+| 2048x1152x384 B^T bias | 32x64x16/4x4 | 1152 | 77.0 | 64x96x16/8x4 | 384 | 69.0 | 0.896 |
+| 2048x384x1152 nn | 128x128x16/8x8 split2 vec4 db unpadded | 96 | 77.7 | 64x96x16/8x4 split2 vec4 db | 256 | 68.3 | 0.879 |
+| 1152x384x2048 A^T row sums | 128x128x16/8x8 split4 vec4 db unpadded | 108 | 66.3 | 64x96x16/8x4 split4 | 288 | 90.7 | 1.368 |
+| 2048x384x384 B^T bias+residual | 32x64x16/4x4 | 384 | 30.8 | 64x96x16/8x4 vec4 db | 128 | 35.5 | 1.151 |
+| 2048x768x256 B^T bias | 64x64x16/8x4 | 384 | 35.2 | 64x96x16/8x4 vec4 db | 256 | 34.7 | 0.984 |
+
+Five of mid's shapes gained 10-12% (the three shipped since: 128x96x16/8x8 vec4, 64x96x16/8x4, 64x96x16/8x4
+split2 vec4 db), its 384x1536 and 1536x384 weight gradients 4% (64x96 split2 vec4 db, 192 workgroups; 128x96
+split5 vec4 db, 240, was 1.04-1.06), not enough to ship a fourth. Whole waves are not the whole story: 128x96
+vec4 (256 workgroups) won by 11% where B's n is contiguous and lost 2% where B is stored transposed (its quads
+along k are transposed into the tile), and 96x96 split4 (256) lost 17-29% on those two weight gradients. The
+single-wave blocks (128x192x16/8x12, 192x128x16/12x8, 256 threads each) lost 3-8% on 2048x1536 and 1.3-5.7x on
+the others; blocks of 48 (64x48x16/4x4, 128x48x16/8x4) won only 2048x1152x384 (0.902, against 0.896 for 64x96).
+The generator needed no change for sides that are not powers of two (THREADS_N = 12 or 24; tile copies guarded
+where the slots do not divide by the threads).
 
 --check runs every variant once and prints its error (lavapipe); --quick: small shapes.
 """
@@ -181,8 +212,43 @@ NEW_SPLIT = [C(64, 64, 16, 8, 4, splits=4, **DB, ahead=2), C(64, 64, 16, 4, 4, s
 EDITS = [(C(64, 64, 16, 8, 4, **DB), "fragments"), (C(64, 64, 16, 8, 4, **DB, ahead=2), "fragments")]
 
 
-def pipeline(gpu):
-    """--pipeline: per shape the best shipped candidate (what autotune would pick) against each new design."""
+def pipeline_entries(m, n, k, check):
+    """--pipeline's designs for one shape: (config, text edit or None)."""
+    return [(c, None) for c in NEW + NEW_SPLIT * (k >= 1024 or check)] + EDITS
+
+
+# --waves (session 10): blocks with a side of 96, 48 or 192, so that the workgroup count of mid's shapes (sides of
+# 384, 1152, 1536) lands just under a multiple of the H200's 132 SMs (x the workgroups resident per SM) instead
+# of leaving a partial last wave; each tried on the shapes it tiles whole (an unaligned block would waste its
+# edge), split-K only where K >= 1024
+WAVES = [C(128, 96, 16, 8, 8), C(128, 96, 16, 8, 8, vec4=True), C(128, 96, 16, 8, 8, **DB),
+         C(64, 96, 16, 8, 4), C(64, 96, 16, 8, 4, **DB), C(64, 96, 16, 4, 8), C(32, 96, 16, 4, 4),
+         C(64, 48, 16, 4, 4), C(128, 48, 16, 8, 4), C(128, 192, 16, 8, 12), C(128, 192, 16, 8, 12, vec4=True),
+         C(96, 96, 16, 8, 8), C(96, 96, 16, 8, 8, **DB), C(96, 128, 16, 8, 8), C(96, 128, 16, 8, 8, **DB),
+         C(96, 64, 16, 8, 4), C(192, 128, 16, 12, 8), C(192, 128, 16, 12, 8, vec4=True)]
+WAVES_SPLIT = [C(128, 96, 16, 8, 8, splits=2), C(128, 96, 16, 8, 8, splits=2, **DB),
+               C(128, 96, 16, 8, 8, splits=4, **DB), C(128, 96, 16, 8, 8, splits=5, **DB),
+               C(64, 96, 16, 8, 4, splits=2), C(64, 96, 16, 8, 4, splits=2, **DB), C(64, 96, 16, 8, 4, splits=4),
+               C(32, 96, 16, 4, 4, splits=2), C(128, 48, 16, 8, 4, splits=2),
+               C(96, 96, 16, 8, 8, splits=4), C(96, 96, 16, 8, 8, splits=4, **DB),
+               C(96, 96, 16, 8, 8, splits=5, **DB), C(96, 96, 16, 8, 8, splits=4, **DB, ahead=2),
+               C(96, 128, 16, 8, 8, splits=5, **DB), C(96, 64, 16, 8, 4, splits=4, **DB),
+               C(192, 128, 16, 12, 8, splits=10, vec4=True), C(192, 96, 16, 12, 8, splits=8, vec4=True)]
+
+
+def waves_entries(m, n, k, check):
+    """--waves' blocks for one shape: those that tile it whole (all of them under --check: their edges too)."""
+    return [(c, None) for c in WAVES + WAVES_SPLIT * (k >= 1024 or check)
+            if check or (m % c.bm == 0 and n % c.bn == 0)]
+
+
+def workgroups(config, m, n, k):
+    return -(-m // config.bm) * -(-n // config.bn) * max(1, min(config.splits, -(-k // config.bk)))
+
+
+def pipeline(gpu, entries_for=pipeline_entries):
+    """--pipeline, --waves: per shape the best shipped candidate (what autotune would pick) against each new
+    design (entries_for(m, n, k, check) lists them), then a table of the best of each."""
     from tinynn_gpu.matmul import BLOCK_CONFIGS
     rt = gpu.rt
     g = np.random.default_rng(0)
@@ -204,7 +270,13 @@ def pipeline(gpu):
         [(100, 70, 333, False, True, ()), (70, 100, 333, False, False, ()), (100, 70, 333, True, False, ())] \
         if check else PIPELINE_SHAPES
     heat = 2.0  # seconds of load before the first shape's timing (the clock), less before the next ones'
+    table = []
     for m, n, k, ta, tb, parts in shapes:
+        label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {'+'.join(parts) or '-'}"
+        new = entries_for(m, n, k, check)
+        if not new:
+            print(f"{label}: no new design for this shape", flush=True)
+            continue
         started = time.perf_counter()
         a_host = g.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
         b_host = g.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
@@ -215,8 +287,7 @@ def pipeline(gpu):
             "gelu" if "activation" in parts else None, rt.empty((m, n)) if "activation" in parts else None,
             gpu.from_numpy(g.standard_normal((m, n), dtype=np.float32)) if "residual" in parts else None,
             rt.empty((m,)) if "row_sums" in parts else None)
-        entries = [] if check else [(c, None) for c in BLOCK_CONFIGS]
-        entries += [(c, None) for c in NEW + NEW_SPLIT * (k >= 1024 or check)] + EDITS
+        entries = ([] if check else [(c, None) for c in BLOCK_CONFIGS]) + new
         runs = []
         for config, edit in entries:
             variant = kernel(config, edit)
@@ -228,39 +299,50 @@ def pipeline(gpu):
                 variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True, epilogue)
             call()
             name = config.name + (f" {edit}" if edit else "")
-            runs.append((name, config in BLOCK_CONFIGS and edit is None, call, err))
+            runs.append((name, config in BLOCK_CONFIGS and edit is None, call, err, workgroups(config, m, n, k)))
         blocked.generate = shipped_generate
-        label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {'+'.join(parts) or '-'}"
         if check:
-            for name, _, _, err in runs:
-                print(f"{label:<42} {name:<40} err {err:.1e}", flush=True)
+            for name, _, _, err, groups in runs:
+                print(f"{label:<42} {name:<40} {groups:5d} wg err {err:.1e}", flush=True)
+                assert err < 1e-4, f"{label} {name}: error {err:.1e}"
             continue
         rt.sync()
         compiled = time.perf_counter()
         heat_until = compiled + heat
         while time.perf_counter() < heat_until:  # all of them: the clock up, every code path warm
-            for _, _, call, _ in runs:
+            for _, _, call, _, _ in runs:
                 call()
             rt.sync()
         heat = 0.5
         times = {}
         for _ in range(3):  # rounds over all of them, the best of each kept: a drifting clock hits all alike
-            for name, _, call, _ in runs:
+            for name, _, call, _, _ in runs:
                 times[name] = min(times.get(name, float("inf")), rt.time_pass(call, 10) * 1e3)
-        best = min((name for name, shipped, _, _ in runs if shipped), key=times.get)
-        print(f"{label}: shipped best {best} {times[best]:.1f} us ({2 * m * n * k / times[best] / 1e6:.1f} TFLOP/s)"
-              f" [setup {compiled - started:.1f} s, timing {time.perf_counter() - compiled:.1f} s]")
-        for name, shipped, _, err in runs:
+        best = min((name for name, shipped, _, _, _ in runs if shipped), key=times.get)
+        best_new = min((name for name, shipped, _, err, _ in runs if not shipped and err < 1e-4), key=times.get)
+        groups = {name: wg for name, _, _, _, wg in runs}
+        table.append((label, best, times[best], groups[best], best_new, times[best_new], groups[best_new]))
+        print(f"{label}: shipped best {best} {times[best]:.1f} us ({2 * m * n * k / times[best] / 1e6:.1f} TFLOP/s,"
+              f" {groups[best]} wg) [setup {compiled - started:.1f} s, timing {time.perf_counter() - compiled:.1f} s]")
+        for name, shipped, _, err, wg in runs:
             if not shipped:
-                print(f"    {name:<46} {times[name]:7.1f} us {times[name] / times[best]:5.3f} err {err:.1e}")
-        print("    shipped: " + ", ".join(f"{name} {times[name]:.1f}" for name, shipped, _, _ in
+                print(f"    {name:<46} {wg:5d} wg {times[name]:7.1f} us {times[name] / times[best]:5.3f} err {err:.1e}"
+                      f"{' WRONG' if err >= 1e-4 else ''}")
+        print("    shipped: " + ", ".join(f"{name} {times[name]:.1f}" for name, shipped, _, _, _ in
                                           sorted(runs, key=lambda r: times[r[0]]) if shipped), flush=True)
+    if table:
+        print("\n| shape, layout, epilogue | best shipped | wg | us | best new | wg | us | new / shipped |")
+        print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
+        for label, best, t, wg, best_new, t_new, wg_new in table:
+            print(f"| {label} | {best} | {wg} | {t:.1f} | {best_new} | {wg_new} | {t_new:.1f} | {t_new / t:.3f} |")
 
 
 def main():
     gpu = backends.select("gpu")
     if "--pipeline" in sys.argv:
         return pipeline(gpu)
+    if "--waves" in sys.argv:
+        return pipeline(gpu, waves_entries)
     rt = gpu.rt
     g = np.random.default_rng(0)
     shipped = blocked.generate

@@ -60,10 +60,19 @@ BLOCK_CONFIGS = (
     # autotune takes it for both lesson MLP weight gradients and mid's 2048x384x1536 input gradient; 128x128
     # blocks loading two tiles ahead won none of the big model's shapes (session 9's final call)
     BlockConfig(64, 64, 16, 8, 4, splits=4, vec4=True, double=True, ahead=2),
+    # blocks 96 wide, so that mid's sides of 384, 1152 and 1536 give workgroup counts in whole waves of the H200's
+    # 132 SMs (experiments/matmul_designs.py --waves, session 10; us, best shipped candidate -> this one):
+    # 2048x1536x384 (nn) 97.7 -> 87.1, 256 workgroups where 64x64 gives 768
+    BlockConfig(128, 96, 16, 8, 8, vec4=True),
+    # 2048x1152x384 (B^T, bias) 77.0 -> 69.0
+    BlockConfig(64, 96, 16, 8, 4),
+    # 2048x384x1536 (B^T, bias+residual) 96.1 -> 84.6, (nn) 98.0 -> 86.2; 2048x384x1152 (nn) 77.7 -> 68.3
+    BlockConfig(64, 96, 16, 8, 4, splits=2, vec4=True, double=True),
 )
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
-# 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead
-CACHE_VERSION = 6
+# 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
+# 7: blocks 96 wide
+CACHE_VERSION = 7
 
 
 def lesson_source(tile: int) -> str:
