@@ -60,7 +60,7 @@ scalar-load 64x64 and 32x64 blocks where K <= 384, split-K where K >= 1024 (64x6
 (WAVES, WAVES_SPLIT), each on the shapes it tiles whole: their workgroup counts land near a multiple of the
 H200's 132 SMs where powers of two leave a partial last wave (2048x1536: 64x64 gives 768 workgroups, 128x128
 192, 128x96 256). The lesson's four shapes with sides of 256 and 1024 have none. A table of the best shipped and
-best new per shape ends the output. H200, session 10 (one call, the harness above; wg: workgroups, splits
+best new per shape ends the output. H200, session 11 (one call, the harness above; wg: workgroups, splits
 included; the shipped best within 1% of session 9's on every shape):
 
 | shape, layout, epilogue | shipped best | wg | us | best new | wg | us | new / shipped |
@@ -217,7 +217,7 @@ def pipeline_entries(m, n, k, check):
     return [(c, None) for c in NEW + NEW_SPLIT * (k >= 1024 or check)] + EDITS
 
 
-# --waves (session 10): blocks with a side of 96, 48 or 192, so that the workgroup count of mid's shapes (sides of
+# --waves (session 11): blocks with a side of 96, 48 or 192, so that the workgroup count of mid's shapes (sides of
 # 384, 1152, 1536) lands just under a multiple of the H200's 132 SMs (x the workgroups resident per SM) instead
 # of leaving a partial last wave; each tried on the shapes it tiles whole (an unaligned block would waste its
 # edge), split-K only where K >= 1024

@@ -61,7 +61,7 @@ BLOCK_CONFIGS = (
     # blocks loading two tiles ahead won none of the big model's shapes (session 9's final call)
     BlockConfig(64, 64, 16, 8, 4, splits=4, vec4=True, double=True, ahead=2),
     # blocks 96 wide, so that mid's sides of 384, 1152 and 1536 give workgroup counts in whole waves of the H200's
-    # 132 SMs (experiments/matmul_designs.py --waves, session 10; us, best shipped candidate -> this one):
+    # 132 SMs (experiments/matmul_designs.py --waves, session 11; us, best shipped candidate -> this one):
     # 2048x1536x384 (nn) 97.7 -> 87.1, 256 workgroups where 64x64 gives 768
     BlockConfig(128, 96, 16, 8, 8, vec4=True),
     # 2048x1152x384 (B^T, bias) 77.0 -> 69.0
