@@ -68,13 +68,13 @@ class Shader:
 
 
 class Launch:
-    """A dispatch made ready by `Runtime.prepare`: the pipeline, the binding slots, the uniform buffer of its
-    parameters and the workgroup counts; `Runtime.launch` adds the arrays."""
-    __slots__ = ("shader", "entry", "pipeline", "slots", "uniform", "groups")
+    """A dispatch made ready by `Runtime.prepare`: the pipeline, the binding slots, the buffers bound after the
+    arrays (the uniform of its parameters, or none) and the workgroup counts; `Runtime.launch` adds the arrays."""
+    __slots__ = ("shader", "entry", "pipeline", "slots", "uniforms", "groups")
 
-    def __init__(self, shader: Shader, entry: str, pipeline, slots: tuple, uniform, groups: tuple):
+    def __init__(self, shader: Shader, entry: str, pipeline, slots: tuple, uniforms: tuple, groups: tuple):
         self.shader, self.entry, self.pipeline = shader, entry, pipeline
-        self.slots, self.uniform, self.groups = slots, uniform, groups
+        self.slots, self.uniforms, self.groups = slots, uniforms, groups
 
 
 class OnCpu(Exception):
@@ -120,7 +120,6 @@ class Runtime(Replaying, BufferPool):
         records the next one on a worker thread (replay.py). Tests switch paths with it."""
         self.flush()
         self.native, self.native_reason = calls, reason
-        self._encode = self._encode_native if calls else self._encode_methods
         if threaded is None:
             threaded = (os.cpu_count() or 1) >= RECORD_THREAD_CPUS
         if self.recorder is not None and not (calls and threaded):
@@ -326,19 +325,21 @@ class Runtime(Replaying, BufferPool):
         return buf
 
     def bind_group(self, pipeline, slots: tuple, buffers: list):
-        """The bind group of buffers[i] at binding slot slots[i].
-        Keyed by the objects, in the caller's order: no sorting, no pair per slot, and a key keeps its
-        buffers alive (a call site passes its slots in one order; another order costs one more bind group,
-        once)."""
+        """The bind group of buffers[i] at binding slot slots[i] (`launch` looks up its own)."""
         key = (pipeline, slots, *buffers)
-        group = self.bind_groups.get(key)
-        if group is None:
-            entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-                       for slot, buf in zip(slots, buffers)]
-            group = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
-            self.bind_groups[key] = group
-            self.counters["bind_groups_created"] += 1
-            _trim(self.bind_groups)
+        return self.bind_groups.get(key) or self._new_bind_group(key)
+
+    def _new_bind_group(self, key: tuple):
+        """The bind group of a key (pipeline, slots, buffer, ...), made and cached. Keyed by the objects, in the
+        caller's order: no sorting, no pair per slot, and a key keeps its buffers alive (a call site passes its
+        slots in one order; another order costs one more bind group, once)."""
+        pipeline, slots, buffers = key[0], key[1], key[2:]
+        entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
+                   for slot, buf in zip(slots, buffers)]
+        group = self.bind_groups[key] = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                                                     entries=entries)
+        self.counters["bind_groups_created"] += 1
+        _trim(self.bind_groups)
         return group
 
     # --- recording ---
@@ -358,31 +359,39 @@ class Runtime(Replaying, BufferPool):
             found = self.entry_points[(module, entry)] = (shader, self.pipeline(shader, entry))
         shader, pipe = found
         if shader.params is not None:
-            return Launch(shader, entry, pipe, (*slots, 3), self.uniform(shader.params.pack(params or {})), groups)
+            return Launch(shader, entry, pipe, (*slots, 3), (self.uniform(shader.params.pack(params or {})),), groups)
         if params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
-        return Launch(shader, entry, pipe, tuple(slots), None, groups)
+        return Launch(shader, entry, pipe, tuple(slots), (), groups)
 
     def launch(self, launch: Launch | None, arrays) -> None:
         """Record a prepared dispatch over `arrays` (GpuArrays or raw buffers) at its slots, in their order.
-        Every eager op runs through here: it is kept to plain look-ups."""
+        Every eager op runs through here, so it is one function of plain look-ups: the bind group's (as in
+        `bind_group`), and the commands recorded inline through the direct calls (else `_encode_methods`)."""
         if launch is None:
             return
-        buffers = [a.buffer if a.__class__ is GpuArray else a for a in arrays]
-        if launch.uniform is not None:
-            buffers.append(launch.uniform)
         pipe = launch.pipeline
-        group = self.bind_group(pipe, launch.slots, buffers)
+        key = (pipe, launch.slots, *[a.buffer if a.__class__ is GpuArray else a for a in arrays], *launch.uniforms)
+        group = self.bind_groups.get(key) or self._new_bind_group(key)
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, launch.groups))
             for value in arrays:
                 self.tape.hold(value)
         if self._profile is not None:
             self._begin_timed_pass(f"{launch.shader.label}.{launch.entry}")
-        self._encode(pipe, group, launch.groups)
-        self.counters["dispatches"] += 1
+        calls = self.native
+        if calls is None:
+            self._encode_methods(pipe, group, launch.groups)
+        else:
+            handle = self.compute_pass or self._begin_pass()
+            if pipe is not self._pass_pipeline:  # runs of one kernel (the optimizer's) set it once
+                calls.set_pipeline(handle, pipe._internal)
+                self._pass_pipeline = pipe
+            calls.set_bind_group(handle, 0, group._internal, 0, calls.null)
+            calls.dispatch(handle, *launch.groups)
         if self._profile is not None:
             self._end_pass()
+        self.counters["dispatches"] += 1
 
     def keep(self, key: tuple, launch: Launch | None) -> Launch | None:
         """Keep an op's Launch under `key`, which names everything that decided it (the shader, the shapes, the
@@ -483,17 +492,8 @@ class Runtime(Replaying, BufferPool):
             self.queue.submit([encoder.finish()])
         self.counters["submissions"] += 1
 
-    def _encode_native(self, pipe, group, groups):
-        if self.compute_pass is None:
-            self._begin_pass()
-        calls, handle = self.native, self.compute_pass
-        if pipe is not self._pass_pipeline:  # runs of one kernel (the optimizer's) set it once
-            calls.set_pipeline(handle, pipe._internal)
-            self._pass_pipeline = pipe
-        calls.set_bind_group(handle, 0, group._internal, 0, calls.null)
-        calls.dispatch(handle, *groups)
-
     def _encode_methods(self, pipe, group, groups):
+        """`launch`'s commands through wgpu-py's methods (the direct calls' are inline there)."""
         if self.compute_pass is None:
             self._begin_pass()
         if pipe is not self._pass_pipeline:
@@ -518,8 +518,8 @@ class Runtime(Replaying, BufferPool):
         else:
             self._encoder().copy_buffer_to_buffer(source, source_offset, destination, offset, nbytes)
 
-    def _begin_pass(self, timestamps: tuple | None = None) -> None:
-        """Open a compute pass; timestamps: (query set, index written at its start, at its end)."""
+    def _begin_pass(self, timestamps: tuple | None = None):
+        """Open a compute pass, and return it; timestamps: (query set, index written at its start, at its end)."""
         encoder = self._encoder()
         if self.native is not None:
             self.compute_pass = self.native.begin_pass(
@@ -530,6 +530,7 @@ class Runtime(Replaying, BufferPool):
             self.compute_pass = encoder.begin_compute_pass(timestamp_writes={
                 "query_set": timestamps[0], "beginning_of_pass_write_index": timestamps[1],
                 "end_of_pass_write_index": timestamps[2]})
+        return self.compute_pass
 
     def _end_pass(self):
         if self.compute_pass is not None:
