@@ -242,13 +242,63 @@ def waves_entries(m, n, k, check):
             if check or (m % c.bm == 0 and n % c.bn == 0)]
 
 
+# --waves --big (session 11): the big model's training shapes (GPT-2 small: L12 d768, block 256, batch 8), per
+# layer: the four forward linears, their input gradients (nn; fc proj's with GELU's gradient in its stores) and
+# weight gradients (A^T with the bias gradient's row sums, K = the batch's 2048 tokens); ordered by time, so
+# that a run cut short by --budget has the heaviest. The head (2048x65x768 and its gradients) is too small to
+# tune (`tune_min_macs`) and tiles by nothing here.
+BIG_SHAPES = [
+    (2048, 3072, 768, False, True, ("bias", "activation")), (2048, 3072, 768, False, False, ("activation_grad",)),
+    (768, 3072, 2048, True, False, ("row_sums",)), (3072, 768, 2048, True, False, ("row_sums",)),
+    (2048, 768, 3072, False, True, ("bias", "residual")), (2048, 768, 3072, False, False, ()),
+    (2048, 2304, 768, False, True, ("bias",)), (2048, 768, 2304, False, False, ()),
+    (2304, 768, 2048, True, False, ("row_sums",)), (2048, 768, 768, False, True, ("bias", "residual")),
+    (2048, 768, 768, False, False, ()), (768, 768, 2048, True, False, ("row_sums",)),
+]
+# M = 2048 tiles only by 32-256, so the blocks 96, 144 or 192 wide go along N (768, 2304, 3072); the weight
+# gradients' M (768, 2304, 3072) takes them too. 2048x3072 with 128x192 blocks: 256 workgroups where 128x128
+# gives 384; 2048x768 with 128x96: 128 (one wave); 3072x768 with 192x96 split2: 256. Tiles of 16 x (BM + BN)
+# double-buffered past 32 KB take BK 8 (or no padding).
+BIG = [C(128, 192, 16, 8, 12), C(128, 192, 16, 8, 12, vec4=True), C(128, 192, 8, 8, 12, **DB),
+       C(128, 96, 16, 8, 8, **DB), C(64, 96, 16, 8, 4, **DB), C(64, 192, 16, 8, 12),
+       C(64, 192, 16, 8, 12, **DB, pad=False), C(128, 144, 16, 8, 12, vec4=True), C(128, 144, 8, 8, 12, **DB),
+       C(192, 128, 16, 12, 8), C(192, 128, 16, 12, 8, vec4=True), C(192, 128, 8, 12, 8, **DB),
+       C(192, 96, 16, 12, 8, vec4=True), C(96, 192, 16, 8, 12, vec4=True), C(96, 96, 16, 8, 8, **DB),
+       C(96, 128, 16, 8, 8, **DB), C(144, 96, 16, 12, 8, vec4=True)]
+BIG_SPLIT = [C(128, 96, 16, 8, 8, splits=2, **DB), C(128, 96, 16, 8, 8, splits=3, **DB),
+             C(128, 192, 8, 8, 12, splits=2, **DB), C(128, 192, 8, 8, 12, splits=4, **DB),
+             C(64, 192, 16, 8, 12, splits=2, **DB, pad=False), C(64, 96, 16, 8, 4, splits=4, **DB),
+             C(96, 96, 16, 8, 8, splits=2, **DB), C(96, 96, 16, 8, 8, splits=4, **DB),
+             C(192, 96, 8, 12, 8, splits=2, **DB), C(192, 96, 8, 12, 8, splits=4, **DB),
+             C(96, 192, 8, 8, 12, splits=2, **DB), C(192, 128, 8, 12, 8, splits=2, **DB),
+             C(96, 128, 16, 8, 8, splits=2, **DB), C(144, 96, 16, 12, 8, splits=2, vec4=True),
+             C(128, 128, 16, 8, 8, splits=3, **DB, pad=False)]
+
+
+# --check: every --big block tiles 1152 x 1152 whole and splits K = 192 into whole tiles: the aligned vec4 kernels
+# of the three layouts, those the device compiles
+BIG_CHECK_SHAPES = [(1152, 1152, 192, False, True, ("bias", "activation")),
+                    (1152, 1152, 192, False, False, ("activation_grad",)), (1152, 1152, 192, True, False, ("row_sums",))]
+
+
+def big_entries(m, n, k, check):
+    """--waves --big's blocks for one shape: those that tile it whole with 96 workgroups or more (all under
+    --check), split-K where K >= 1024 or the output is no bigger than 2048x768 (two waves of 64x96 blocks)."""
+    return [(c, None) for c in BIG + BIG_SPLIT * (k >= 1024 or m * n <= 2048 * 768 or check)
+            if check or (m % c.bm == 0 and n % c.bn == 0 and workgroups(c, m, n, k) >= 96)]
+
+
 def workgroups(config, m, n, k):
     return -(-m // config.bm) * -(-n // config.bn) * max(1, min(config.splits, -(-k // config.bk)))
 
 
-def pipeline(gpu, entries_for=pipeline_entries):
-    """--pipeline, --waves: per shape the best shipped candidate (what autotune would pick) against each new
-    design (entries_for(m, n, k, check) lists them), then a table of the best of each."""
+def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_shapes=None, rounds=3,
+             budget=float("inf")):
+    """--pipeline, --waves: per shape of `shapes` the best shipped candidate (what autotune would pick) against
+    each new design (entries_for(m, n, k, check) lists them), the best of `rounds` rounds, then a table of the best
+    of each. Shapes are skipped once `budget` seconds have passed (the table still printed). --check: each design
+    once on `check_shapes` (by default six of the shapes scaled down, and three odd ones), its error printed;
+    --quick: every design timed on the shapes scaled down; --budget SECONDS overrides `budget`."""
     from tinynn_gpu.matmul import BLOCK_CONFIGS
     rt = gpu.rt
     g = np.random.default_rng(0)
@@ -266,14 +316,24 @@ def pipeline(gpu, entries_for=pipeline_entries):
             return code if edit is None else globals()[edit](code, None)
         return generate
     check = "--check" in sys.argv
-    shapes = [(m // 8, n // 8, k, *rest) for m, n, k, *rest in PIPELINE_SHAPES[:6]] + \
-        [(100, 70, 333, False, True, ()), (70, 100, 333, False, False, ()), (100, 70, 333, True, False, ())] \
-        if check else PIPELINE_SHAPES
+    if check:
+        shapes = check_shapes or [(m // 8, n // 8, k, *rest) for m, n, k, *rest in shapes[:6]] + \
+            [(100, 70, 333, False, True, ()), (70, 100, 333, False, False, ()), (100, 70, 333, True, False, ())]
+        budget = float("inf")
+    quick = "--quick" in sys.argv and not check
+    if quick:  # (K quartered too where it is past 1536: lavapipe)
+        shapes = [(m // 8, n // 8, k if k <= 1536 else k // 4, *rest) for m, n, k, *rest in shapes]
+    if "--budget" in sys.argv:
+        budget = float(sys.argv[sys.argv.index("--budget") + 1])
+    run_started = time.perf_counter()
     heat = 2.0  # seconds of load before the first shape's timing (the clock), less before the next ones'
     table = []
     for m, n, k, ta, tb, parts in shapes:
         label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {'+'.join(parts) or '-'}"
-        new = entries_for(m, n, k, check)
+        new = entries_for(m, n, k, check or quick)  # (quick: all of them, whether they tile the shape or not)
+        if time.perf_counter() - run_started > budget:
+            print(f"{label}: skipped, past the budget of {budget:.0f} s", flush=True)
+            continue
         if not new:
             print(f"{label}: no new design for this shape", flush=True)
             continue
@@ -283,10 +343,13 @@ def pipeline(gpu, entries_for=pipeline_entries):
         want = (a_host.T if ta else a_host).astype(np.float64) @ (b_host.T if tb else b_host)
         a, b, out = gpu.from_numpy(a_host), gpu.from_numpy(b_host), rt.empty((m, n))
         epilogue = blocked.Epilogue(
-            gpu.from_numpy(g.standard_normal(n, dtype=np.float32)) if "bias" in parts else None,
-            "gelu" if "activation" in parts else None, rt.empty((m, n)) if "activation" in parts else None,
-            gpu.from_numpy(g.standard_normal((m, n), dtype=np.float32)) if "residual" in parts else None,
-            rt.empty((m,)) if "row_sums" in parts else None)
+            bias=gpu.from_numpy(g.standard_normal(n, dtype=np.float32)) if "bias" in parts else None,
+            activation="gelu" if "activation" in parts else None,
+            pre=rt.empty((m, n)) if "activation" in parts else
+            gpu.from_numpy(g.standard_normal((m, n), dtype=np.float32)) if "activation_grad" in parts else None,
+            residual=gpu.from_numpy(g.standard_normal((m, n), dtype=np.float32)) if "residual" in parts else None,
+            row_sums=rt.empty((m,)) if "row_sums" in parts else None,
+            activation_grad="gelu" if "activation_grad" in parts else None)
         entries = ([] if check else [(c, None) for c in BLOCK_CONFIGS]) + new
         runs = []
         for config, edit in entries:
@@ -315,7 +378,7 @@ def pipeline(gpu, entries_for=pipeline_entries):
             rt.sync()
         heat = 0.5
         times = {}
-        for _ in range(3):  # rounds over all of them, the best of each kept: a drifting clock hits all alike
+        for _ in range(rounds):  # rounds over all of them, the best of each kept: a drifting clock hits all alike
             for name, _, call, _, _ in runs:
                 times[name] = min(times.get(name, float("inf")), rt.time_pass(call, 10) * 1e3)
         best = min((name for name, shipped, _, _, _ in runs if shipped), key=times.get)
@@ -341,6 +404,8 @@ def main():
     gpu = backends.select("gpu")
     if "--pipeline" in sys.argv:
         return pipeline(gpu)
+    if "--waves" in sys.argv and "--big" in sys.argv:
+        return pipeline(gpu, big_entries, BIG_SHAPES, BIG_CHECK_SHAPES, budget=330.0)
     if "--waves" in sys.argv:
         return pipeline(gpu, waves_entries)
     rt = gpu.rt
