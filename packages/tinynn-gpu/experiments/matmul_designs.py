@@ -3,6 +3,7 @@ generated kernel, or a text edit of one, checked against float64 and then timed 
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
     python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy | --pipeline | --waves]
+        [--big] [--budget SECONDS]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -87,7 +88,42 @@ the others; blocks of 48 (64x48x16/4x4, 128x48x16/8x4) won only 2048x1152x384 (0
 The generator needed no change for sides that are not powers of two (THREADS_N = 12 or 24; tile copies guarded
 where the slots do not divide by the threads).
 
---check runs every variant once and prints its error (lavapipe); --quick: small shapes.
+--waves --big: the big model's twelve training shapes (GPT-2 small: forward B^T with its epilogues, input
+gradients nn, fc proj's with GELU's gradient, weight gradients A^T with row sums, K = 2048), every shipped
+candidate (all of them: timing them all took ~1 s a shape) against blocks with sides of 96, 144 or 192 along the
+sides they tile (M = 2048 takes none: N does), double-buffered 128x192, 192x96 and the like with BK 8 (with BK 16
+their tiles pass 32 KB), and splits 2-4 where K >= 1024 or the output is no bigger than 2048x768; blocks giving
+fewer than 96 workgroups left out. The heaviest shapes first, and a --budget of
+330 s after which shapes are skipped (the run took 116 s in all). H200, session 11 (one call, the harness above;
+the per-shape lines of the first seven shapes fell outside the output the call returns, the table did not):
+
+| shape, layout, epilogue | shipped best | wg | us | best new | wg | us | new / shipped |
+| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |
+| 2048x3072x768 B^T bias+GELU | 64x64x16/8x4 | 1536 | 318.5 | 64x96x16/8x4 vec4 db | 1024 | 349.6 | 1.098 |
+| 2048x3072x768 nn GELU gradient | 64x64x16/8x4 | 1536 | 319.4 | 64x96x16/8x4 vec4 db | 1024 | 333.2 | 1.043 |
+| 768x3072x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 768 | 268.1 | 64x96x16/8x4 vec4 db | 384 | 276.7 | 1.032 |
+| 3072x768x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 768 | 270.5 | 64x96x16/8x4 split4 vec4 db | 1536 | 282.3 | 1.044 |
+| 2048x768x3072 B^T bias+residual | 128x64x16/8x8 split2 | 384 | 269.3 | 64x96x16/8x4 vec4 db | 256 | 301.9 | 1.121 |
+| 2048x768x3072 nn | 128x64x16/8x8 split2 | 384 | 266.2 | 64x96x16/8x4 vec4 db | 256 | 291.8 | 1.096 |
+| 2048x2304x768 B^T bias | 64x96x16/8x4 | 768 | 244.9 | 64x96x16/8x4 vec4 db | 768 | 234.9 | 0.959 |
+| 2048x768x2304 nn | 128x64x16/8x8 split2 | 384 | 205.3 | 64x96x16/8x4 vec4 db | 256 | 221.1 | 1.077 |
+| 2304x768x2048 A^T row sums | 128x128x16/8x8 vec4 db unpadded | 108 | 216.4 | 64x96x16/8x4 split4 vec4 db | 1152 | 231.0 | 1.067 |
+| 2048x768x768 B^T bias+residual | 64x64x16/8x4 | 384 | 82.6 | 64x96x16/8x4 vec4 db | 256 | 81.5 | 0.987 |
+| 2048x768x768 nn | 128x64x16/8x8 split2 | 384 | 85.2 | 64x96x16/8x4 vec4 db | 256 | 79.0 | 0.928 |
+| 768x768x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 192 | 93.4 | 128x128x16/8x8 split3 vec4 db unpadded | 108 | 84.3 | 0.903 |
+
+Two shapes gained 5% or more, the two smallest (shipped since: 64x96x16/8x4 vec4 db, 128x128x16/8x8 split3 vec4
+db unpadded); together about 0.2 ms of a step's ~39 (12 layers each). Whole waves did not pay here: blocks with a
+side of 144 or 192 (128x192, 192x96, 96x192, 144x96 and their splits, 96-384 workgroups) lost 9-82% on the last
+five shapes (those whose lines came back). The best new block of eleven shapes was a small 64x96 one (vec4 db, or
+split4), 256-1536 workgroups: ahead of the shipped best on three (1-7%), 3-12% behind it on the rest, where the
+shipped 64x64 and 128x64 split2 run 384-1536 workgroups (several per SM hide latency). The shipped winners are
+mid's 64x96 blocks (four shapes), 64x64x16/8x4 and 128x64 split2; 128x128 double-buffered, session 8's winner of
+most big shapes, won one (2304x768x2048).
+
+--check runs every variant once and prints its error (lavapipe; --waves --big: the aligned kernels, on 1152^2);
+--quick: small shapes (--pipeline, --waves: the shapes scaled down, every design timed; add --budget 1 for the
+first shape alone).
 """
 import re
 import sys
