@@ -314,7 +314,8 @@ BIG_SPLIT = [C(128, 96, 16, 8, 8, splits=2, **DB), C(128, 96, 16, 8, 8, splits=3
 # --check: every --big block tiles 1152 x 1152 whole and splits K = 192 into whole tiles: the aligned vec4 kernels
 # of the three layouts, those the device compiles
 BIG_CHECK_SHAPES = [(1152, 1152, 192, False, True, ("bias", "activation")),
-                    (1152, 1152, 192, False, False, ("activation_grad",)), (1152, 1152, 192, True, False, ("row_sums",))]
+                    (1152, 1152, 192, False, False, ("activation_grad",)),
+                    (1152, 1152, 192, True, False, ("row_sums",))]
 
 
 def big_entries(m, n, k, check):
