@@ -3,6 +3,7 @@ generated kernel, or a text edit of one, checked against float64 and then timed 
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
     python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy | --pipeline | --waves]
+        [--big] [--budget SECONDS]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -87,7 +88,42 @@ the others; blocks of 48 (64x48x16/4x4, 128x48x16/8x4) won only 2048x1152x384 (0
 The generator needed no change for sides that are not powers of two (THREADS_N = 12 or 24; tile copies guarded
 where the slots do not divide by the threads).
 
---check runs every variant once and prints its error (lavapipe); --quick: small shapes.
+--waves --big: the big model's twelve training shapes (GPT-2 small: forward B^T with its epilogues, input
+gradients nn, fc proj's with GELU's gradient, weight gradients A^T with row sums, K = 2048), every shipped
+candidate (all of them: timing them all took ~1 s a shape) against blocks with sides of 96, 144 or 192 along the
+sides they tile (M = 2048 takes none: N does), double-buffered 128x192, 192x96 and the like with BK 8 (with BK 16
+their tiles pass 32 KB), and splits 2-4 where K >= 1024 or the output is no bigger than 2048x768; blocks giving
+fewer than 96 workgroups left out. The heaviest shapes first, and a --budget of
+330 s after which shapes are skipped (the run took 116 s in all). H200, session 11 (one call, the harness above;
+the per-shape lines of the first seven shapes fell outside the output the call returns, the table did not):
+
+| shape, layout, epilogue | shipped best | wg | us | best new | wg | us | new / shipped |
+| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |
+| 2048x3072x768 B^T bias+GELU | 64x64x16/8x4 | 1536 | 318.5 | 64x96x16/8x4 vec4 db | 1024 | 349.6 | 1.098 |
+| 2048x3072x768 nn GELU gradient | 64x64x16/8x4 | 1536 | 319.4 | 64x96x16/8x4 vec4 db | 1024 | 333.2 | 1.043 |
+| 768x3072x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 768 | 268.1 | 64x96x16/8x4 vec4 db | 384 | 276.7 | 1.032 |
+| 3072x768x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 768 | 270.5 | 64x96x16/8x4 split4 vec4 db | 1536 | 282.3 | 1.044 |
+| 2048x768x3072 B^T bias+residual | 128x64x16/8x8 split2 | 384 | 269.3 | 64x96x16/8x4 vec4 db | 256 | 301.9 | 1.121 |
+| 2048x768x3072 nn | 128x64x16/8x8 split2 | 384 | 266.2 | 64x96x16/8x4 vec4 db | 256 | 291.8 | 1.096 |
+| 2048x2304x768 B^T bias | 64x96x16/8x4 | 768 | 244.9 | 64x96x16/8x4 vec4 db | 768 | 234.9 | 0.959 |
+| 2048x768x2304 nn | 128x64x16/8x8 split2 | 384 | 205.3 | 64x96x16/8x4 vec4 db | 256 | 221.1 | 1.077 |
+| 2304x768x2048 A^T row sums | 128x128x16/8x8 vec4 db unpadded | 108 | 216.4 | 64x96x16/8x4 split4 vec4 db | 1152 | 231.0 | 1.067 |
+| 2048x768x768 B^T bias+residual | 64x64x16/8x4 | 384 | 82.6 | 64x96x16/8x4 vec4 db | 256 | 81.5 | 0.987 |
+| 2048x768x768 nn | 128x64x16/8x8 split2 | 384 | 85.2 | 64x96x16/8x4 vec4 db | 256 | 79.0 | 0.928 |
+| 768x768x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 192 | 93.4 | 128x128x16/8x8 split3 vec4 db unpadded | 108 | 84.3 | 0.903 |
+
+Two shapes gained 5% or more, the two smallest (shipped since: 64x96x16/8x4 vec4 db, 128x128x16/8x8 split3 vec4
+db unpadded); together about 0.2 ms of a step's ~39 (12 layers each). Whole waves did not pay here: blocks with a
+side of 144 or 192 (128x192, 192x96, 96x192, 144x96 and their splits, 96-384 workgroups) lost 9-82% on the last
+five shapes (those whose lines came back). The best new block of eleven shapes was a small 64x96 one (vec4 db, or
+split4), 256-1536 workgroups: ahead of the shipped best on three (1-7%), 3-12% behind it on the rest, where the
+shipped 64x64 and 128x64 split2 run 384-1536 workgroups (several per SM hide latency). The shipped winners are
+mid's 64x96 blocks (four shapes), 64x64x16/8x4 and 128x64 split2; 128x128 double-buffered, session 8's winner of
+most big shapes, won one (2304x768x2048).
+
+--check runs every variant once and prints its error (lavapipe; --waves --big: the aligned kernels, on 1152^2);
+--quick: small shapes (--pipeline, --waves: the shapes scaled down, every design timed; add --budget 1 for the
+first shape alone).
 """
 import re
 import sys
@@ -242,13 +278,64 @@ def waves_entries(m, n, k, check):
             if check or (m % c.bm == 0 and n % c.bn == 0)]
 
 
+# --waves --big (session 11): the big model's training shapes (GPT-2 small: L12 d768, block 256, batch 8), per
+# layer: the four forward linears, their input gradients (nn; fc proj's with GELU's gradient in its stores) and
+# weight gradients (A^T with the bias gradient's row sums, K = the batch's 2048 tokens); ordered by time, so
+# that a run cut short by --budget has the heaviest. The head (2048x65x768 and its gradients) is too small to
+# tune (`tune_min_macs`) and tiles by nothing here.
+BIG_SHAPES = [
+    (2048, 3072, 768, False, True, ("bias", "activation")), (2048, 3072, 768, False, False, ("activation_grad",)),
+    (768, 3072, 2048, True, False, ("row_sums",)), (3072, 768, 2048, True, False, ("row_sums",)),
+    (2048, 768, 3072, False, True, ("bias", "residual")), (2048, 768, 3072, False, False, ()),
+    (2048, 2304, 768, False, True, ("bias",)), (2048, 768, 2304, False, False, ()),
+    (2304, 768, 2048, True, False, ("row_sums",)), (2048, 768, 768, False, True, ("bias", "residual")),
+    (2048, 768, 768, False, False, ()), (768, 768, 2048, True, False, ("row_sums",)),
+]
+# M = 2048 tiles only by 32-256, so the blocks 96, 144 or 192 wide go along N (768, 2304, 3072); the weight
+# gradients' M (768, 2304, 3072) takes them too. 2048x3072 with 128x192 blocks: 256 workgroups where 128x128
+# gives 384; 2048x768 with 128x96: 128 (one wave); 3072x768 with 192x96 split2: 256. Tiles of 16 x (BM + BN)
+# double-buffered past 32 KB take BK 8 (or no padding).
+BIG = [C(128, 192, 16, 8, 12), C(128, 192, 16, 8, 12, vec4=True), C(128, 192, 8, 8, 12, **DB),
+       C(128, 96, 16, 8, 8, **DB), C(64, 96, 16, 8, 4, **DB), C(64, 192, 16, 8, 12),
+       C(64, 192, 16, 8, 12, **DB, pad=False), C(128, 144, 16, 8, 12, vec4=True), C(128, 144, 8, 8, 12, **DB),
+       C(192, 128, 16, 12, 8), C(192, 128, 16, 12, 8, vec4=True), C(192, 128, 8, 12, 8, **DB),
+       C(192, 96, 16, 12, 8, vec4=True), C(96, 192, 16, 8, 12, vec4=True), C(96, 96, 16, 8, 8, **DB),
+       C(96, 128, 16, 8, 8, **DB), C(144, 96, 16, 12, 8, vec4=True)]
+BIG_SPLIT = [C(128, 96, 16, 8, 8, splits=2, **DB), C(128, 96, 16, 8, 8, splits=3, **DB),
+             C(128, 192, 8, 8, 12, splits=2, **DB), C(128, 192, 8, 8, 12, splits=4, **DB),
+             C(64, 192, 16, 8, 12, splits=2, **DB, pad=False), C(64, 96, 16, 8, 4, splits=4, **DB),
+             C(96, 96, 16, 8, 8, splits=2, **DB), C(96, 96, 16, 8, 8, splits=4, **DB),
+             C(192, 96, 8, 12, 8, splits=2, **DB), C(192, 96, 8, 12, 8, splits=4, **DB),
+             C(96, 192, 8, 8, 12, splits=2, **DB), C(192, 128, 8, 12, 8, splits=2, **DB),
+             C(96, 128, 16, 8, 8, splits=2, **DB), C(144, 96, 16, 12, 8, splits=2, vec4=True),
+             C(128, 128, 16, 8, 8, splits=3, **DB, pad=False)]
+
+
+# --check: every --big block tiles 1152 x 1152 whole and splits K = 192 into whole tiles: the aligned vec4 kernels
+# of the three layouts, those the device compiles
+BIG_CHECK_SHAPES = [(1152, 1152, 192, False, True, ("bias", "activation")),
+                    (1152, 1152, 192, False, False, ("activation_grad",)),
+                    (1152, 1152, 192, True, False, ("row_sums",))]
+
+
+def big_entries(m, n, k, check):
+    """--waves --big's blocks for one shape: those that tile it whole with 96 workgroups or more (all under
+    --check), split-K where K >= 1024 or the output is no bigger than 2048x768 (two waves of 64x96 blocks)."""
+    return [(c, None) for c in BIG + BIG_SPLIT * (k >= 1024 or m * n <= 2048 * 768 or check)
+            if check or (m % c.bm == 0 and n % c.bn == 0 and workgroups(c, m, n, k) >= 96)]
+
+
 def workgroups(config, m, n, k):
     return -(-m // config.bm) * -(-n // config.bn) * max(1, min(config.splits, -(-k // config.bk)))
 
 
-def pipeline(gpu, entries_for=pipeline_entries):
-    """--pipeline, --waves: per shape the best shipped candidate (what autotune would pick) against each new
-    design (entries_for(m, n, k, check) lists them), then a table of the best of each."""
+def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_shapes=None, rounds=3,
+             budget=float("inf")):
+    """--pipeline, --waves: per shape of `shapes` the best shipped candidate (what autotune would pick) against
+    each new design (entries_for(m, n, k, check) lists them), the best of `rounds` rounds, then a table of the best
+    of each. Shapes are skipped once `budget` seconds have passed (the table still printed). --check: each design
+    once on `check_shapes` (by default six of the shapes scaled down, and three odd ones), its error printed;
+    --quick: every design timed on the shapes scaled down; --budget SECONDS overrides `budget`."""
     from tinynn_gpu.matmul import BLOCK_CONFIGS
     rt = gpu.rt
     g = np.random.default_rng(0)
@@ -266,14 +353,24 @@ def pipeline(gpu, entries_for=pipeline_entries):
             return code if edit is None else globals()[edit](code, None)
         return generate
     check = "--check" in sys.argv
-    shapes = [(m // 8, n // 8, k, *rest) for m, n, k, *rest in PIPELINE_SHAPES[:6]] + \
-        [(100, 70, 333, False, True, ()), (70, 100, 333, False, False, ()), (100, 70, 333, True, False, ())] \
-        if check else PIPELINE_SHAPES
+    if check:
+        shapes = check_shapes or [(m // 8, n // 8, k, *rest) for m, n, k, *rest in shapes[:6]] + \
+            [(100, 70, 333, False, True, ()), (70, 100, 333, False, False, ()), (100, 70, 333, True, False, ())]
+        budget = float("inf")
+    quick = "--quick" in sys.argv and not check
+    if quick:  # (K quartered too where it is past 1536: lavapipe)
+        shapes = [(m // 8, n // 8, k if k <= 1536 else k // 4, *rest) for m, n, k, *rest in shapes]
+    if "--budget" in sys.argv:
+        budget = float(sys.argv[sys.argv.index("--budget") + 1])
+    run_started = time.perf_counter()
     heat = 2.0  # seconds of load before the first shape's timing (the clock), less before the next ones'
     table = []
     for m, n, k, ta, tb, parts in shapes:
         label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {'+'.join(parts) or '-'}"
-        new = entries_for(m, n, k, check)
+        new = entries_for(m, n, k, check or quick)  # (quick: all of them, whether they tile the shape or not)
+        if time.perf_counter() - run_started > budget:
+            print(f"{label}: skipped, past the budget of {budget:.0f} s", flush=True)
+            continue
         if not new:
             print(f"{label}: no new design for this shape", flush=True)
             continue
@@ -283,10 +380,13 @@ def pipeline(gpu, entries_for=pipeline_entries):
         want = (a_host.T if ta else a_host).astype(np.float64) @ (b_host.T if tb else b_host)
         a, b, out = gpu.from_numpy(a_host), gpu.from_numpy(b_host), rt.empty((m, n))
         epilogue = blocked.Epilogue(
-            gpu.from_numpy(g.standard_normal(n, dtype=np.float32)) if "bias" in parts else None,
-            "gelu" if "activation" in parts else None, rt.empty((m, n)) if "activation" in parts else None,
-            gpu.from_numpy(g.standard_normal((m, n), dtype=np.float32)) if "residual" in parts else None,
-            rt.empty((m,)) if "row_sums" in parts else None)
+            bias=gpu.from_numpy(g.standard_normal(n, dtype=np.float32)) if "bias" in parts else None,
+            activation="gelu" if "activation" in parts else None,
+            pre=rt.empty((m, n)) if "activation" in parts else
+            gpu.from_numpy(g.standard_normal((m, n), dtype=np.float32)) if "activation_grad" in parts else None,
+            residual=gpu.from_numpy(g.standard_normal((m, n), dtype=np.float32)) if "residual" in parts else None,
+            row_sums=rt.empty((m,)) if "row_sums" in parts else None,
+            activation_grad="gelu" if "activation_grad" in parts else None)
         entries = ([] if check else [(c, None) for c in BLOCK_CONFIGS]) + new
         runs = []
         for config, edit in entries:
@@ -315,7 +415,7 @@ def pipeline(gpu, entries_for=pipeline_entries):
             rt.sync()
         heat = 0.5
         times = {}
-        for _ in range(3):  # rounds over all of them, the best of each kept: a drifting clock hits all alike
+        for _ in range(rounds):  # rounds over all of them, the best of each kept: a drifting clock hits all alike
             for name, _, call, _, _ in runs:
                 times[name] = min(times.get(name, float("inf")), rt.time_pass(call, 10) * 1e3)
         best = min((name for name, shipped, _, _, _ in runs if shipped), key=times.get)
@@ -341,6 +441,8 @@ def main():
     gpu = backends.select("gpu")
     if "--pipeline" in sys.argv:
         return pipeline(gpu)
+    if "--waves" in sys.argv and "--big" in sys.argv:
+        return pipeline(gpu, big_entries, BIG_SHAPES, BIG_CHECK_SHAPES, budget=330.0)
     if "--waves" in sys.argv:
         return pipeline(gpu, waves_entries)
     rt = gpu.rt

@@ -68,11 +68,16 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 96, 16, 8, 4),
     # 2048x384x1536 (B^T, bias+residual) 96.1 -> 84.6, (nn) 98.0 -> 86.2; 2048x384x1152 (nn) 77.7 -> 68.3
     BlockConfig(64, 96, 16, 8, 4, splits=2, vec4=True, double=True),
+    # the big model's shapes (--waves --big, session 11): the only two of its twelve where a new block won by 5%
+    # 2048x768x768 (nn) 85.2 -> 79.0 us; 2048x2304x768 (B^T, bias) 244.9 -> 234.9
+    BlockConfig(64, 96, 16, 8, 4, vec4=True, double=True),
+    # 768x768x2048 (A^T, row sums) 93.4 -> 84.3 us, 108 workgroups (split 2: 72, split 4: 144)
+    BlockConfig(128, 128, 16, 8, 8, splits=3, vec4=True, double=True, pad=False),
 )
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
 # 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
-# 7: blocks 96 wide
-CACHE_VERSION = 7
+# 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3)
+CACHE_VERSION = 8
 
 
 def lesson_source(tile: int) -> str:
