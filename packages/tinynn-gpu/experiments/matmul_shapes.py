@@ -3,7 +3,7 @@
     python packages/tinynn-gpu/experiments/matmul_shapes.py --config apps/bench/lesson.json [--extra] [--reps 10]
 
 The shapes come from one real step of the config's model (forward and backward, with their epilogues): the
-backend's matmul selector is wrapped while the step records. Per shape it prints the calls per step, the
+backend's matmul selector is wrapped while the step records (its plan per shape). Per shape it prints the calls per step, the
 best variant and its time, the best of the shipped candidates (what autotune picks), and default_variant's
 choice and time; then the totals per step. --extra adds configurations beyond BLOCK_CONFIGS, to look for
 better ones.
@@ -32,16 +32,22 @@ def extra_configs():
 
 def step_shapes(gpu, cfg) -> Counter:
     """(transpose_a, transpose_b, shared_b, batch, m, n, k, epilogue parts) -> calls in one training step."""
-    shapes, record = Counter(), gpu.mm.record
+    shapes, plan = Counter(), gpu.mm.plan
 
     def spy(a, b, out, batch, m, n, k, ta, tb, shared, epilogue=Epilogue()):
+        """The selector's plan of a shape (the backend asks once per shape), its record counting the calls."""
         parts = tuple(p for p in ("bias", "activation", "residual", "row_sums") if getattr(epilogue, p) is not None)
-        shapes[(bool(ta), bool(tb), bool(shared), batch, m, n, k, parts)] += 1
-        return record(a, b, out, batch, m, n, k, ta, tb, shared, epilogue)
-    gpu.mm.autotune, gpu.mm.record = False, spy
+        key, run = (bool(ta), bool(tb), bool(shared), batch, m, n, k, parts), plan(a, b, out, batch, m, n, k, ta, tb,
+                                                                                   shared, epilogue)
+
+        def record(*args):
+            shapes[key] += 1
+            return run(*args)
+        return record
+    gpu.mm.autotune, gpu.mm.plan = False, spy
     train_step, x = lesson_step(gpu, cfg)
     train_step(x, x, 3e-4).item()
-    gpu.mm.record = record
+    gpu.mm.plan = plan
     return shapes
 
 
