@@ -3,7 +3,7 @@ generated kernel, or a text edit of one, checked against float64 and then timed 
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
     python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy | --pipeline | --waves]
-        [--big] [--budget SECONDS]
+        [--big | --wgrad] [--budget SECONDS]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -325,6 +325,51 @@ def big_entries(m, n, k, check):
             if check or (m % c.bm == 0 and n % c.bn == 0 and workgroups(c, m, n, k) >= 96)]
 
 
+# --waves --wgrad (session 11): the weight gradients alone (A^T, the bias gradient's row sums, K = the batch's
+# 2048 tokens): mid's four (its largest gap to cuBLAS: 384x1536 and 1536x384 ~92-96 us against ~61), the lesson's
+# four, then big's three; the heaviest of each model first. Split counts 3, 6, 8 (and 16 for the lesson's small
+# outputs), BK 32 (half the barriers per k; both operands stored with m or n contiguous, so unpadded tiles cost no
+# bank conflicts, and a double-buffered 64x64x32 fits 32 KB), 8x8 per thread (4 tile reads a k for 64 products).
+WGRAD_SHAPES = [
+    (384, 1536, 2048, True, False, ("row_sums",)), (1536, 384, 2048, True, False, ("row_sums",)),
+    (1152, 384, 2048, True, False, ("row_sums",)), (384, 384, 2048, True, False, ("row_sums",)),
+    (1024, 256, 2048, True, False, ("row_sums",)), (256, 1024, 2048, True, False, ("row_sums",)),
+    (768, 256, 2048, True, False, ("row_sums",)), (256, 256, 2048, True, False, ("row_sums",)),
+    (768, 3072, 2048, True, False, ("row_sums",)), (3072, 768, 2048, True, False, ("row_sums",)),
+    (768, 768, 2048, True, False, ("row_sums",)),
+]
+DBU = dict(vec4=True, double=True, pad=False)  # unpadded: m and n contiguous, each warp stores whole tile rows
+WGRAD = ([C(64, 64, 16, 8, 4, splits=s, **DB) for s in (3, 6, 8)] +
+         [C(64, 64, 16, 8, 4, splits=s, **DB, ahead=2) for s in (3, 6, 8)] +
+         [C(64, 96, 16, 8, 4, splits=s, **DB) for s in (3, 6)] +
+         [C(96, 64, 16, 8, 4, splits=s, **DB) for s in (2, 3, 6)] +
+         [C(128, 64, 16, 8, 8, splits=s, **DB) for s in (3, 4, 6, 8)] +
+         [C(128, 128, 16, 8, 8, splits=s, **DBU) for s in (6, 8)] +
+         [C(128, 96, 16, 8, 8, splits=s, **DB) for s in (3, 6)] + [C(96, 128, 16, 8, 8, splits=s, **DB) for s in (3, 6)] +
+         # BK 32
+         [C(64, 64, 32, 8, 4, splits=s, **DBU) for s in (2, 3, 4, 6, 8)] +
+         [C(64, 64, 32, 8, 4, splits=s, **DBU, ahead=2) for s in (4, 8)] +
+         [C(64, 64, 32, 8, 8, splits=s, **DBU) for s in (4, 8)] +
+         [C(64, 96, 32, 8, 4, splits=s, vec4=True, pad=False) for s in (2, 3, 4)] +
+         [C(128, 64, 32, 8, 4, splits=s, vec4=True, pad=False) for s in (2, 4)] +
+         [C(128, 64, 32, 8, 8, splits=s, vec4=True, pad=False) for s in (2, 3, 4, 6)] +
+         [C(128, 96, 32, 8, 8, splits=s, vec4=True, pad=False) for s in (2, 3, 4)] +
+         [C(96, 128, 32, 8, 8, splits=s, vec4=True, pad=False) for s in (2, 3, 4)] +
+         [C(128, 128, 32, 8, 8, splits=s, vec4=True, pad=False) for s in (1, 2, 3, 4)] +
+         [C(64, 64, 16, 8, 4, splits=16, **DB), C(64, 64, 32, 8, 4, splits=16, **DBU)])
+# --check: shapes every WGRAD block tiles whole (aligned kernels; K split whole by 16 or 32) and one off the grid
+WGRAD_CHECK_SHAPES = [(384, 384, 512, True, False, ("row_sums",)), (384, 384, 2048, True, False, ("row_sums",)),
+                      (100, 70, 333, True, False, ("row_sums",))]
+
+
+def wgrad_entries(m, n, k, check):
+    """--waves --wgrad's blocks for one shape: those that tile it whole with 48 workgroups or more (all under
+    --check); split 16 only on outputs of 256 x 1024 or smaller."""
+    return [(c, None) for c in WGRAD
+            if check or (m % c.bm == 0 and n % c.bn == 0 and workgroups(c, m, n, k) >= 48 and
+                         (c.splits < 16 or m * n <= 256 * 1024))]
+
+
 def workgroups(config, m, n, k):
     return -(-m // config.bm) * -(-n // config.bn) * max(1, min(config.splits, -(-k // config.bk)))
 
@@ -364,7 +409,7 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
         budget = float(sys.argv[sys.argv.index("--budget") + 1])
     run_started = time.perf_counter()
     heat = 2.0  # seconds of load before the first shape's timing (the clock), less before the next ones'
-    table = []
+    table, ratios = [], {}  # ratios: shape -> new design -> its time over the best shipped candidate's
     for m, n, k, ta, tb, parts in shapes:
         label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {'+'.join(parts) or '-'}"
         new = entries_for(m, n, k, check or quick)  # (quick: all of them, whether they tile the shape or not)
@@ -398,6 +443,9 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
             def call(variant=variant, a=a, b=b, out=out, m=m, n=n, k=k, ta=ta, tb=tb, epilogue=epilogue):
                 variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True, epilogue)
             call()
+            if epilogue.row_sums is not None:  # the bias gradient's sums checked too (the epilogue's one output)
+                want_rows = (a_host.T if ta else a_host).astype(np.float64).sum(axis=1)
+                err = max(err, np.abs(gpu.to_numpy(epilogue.row_sums) - want_rows).max() / np.abs(want_rows).max())
             name = config.name + (f" {edit}" if edit else "")
             runs.append((name, config in BLOCK_CONFIGS and edit is None, call, err, workgroups(config, m, n, k)))
         blocked.generate = shipped_generate
@@ -422,6 +470,8 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
         best_new = min((name for name, shipped, _, err, _ in runs if not shipped and err < 1e-4), key=times.get)
         groups = {name: wg for name, _, _, _, wg in runs}
         table.append((label, best, times[best], groups[best], best_new, times[best_new], groups[best_new]))
+        ratios[label] = {name: times[name] / times[best] for name, shipped, _, err, _ in runs
+                         if not shipped and err < 1e-4}
         print(f"{label}: shipped best {best} {times[best]:.1f} us ({2 * m * n * k / times[best] / 1e6:.1f} TFLOP/s,"
               f" {groups[best]} wg) [setup {compiled - started:.1f} s, timing {time.perf_counter() - compiled:.1f} s]")
         for name, shipped, _, err, wg in runs:
@@ -435,12 +485,19 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
         print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
         for label, best, t, wg, best_new, t_new, wg_new in table:
             print(f"| {label} | {best} | {wg} | {t:.1f} | {best_new} | {wg_new} | {t_new:.1f} | {t_new / t:.3f} |")
+        names = list(dict.fromkeys(name for row in ratios.values() for name in row))  # each design across shapes
+        print("\nnew / shipped best per design (columns: the shapes above, in order):")
+        for name in names:
+            print(f"{name:<46}" + "".join(f" {ratios[label][name]:5.2f}" if name in ratios[label] else "     -"
+                                          for label in ratios))
 
 
 def main():
     gpu = backends.select("gpu")
     if "--pipeline" in sys.argv:
         return pipeline(gpu)
+    if "--waves" in sys.argv and "--wgrad" in sys.argv:
+        return pipeline(gpu, wgrad_entries, WGRAD_SHAPES, WGRAD_CHECK_SHAPES, budget=200.0)
     if "--waves" in sys.argv and "--big" in sys.argv:
         return pipeline(gpu, big_entries, BIG_SHAPES, BIG_CHECK_SHAPES, budget=330.0)
     if "--waves" in sys.argv:
