@@ -121,6 +121,35 @@ shipped 64x64 and 128x64 split2 run 384-1536 workgroups (several per SM hide lat
 mid's 64x96 blocks (four shapes), 64x64x16/8x4 and 128x64 split2; 128x128 double-buffered, session 8's winner of
 most big shapes, won one (2304x768x2048).
 
+--waves --wgrad: the weight gradients alone (A^T with the row sums, K = 2048): mid's four, the lesson's four, big's
+three (WGRAD_SHAPES), every shipped candidate against 51 blocks (WGRAD): splits 3, 6, 8 (16 on the lesson's small
+outputs), BK 32 (64x64 double-buffered unpadded at exactly 32 KB; 64x96, 128x64, 96x128, 128x96, 128x128
+single-buffered), 8x8 per thread, ahead2; those that tile the shape whole with 48 workgroups or more. H200,
+session 11 (one call, the harness above, 57 s in all; the split counts include the finish's dispatch):
+
+| shape, layout, epilogue | shipped best | wg | us | best new | wg | us | new / shipped |
+| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |
+| 384x1536x2048 A^T row sums | 128x128x16/8x8 split3 vec4 db unpadded | 108 | 83.8 | 128x128x32/8x8 split3 vec4 unpadded | 108 | 92.1 | 1.098 |
+| 1536x384x2048 A^T row sums | 128x128x16/8x8 split3 vec4 db unpadded | 108 | 82.8 | 128x128x32/8x8 split3 vec4 unpadded | 108 | 92.3 | 1.114 |
+| 1152x384x2048 A^T row sums | 128x128x16/8x8 split4 vec4 db unpadded | 108 | 65.1 | 64x96x16/8x4 split3 vec4 db | 216 | 66.5 | 1.022 |
+| 384x384x2048 A^T row sums | 32x64x16/4x4 split8 vec4 db | 576 | 37.1 | 64x64x16/8x4 split6 vec4 db | 216 | 29.8 | 0.801 |
+| 1024x256x2048 A^T row sums | 64x64x16/8x4 split4 vec4 db ahead2 | 256 | 41.9 | 128x128x16/8x8 split8 vec4 db unpadded | 128 | 42.7 | 1.018 |
+| 256x1024x2048 A^T row sums | 64x64x16/8x4 split4 vec4 db ahead2 | 256 | 41.5 | 128x128x16/8x8 split8 vec4 db unpadded | 128 | 42.2 | 1.018 |
+| 768x256x2048 A^T row sums | 64x64x16/4x4 split8 vec4 | 384 | 39.9 | 96x64x16/8x4 split6 vec4 db | 192 | 39.9 | 0.999 |
+| 256x256x2048 A^T row sums | 32x64x16/4x4 split8 vec4 db | 256 | 18.2 | 64x64x32/8x4 split8 vec4 db unpadded | 128 | 18.7 | 1.031 |
+| 768x3072x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 768 | 268.8 | 96x64x16/8x4 split2 vec4 db | 768 | 273.6 | 1.018 |
+| 3072x768x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 768 | 271.0 | 96x64x16/8x4 split2 vec4 db | 768 | 276.4 | 1.020 |
+| 768x768x2048 A^T row sums | 128x128x16/8x8 split3 vec4 db unpadded | 108 | 83.6 | 128x128x32/8x8 split3 vec4 unpadded | 108 | 91.4 | 1.093 |
+
+One shape gained 5% or more: mid's 384x384 (the projection's weight gradient), 37.1 -> 29.8 us with 64x64x16/8x4
+split6 vec4 db (shipped since): 216 workgroups of 128 threads, one wave at two per SM, where split 8 (288) took 41.1
+and split 3 (108) 34.7. Mid's 384x1536 and 1536x384 were already at 83-84 us with the 128x128 split3 shipped for
+big's 768x768 (the --waves table's 92-96 predates it); nothing here came within 9% of it (cuBLAS: ~61). BK 32 lost
+to BK 16 at the same block and split on 9-10 of the shapes (0.90-1.20x; 128x128x32 single-buffered against the
+shipped 128x128x16 db: 1.09-1.11x); 8x8 per thread lost wherever it meant fewer than 256 threads (64x64x32/8x8, 64
+threads: 2.3-2.7x its 8x4; 128x64x32/8x8, 128: 1.2-1.6x); ahead2 cost 0-4% on every shape; splits past the one
+wave (8 on mid's big outputs: 1152 workgroups) 1.2-1.4x.
+
 --check runs every variant once and prints its error (lavapipe; --waves --big: the aligned kernels, on 1152^2);
 --quick: small shapes (--pipeline, --waves: the shapes scaled down, every design timed; add --budget 1 for the
 first shape alone).
@@ -345,7 +374,8 @@ WGRAD = ([C(64, 64, 16, 8, 4, splits=s, **DB) for s in (3, 6, 8)] +
          [C(96, 64, 16, 8, 4, splits=s, **DB) for s in (2, 3, 6)] +
          [C(128, 64, 16, 8, 8, splits=s, **DB) for s in (3, 4, 6, 8)] +
          [C(128, 128, 16, 8, 8, splits=s, **DBU) for s in (6, 8)] +
-         [C(128, 96, 16, 8, 8, splits=s, **DB) for s in (3, 6)] + [C(96, 128, 16, 8, 8, splits=s, **DB) for s in (3, 6)] +
+         [C(128, 96, 16, 8, 8, splits=s, **DB) for s in (3, 6)] +
+         [C(96, 128, 16, 8, 8, splits=s, **DB) for s in (3, 6)] +
          # BK 32
          [C(64, 64, 32, 8, 4, splits=s, **DBU) for s in (2, 3, 4, 6, 8)] +
          [C(64, 64, 32, 8, 4, splits=s, **DBU, ahead=2) for s in (4, 8)] +
