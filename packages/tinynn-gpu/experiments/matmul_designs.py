@@ -3,7 +3,7 @@ generated kernel, or a text edit of one, checked against float64 and then timed 
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
     python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy | --pipeline | --waves]
-        [--big] [--budget SECONDS]
+        [--big | --wgrad] [--budget SECONDS]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -120,6 +120,35 @@ split4), 256-1536 workgroups: ahead of the shipped best on three (1-7%), 3-12% b
 shipped 64x64 and 128x64 split2 run 384-1536 workgroups (several per SM hide latency). The shipped winners are
 mid's 64x96 blocks (four shapes), 64x64x16/8x4 and 128x64 split2; 128x128 double-buffered, session 8's winner of
 most big shapes, won one (2304x768x2048).
+
+--waves --wgrad: the weight gradients alone (A^T with the row sums, K = 2048): mid's four, the lesson's four, big's
+three (WGRAD_SHAPES), every shipped candidate against 51 blocks (WGRAD): splits 3, 6, 8 (16 on the lesson's small
+outputs), BK 32 (64x64 double-buffered unpadded at exactly 32 KB; 64x96, 128x64, 96x128, 128x96, 128x128
+single-buffered), 8x8 per thread, ahead2; those that tile the shape whole with 48 workgroups or more. H200,
+session 11 (one call, the harness above, 57 s in all; the split counts include the finish's dispatch):
+
+| shape, layout, epilogue | shipped best | wg | us | best new | wg | us | new / shipped |
+| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |
+| 384x1536x2048 A^T row sums | 128x128x16/8x8 split3 vec4 db unpadded | 108 | 83.8 | 128x128x32/8x8 split3 vec4 unpadded | 108 | 92.1 | 1.098 |
+| 1536x384x2048 A^T row sums | 128x128x16/8x8 split3 vec4 db unpadded | 108 | 82.8 | 128x128x32/8x8 split3 vec4 unpadded | 108 | 92.3 | 1.114 |
+| 1152x384x2048 A^T row sums | 128x128x16/8x8 split4 vec4 db unpadded | 108 | 65.1 | 64x96x16/8x4 split3 vec4 db | 216 | 66.5 | 1.022 |
+| 384x384x2048 A^T row sums | 32x64x16/4x4 split8 vec4 db | 576 | 37.1 | 64x64x16/8x4 split6 vec4 db | 216 | 29.8 | 0.801 |
+| 1024x256x2048 A^T row sums | 64x64x16/8x4 split4 vec4 db ahead2 | 256 | 41.9 | 128x128x16/8x8 split8 vec4 db unpadded | 128 | 42.7 | 1.018 |
+| 256x1024x2048 A^T row sums | 64x64x16/8x4 split4 vec4 db ahead2 | 256 | 41.5 | 128x128x16/8x8 split8 vec4 db unpadded | 128 | 42.2 | 1.018 |
+| 768x256x2048 A^T row sums | 64x64x16/4x4 split8 vec4 | 384 | 39.9 | 96x64x16/8x4 split6 vec4 db | 192 | 39.9 | 0.999 |
+| 256x256x2048 A^T row sums | 32x64x16/4x4 split8 vec4 db | 256 | 18.2 | 64x64x32/8x4 split8 vec4 db unpadded | 128 | 18.7 | 1.031 |
+| 768x3072x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 768 | 268.8 | 96x64x16/8x4 split2 vec4 db | 768 | 273.6 | 1.018 |
+| 3072x768x2048 A^T row sums | 64x96x16/8x4 split2 vec4 db | 768 | 271.0 | 96x64x16/8x4 split2 vec4 db | 768 | 276.4 | 1.020 |
+| 768x768x2048 A^T row sums | 128x128x16/8x8 split3 vec4 db unpadded | 108 | 83.6 | 128x128x32/8x8 split3 vec4 unpadded | 108 | 91.4 | 1.093 |
+
+One shape gained 5% or more: mid's 384x384 (the projection's weight gradient), 37.1 -> 29.8 us with 64x64x16/8x4
+split6 vec4 db (shipped since): 216 workgroups of 128 threads, one wave at two per SM, where split 8 (288) took 41.1
+and split 3 (108) 34.7. Mid's 384x1536 and 1536x384 were already at 83-84 us with the 128x128 split3 shipped for
+big's 768x768 (the --waves table's 92-96 predates it); nothing here came within 9% of it (cuBLAS: ~61). BK 32 lost
+to BK 16 at the same block and split on 9-10 of the shapes (0.90-1.20x; 128x128x32 single-buffered against the
+shipped 128x128x16 db: 1.09-1.11x); 8x8 per thread lost wherever it meant fewer than 256 threads (64x64x32/8x8, 64
+threads: 2.3-2.7x its 8x4; 128x64x32/8x8, 128: 1.2-1.6x); ahead2 cost 0-4% on every shape; splits past the one
+wave (8 on mid's big outputs: 1152 workgroups) 1.2-1.4x.
 
 --check runs every variant once and prints its error (lavapipe; --waves --big: the aligned kernels, on 1152^2);
 --quick: small shapes (--pipeline, --waves: the shapes scaled down, every design timed; add --budget 1 for the
@@ -325,6 +354,52 @@ def big_entries(m, n, k, check):
             if check or (m % c.bm == 0 and n % c.bn == 0 and workgroups(c, m, n, k) >= 96)]
 
 
+# --waves --wgrad (session 11): the weight gradients alone (A^T, the bias gradient's row sums, K = the batch's
+# 2048 tokens): mid's four (its largest gap to cuBLAS: 384x1536 and 1536x384 ~92-96 us against ~61), the lesson's
+# four, then big's three; the heaviest of each model first. Split counts 3, 6, 8 (and 16 for the lesson's small
+# outputs), BK 32 (half the barriers per k; both operands stored with m or n contiguous, so unpadded tiles cost no
+# bank conflicts, and a double-buffered 64x64x32 fits 32 KB), 8x8 per thread (4 tile reads a k for 64 products).
+WGRAD_SHAPES = [
+    (384, 1536, 2048, True, False, ("row_sums",)), (1536, 384, 2048, True, False, ("row_sums",)),
+    (1152, 384, 2048, True, False, ("row_sums",)), (384, 384, 2048, True, False, ("row_sums",)),
+    (1024, 256, 2048, True, False, ("row_sums",)), (256, 1024, 2048, True, False, ("row_sums",)),
+    (768, 256, 2048, True, False, ("row_sums",)), (256, 256, 2048, True, False, ("row_sums",)),
+    (768, 3072, 2048, True, False, ("row_sums",)), (3072, 768, 2048, True, False, ("row_sums",)),
+    (768, 768, 2048, True, False, ("row_sums",)),
+]
+DBU = dict(vec4=True, double=True, pad=False)  # unpadded: m and n contiguous, each warp stores whole tile rows
+WGRAD = ([C(64, 64, 16, 8, 4, splits=s, **DB) for s in (3, 6, 8)] +
+         [C(64, 64, 16, 8, 4, splits=s, **DB, ahead=2) for s in (3, 6, 8)] +
+         [C(64, 96, 16, 8, 4, splits=s, **DB) for s in (3, 6)] +
+         [C(96, 64, 16, 8, 4, splits=s, **DB) for s in (2, 3, 6)] +
+         [C(128, 64, 16, 8, 8, splits=s, **DB) for s in (3, 4, 6, 8)] +
+         [C(128, 128, 16, 8, 8, splits=s, **DBU) for s in (6, 8)] +
+         [C(128, 96, 16, 8, 8, splits=s, **DB) for s in (3, 6)] +
+         [C(96, 128, 16, 8, 8, splits=s, **DB) for s in (3, 6)] +
+         # BK 32
+         [C(64, 64, 32, 8, 4, splits=s, **DBU) for s in (2, 3, 4, 6, 8)] +
+         [C(64, 64, 32, 8, 4, splits=s, **DBU, ahead=2) for s in (4, 8)] +
+         [C(64, 64, 32, 8, 8, splits=s, **DBU) for s in (4, 8)] +
+         [C(64, 96, 32, 8, 4, splits=s, vec4=True, pad=False) for s in (2, 3, 4)] +
+         [C(128, 64, 32, 8, 4, splits=s, vec4=True, pad=False) for s in (2, 4)] +
+         [C(128, 64, 32, 8, 8, splits=s, vec4=True, pad=False) for s in (2, 3, 4, 6)] +
+         [C(128, 96, 32, 8, 8, splits=s, vec4=True, pad=False) for s in (2, 3, 4)] +
+         [C(96, 128, 32, 8, 8, splits=s, vec4=True, pad=False) for s in (2, 3, 4)] +
+         [C(128, 128, 32, 8, 8, splits=s, vec4=True, pad=False) for s in (1, 2, 3, 4)] +
+         [C(64, 64, 16, 8, 4, splits=16, **DB), C(64, 64, 32, 8, 4, splits=16, **DBU)])
+# --check: shapes every WGRAD block tiles whole (aligned kernels; K split whole by 16 or 32) and one off the grid
+WGRAD_CHECK_SHAPES = [(384, 384, 512, True, False, ("row_sums",)), (384, 384, 2048, True, False, ("row_sums",)),
+                      (100, 70, 333, True, False, ("row_sums",))]
+
+
+def wgrad_entries(m, n, k, check):
+    """--waves --wgrad's blocks for one shape: those that tile it whole with 48 workgroups or more (all under
+    --check); split 16 only on outputs of 256 x 1024 or smaller."""
+    return [(c, None) for c in WGRAD
+            if check or (m % c.bm == 0 and n % c.bn == 0 and workgroups(c, m, n, k) >= 48 and
+                         (c.splits < 16 or m * n <= 256 * 1024))]
+
+
 def workgroups(config, m, n, k):
     return -(-m // config.bm) * -(-n // config.bn) * max(1, min(config.splits, -(-k // config.bk)))
 
@@ -364,7 +439,7 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
         budget = float(sys.argv[sys.argv.index("--budget") + 1])
     run_started = time.perf_counter()
     heat = 2.0  # seconds of load before the first shape's timing (the clock), less before the next ones'
-    table = []
+    table, ratios = [], {}  # ratios: shape -> new design -> its time over the best shipped candidate's
     for m, n, k, ta, tb, parts in shapes:
         label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {'+'.join(parts) or '-'}"
         new = entries_for(m, n, k, check or quick)  # (quick: all of them, whether they tile the shape or not)
@@ -398,6 +473,9 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
             def call(variant=variant, a=a, b=b, out=out, m=m, n=n, k=k, ta=ta, tb=tb, epilogue=epilogue):
                 variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True, epilogue)
             call()
+            if epilogue.row_sums is not None:  # the bias gradient's sums checked too (the epilogue's one output)
+                want_rows = (a_host.T if ta else a_host).astype(np.float64).sum(axis=1)
+                err = max(err, np.abs(gpu.to_numpy(epilogue.row_sums) - want_rows).max() / np.abs(want_rows).max())
             name = config.name + (f" {edit}" if edit else "")
             runs.append((name, config in BLOCK_CONFIGS and edit is None, call, err, workgroups(config, m, n, k)))
         blocked.generate = shipped_generate
@@ -422,6 +500,8 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
         best_new = min((name for name, shipped, _, err, _ in runs if not shipped and err < 1e-4), key=times.get)
         groups = {name: wg for name, _, _, _, wg in runs}
         table.append((label, best, times[best], groups[best], best_new, times[best_new], groups[best_new]))
+        ratios[label] = {name: times[name] / times[best] for name, shipped, _, err, _ in runs
+                         if not shipped and err < 1e-4}
         print(f"{label}: shipped best {best} {times[best]:.1f} us ({2 * m * n * k / times[best] / 1e6:.1f} TFLOP/s,"
               f" {groups[best]} wg) [setup {compiled - started:.1f} s, timing {time.perf_counter() - compiled:.1f} s]")
         for name, shipped, _, err, wg in runs:
@@ -435,12 +515,19 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
         print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
         for label, best, t, wg, best_new, t_new, wg_new in table:
             print(f"| {label} | {best} | {wg} | {t:.1f} | {best_new} | {wg_new} | {t_new:.1f} | {t_new / t:.3f} |")
+        names = list(dict.fromkeys(name for row in ratios.values() for name in row))  # each design across shapes
+        print("\nnew / shipped best per design (columns: the shapes above, in order):")
+        for name in names:
+            print(f"{name:<46}" + "".join(f" {ratios[label][name]:5.2f}" if name in ratios[label] else "     -"
+                                          for label in ratios))
 
 
 def main():
     gpu = backends.select("gpu")
     if "--pipeline" in sys.argv:
         return pipeline(gpu)
+    if "--waves" in sys.argv and "--wgrad" in sys.argv:
+        return pipeline(gpu, wgrad_entries, WGRAD_SHAPES, WGRAD_CHECK_SHAPES, budget=200.0)
     if "--waves" in sys.argv and "--big" in sys.argv:
         return pipeline(gpu, big_entries, BIG_SHAPES, BIG_CHECK_SHAPES, budget=330.0)
     if "--waves" in sys.argv:

@@ -73,11 +73,15 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 96, 16, 8, 4, vec4=True, double=True),
     # 768x768x2048 (A^T, row sums) 93.4 -> 84.3 us, 108 workgroups (split 2: 72, split 4: 144)
     BlockConfig(128, 128, 16, 8, 8, splits=3, vec4=True, double=True, pad=False),
+    # mid's 384x384x2048 weight gradient (A^T, row sums) 37.1 -> 29.8 us: 216 workgroups of 128 threads, one wave
+    # (split 8: 288, 41.1 us), the one win of --waves --wgrad (session 11) among 51 blocks on eleven shapes
+    BlockConfig(64, 64, 16, 8, 4, splits=6, vec4=True, double=True),
 )
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
 # 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
-# 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3)
-CACHE_VERSION = 8
+# 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3);
+# 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db)
+CACHE_VERSION = 9
 
 
 def lesson_source(tile: int) -> str:
