@@ -23,9 +23,18 @@ def normal(shape, std) -> np.ndarray:
 
 class Module:
     training = True
+    # bumped by every assignment of a tensor, module, list or tuple to a module's attribute: a captured training step
+    # (train.TrainStep) walks the model's parameters again when it moved (a walk costs more than its key); lists
+    # changed in place (blocks.append) are not seen
+    structure_changes = 0
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+    def __setattr__(self, name, value):
+        if isinstance(value, (Tensor, Module, list, tuple)):
+            Module.structure_changes += 1
+        object.__setattr__(self, name, value)
 
     def __init_subclass__(cls, **kwargs):
         """Calling a module runs its forward: a class's own `forward` becomes its `__call__` too (no hooks run

@@ -20,6 +20,7 @@ from tinynn.config import TrainConfig, to_dict
 from tinynn.data import Batches, CharTokenizer, load_text
 from tinynn.errors import TinynnError
 from tinynn.model import GPT, GPTConfig
+from tinynn.nn import Module
 from tinynn.optim import AdamW, cosine_lr, decay_groups
 from tinynn.rundir import Keeper, RunDir
 from tinynn.tensor import Tensor, no_grad
@@ -60,7 +61,8 @@ class TrainStep:
     def __init__(self, model: GPT, optimizer, batch_size: int, block_size: int, accum_steps: int = 1,
                  world: distributed.World | None = None):
         self.model, self.optimizer = model, optimizer
-        self.model_params = model.parameters()  # walked once: the walk costs more than the guard key it feeds
+        self.model_params = model.parameters()  # walked again only when a module's attribute is assigned (_backward_key)
+        self.model_structure = Module.structure_changes
         self.world = world if world is not None and world.size > 1 else None
         self.accum_steps = accum_steps
         self.scale = 1.0 / (accum_steps * (self.world.size if self.world else 1))
@@ -88,7 +90,10 @@ class TrainStep:
             self._update = be.capture(lambda: self._unpacked_update(shapes), key=self._guard_key)
 
     def _backward_key(self):
-        """What the captured forward and backward depend on besides the values in their arrays."""
+        """What the captured forward and backward depend on besides the values in their arrays: the parameters
+        walked again when a module, tensor or list was assigned to any module since the last walk (a new head, say)."""
+        if Module.structure_changes != self.model_structure:
+            self.model_params, self.model_structure = self.model.parameters(), Module.structure_changes
         return self.model.training, self.shape, tuple(map(_DATA, self.model_params))
 
     def _guard_key(self):
