@@ -32,7 +32,7 @@ def main():
         arrays, groups = [], []
         for _ in range(GROUPS):
             arrays.append([rt.empty((64,)) for _ in range(n)])
-            groups.append(rt.bind_group(pipe, tuple(range(n)), [a.buffer for a in arrays[-1]]))
+            groups.append(rt.bind_group((pipe, tuple(range(n)), *[a.buffer for a in arrays[-1]])))
         runs = [(pipe._internal, [(groups[k % GROUPS]._internal, 1, 1, 1) for k in range(DISPATCHES)])]
         record, finish = [], []
         for _ in range(REPS):

@@ -54,7 +54,7 @@ def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
     assert calls is not None, gpu.rt.native_reason
     out = rt.empty((4,))
     pipe = rt.pipeline(rt.shader(WGSL, "one"), "main")
-    group = rt.bind_group(pipe, (0,), [out.buffer])
+    group = rt.bind_group((pipe, (0,), out.buffer))
 
     def record(groups):
         encoder, compute_pass = calls.begin()

@@ -324,22 +324,19 @@ class Runtime(Replaying, BufferPool):
             _trim(self.uniforms)
         return buf
 
-    def bind_group(self, pipeline, slots: tuple, buffers: list):
-        """The bind group of buffers[i] at binding slot slots[i] (`launch` looks up its own)."""
-        key = (pipeline, slots, *buffers)
-        return self.bind_groups.get(key) or self._new_bind_group(key)
-
-    def _new_bind_group(self, key: tuple):
-        """The bind group of a key (pipeline, slots, buffer, ...), made and cached. Keyed by the objects, in the
-        caller's order: no sorting, no pair per slot, and a key keeps its buffers alive (a call site passes its
-        slots in one order; another order costs one more bind group, once)."""
-        pipeline, slots, buffers = key[0], key[1], key[2:]
-        entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-                   for slot, buf in zip(slots, buffers)]
-        group = self.bind_groups[key] = self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0),
-                                                                     entries=entries)
-        self.counters["bind_groups_created"] += 1
-        _trim(self.bind_groups)
+    def bind_group(self, key: tuple):
+        """The bind group of a key (pipeline, slots, buffer, ...): buffer i at binding slot slots[i], made once and
+        cached. Keyed by the objects, in the caller's order: no sorting, no pair per slot, and a key keeps its
+        buffers alive (a call site passes its slots in one order; another order costs one more bind group, once)."""
+        group = self.bind_groups.get(key)
+        if group is None:
+            pipeline, slots, buffers = key[0], key[1], key[2:]
+            entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
+                       for slot, buf in zip(slots, buffers)]
+            group = self.bind_groups[key] = self.device.create_bind_group(
+                layout=pipeline.get_bind_group_layout(0), entries=entries)
+            self.counters["bind_groups_created"] += 1
+            _trim(self.bind_groups)
         return group
 
     # --- recording ---
@@ -366,13 +363,13 @@ class Runtime(Replaying, BufferPool):
 
     def launch(self, launch: Launch | None, arrays) -> None:
         """Record a prepared dispatch over `arrays` (GpuArrays or raw buffers) at its slots, in their order.
-        Every eager op runs through here, so it is one function of plain look-ups: the bind group's (as in
-        `bind_group`), and the commands recorded inline through the direct calls (else `_encode_methods`)."""
+        Every eager op runs through here: plain look-ups (the bind group's), and the commands recorded inline through
+        the direct calls (else `_encode_methods`)."""
         if launch is None:
             return
         pipe = launch.pipeline
-        key = (pipe, launch.slots, *[a.buffer if a.__class__ is GpuArray else a for a in arrays], *launch.uniforms)
-        group = self.bind_groups.get(key) or self._new_bind_group(key)
+        group = self.bind_group((pipe, launch.slots, *[a.buffer if a.__class__ is GpuArray else a for a in arrays],
+                                 *launch.uniforms))
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, launch.groups))
             for value in arrays:
