@@ -274,18 +274,15 @@ class BlockedMatmul:
             if pre is None:
                 pre = stand_ins[1]
             if finish is None:
-                arrays = (a, b, out, bias, residual, pre, stand_ins[2] if row_sums is None else row_sums)
-                for launch in launches:
-                    rt.launch(launch, arrays)
-                return True
-            # split-K: one slice per split, for matmul_finish_main to add up
-            target = rt.empty(parts)
-            row_target = None if row_sums is None else rt.empty(row_parts)
+                target, row_target = out, row_sums
+            else:  # split-K: one slice per split, for matmul_finish_main to add up
+                target, row_target = rt.empty(parts), None if row_sums is None else rt.empty(row_parts)
             arrays = (a, b, target, bias, residual, pre, stand_ins[2] if row_target is None else row_target)
             for launch in launches:
                 rt.launch(launch, arrays)
-            rt.launch(finish, (out, bias, residual, pre, stand_ins[2] if row_sums is None else row_sums, target,
-                               stand_ins[0] if row_target is None else row_target))
+            if finish is not None:
+                rt.launch(finish, (out, bias, residual, pre, stand_ins[2] if row_sums is None else row_sums, target,
+                                   stand_ins[0] if row_target is None else row_target))
             return True
         return record
 
