@@ -2,8 +2,8 @@
 generated kernel, or a text edit of one, checked against float64 and then timed with `Runtime.time_pass` (back to
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
-    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick] [--anatomy | --pipeline | --waves]
-        [--big | --wgrad] [--budget SECONDS]
+    python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick]
+        [--anatomy | --pipeline | --waves [--big | --wgrad] | --threads] [--budget SECONDS]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -149,6 +149,15 @@ to BK 16 at the same block and split on 9-10 of the shapes (0.90-1.20x; 128x128x
 shipped 128x128x16 db: 1.09-1.11x); 8x8 per thread lost wherever it meant fewer than 256 threads (64x64x32/8x8, 64
 threads: 2.3-2.7x its 8x4; 128x64x32/8x8, 128: 1.2-1.6x); ahead2 cost 0-4% on every shape; splits past the one
 wave (8 on mid's big outputs: 1152 workgroups) 1.2-1.4x.
+
+--threads: workgroups of 512 and 1024 threads (THREADS, THREADS_SPLIT: 128x128 blocks of 8x4 or 4x8 per thread,
+256x128 and 128x256 of 8x8, 4x4 per thread on 64x128 to 128x128) on the lesson's, mid's and big's 27 training shapes
+(PIPELINE_SHAPES + BIG_SHAPES), against every shipped candidate (256 threads or fewer). The question: does a
+256-thread 8x8 block leave the H200 short of warps (WGSL cannot bound registers but through the workgroup size)?
+H200, session 12 (one call, the harness above, 140 s in all; the adapter allows 1024 threads and 48 KiB): no. The
+best new block was 0.97-1.25x the best shipped on the 27 shapes (0.969: 2048x1024x256 nn, 44.6 -> 43.3 us with
+128x128x16/8x4 vec4 db unpadded; 0.989 and 1.000 on big's 2048x3072x768 pair; 1.08-1.25x elsewhere); the
+1024-thread 4x4 blocks 1.2-2.4x, 256x128 and 128x256 8x8 1.3-2.1x. Nothing was shipped.
 
 --check runs every variant once and prints its error (lavapipe; --waves --big: the aligned kernels, on 1152^2);
 --quick: small shapes (--pipeline, --waves: the shapes scaled down, every design timed; add --budget 1 for the
@@ -400,6 +409,28 @@ def wgrad_entries(m, n, k, check):
                          (c.splits < 16 or m * n <= 256 * 1024))]
 
 
+# --threads (session 12): workgroups of 512 and 1024 threads. Every shipped candidate has 256 or fewer, and nothing
+# in WGSL bounds a kernel's registers per thread but the workgroup size: a 256-thread 8x8 block may take more
+# registers than two workgroups per SM allow (8 warps resident), where 512 threads must fit 128 registers each
+# (16 warps a workgroup). 128x128 blocks of 8x4 or 4x8 per thread keep the 128x128 tile's loads per product with
+# twice the warps; 256x128 / 128x256 blocks of 8x8 double the tile; 4x4 per thread on 512 or 1024 threads.
+THREADS = [C(128, 128, 16, 8, 4), C(128, 128, 16, 8, 4, vec4=True), C(128, 128, 16, 8, 4, **DBU),
+           C(128, 128, 16, 4, 8, vec4=True), C(128, 128, 16, 4, 8, **DBU),
+           C(64, 128, 16, 4, 4), C(64, 128, 16, 4, 4, **DB), C(128, 64, 16, 4, 4), C(128, 64, 16, 4, 4, **DB),
+           C(256, 128, 16, 8, 8, vec4=True, pad=False), C(256, 128, 8, 8, 8, **DB),
+           C(128, 256, 16, 8, 8, vec4=True, pad=False), C(256, 64, 16, 8, 4, vec4=True),
+           C(128, 128, 16, 4, 4, vec4=True), C(128, 128, 16, 4, 4, **DBU)]
+THREADS_SPLIT = [C(128, 128, 16, 8, 4, splits=s, **DBU) for s in (2, 3, 4)] + \
+    [C(64, 128, 16, 4, 4, splits=4, **DB), C(128, 64, 16, 4, 4, splits=4, **DB), C(128, 128, 16, 4, 4, splits=2, **DBU)]
+
+
+def threads_entries(m, n, k, check):
+    """--threads' blocks for one shape: those that tile it whole with 64 workgroups or more (all under --check),
+    split-K where K >= 1024."""
+    return [(c, None) for c in THREADS + THREADS_SPLIT * (k >= 1024 or check)
+            if check or (m % c.bm == 0 and n % c.bn == 0 and workgroups(c, m, n, k) >= 64)]
+
+
 def workgroups(config, m, n, k):
     return -(-m // config.bm) * -(-n // config.bn) * max(1, min(config.splits, -(-k // config.bk)))
 
@@ -526,6 +557,9 @@ def main():
     gpu = backends.select("gpu")
     if "--pipeline" in sys.argv:
         return pipeline(gpu)
+    if "--threads" in sys.argv:
+        return pipeline(gpu, threads_entries, PIPELINE_SHAPES + BIG_SHAPES, WGRAD_CHECK_SHAPES[:1] + BIG_CHECK_SHAPES,
+                        budget=240.0)
     if "--waves" in sys.argv and "--wgrad" in sys.argv:
         return pipeline(gpu, wgrad_entries, WGRAD_SHAPES, WGRAD_CHECK_SHAPES, budget=200.0)
     if "--waves" in sys.argv and "--big" in sys.argv:
