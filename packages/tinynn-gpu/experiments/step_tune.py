@@ -88,7 +88,7 @@ class StepTrials:
         pipes = {pipe for shader, pipe in rt.entry_points.values() if shader.label.startswith("matmul ")}
         events = [e for e in self.train_step._run.tape.events if e[0] == "dispatch" and e[1] in pipes]
         direct = rt.native is not None
-        program = compile_program(events, direct)
+        program, _ = compile_program(events, direct)
 
         def once():
             rt.flush()

@@ -128,7 +128,8 @@ def test_a_replay_program_keeps_runs_of_one_pipeline_in_growing_chunks_between_i
     pipe, other, group, x, y = map(Handle, ("pipe", "other", "group", "x", "y"))
     dispatches = [("dispatch", other if i == 10 else pipe, group, (i + 1, 1, 1)) for i in range(35)]
     events = [("write", x, b"1", 0)] + dispatches[:30] + [("write", y, b"2", 8)] + dispatches[30:]
-    program = replay.compile_program(events, direct)
+    program, result_at = replay.compile_program(events, direct)
+    assert result_at is None
     name = (lambda h: h._internal) if direct else (lambda h: h)
     assert [kind for kind, _ in program] == ["write", "dispatches", "dispatches", "dispatches", "write", "dispatches",
                                              "dispatches"]
@@ -138,6 +139,12 @@ def test_a_replay_program_keeps_runs_of_one_pipeline_in_growing_chunks_between_i
     assert chunks == [[(name(pipe), 8)], [(name(pipe), 2), (name(other), 1), (name(pipe), 13)], [(name(pipe), 6)],
                       [(name(pipe), 1)], [(name(pipe), 4)]]
     assert program[6][1] == [(name(pipe), [(name(group), x, 1, 1) for x in range(32, 36)])]
+    # the result last used by the step's 13th dispatch (event 13): its command buffer ends there, and is named
+    program, result_at = replay.compile_program(events, direct, result_event=13)
+    chunks = [[(p, len(d)) for p, d in runs] for kind, runs in program if kind == "dispatches"]
+    assert chunks == [[(name(pipe), 8)], [(name(pipe), 2), (name(other), 1), (name(pipe), 2)],
+                      [(name(pipe), 11)], [(name(pipe), 6)], [(name(pipe), 1)], [(name(pipe), 4)]]
+    assert result_at == 2 and program[2][1][-1][1][-1] == (name(group), 13, 1, 1)
 
 
 def test_a_read_back_after_a_replay_first_waits_for_its_earlier_command_buffers(gpu, monkeypatch):
@@ -149,9 +156,9 @@ def test_a_read_back_after_a_replay_first_waits_for_its_earlier_command_buffers(
     monkeypatch.setattr(replay, "LAST_CHUNK", 2)
     waited, read = [], native.NativeCalls.read
 
-    def spy(calls, buffer, parts, first=()):
+    def spy(calls, buffer, parts, first=(), until=None):
         waited.append(list(first))
-        return read(calls, buffer, parts, first)
+        return read(calls, buffer, parts, first, until)
     monkeypatch.setattr(native.NativeCalls, "read", spy)
     x = tinynn.tensor(np.zeros(4), backend=gpu)
 
@@ -165,10 +172,59 @@ def test_a_read_back_after_a_replay_first_waits_for_its_earlier_command_buffers(
         gpu.write_(x.data, np.full(4, value, np.float32))
         assert step().numpy().tolist() == [value * 64.0 + 63.0] * 4
         assert gpu.rt.step_submissions == []
-    buffers = sum(kind == "dispatches" for kind, _ in step.tape.programs[True])
+    buffers = sum(kind == "dispatches" for kind, _ in step.tape.programs[True][0])
     replayed = [w for w in waited if w]
     assert buffers >= 3 and replayed
     assert all(len(w) == buffers - 1 and w == sorted(w) for w in replayed)
+
+
+def test_a_replayed_results_read_back_waits_for_the_command_buffer_that_made_it(gpu, monkeypatch, ahead_path):
+    """A step's result made early (a training step's loss, before its backward) is copied for the host by the
+    command buffer of its last use, and its read-back waits for that submission, not the step's later ones: the
+    host has the value while the GPU runs the rest. Anything recorded between the replay and the read-back sends
+    it the usual way (a copy after everything), with the same value."""
+    monkeypatch.setattr(replay, "FIRST_CHUNK", 2)
+    monkeypatch.setattr(replay, "LAST_CHUNK", 2)
+    reads, read = [], native.NativeCalls.read
+    submitted, submit = [], native.NativeCalls.submit
+
+    def read_spy(calls, buffer, parts, first=(), until=None):
+        reads.append((list(first), until))
+        return read(calls, buffer, parts, first, until)
+
+    def submit_spy(calls, command_buffers):
+        submitted.append(submit(calls, command_buffers))
+        return submitted[-1]
+    monkeypatch.setattr(native.NativeCalls, "read", read_spy)
+    monkeypatch.setattr(native.NativeCalls, "submit", submit_spy)
+    x, kept = tinynn.tensor(np.zeros(4), backend=gpu), []
+
+    def result_then_more():
+        loss = (x * 2.0).sum()
+        y = x
+        for _ in range(6):  # after the result: the step's later command buffers
+            y = y * 2.0 + 1.0
+        kept[:] = [y]
+        return loss
+    step = gpu.capture(result_then_more)
+    for value in range(1, 7):
+        gpu.write_(x.data, np.full(4, value, np.float32))
+        reads.clear()
+        submitted.clear()
+        assert step().item() == 8.0 * value
+        assert kept[0].numpy().tolist() == [value * 64.0 + 63.0] * 4
+    program, result_at = step.tape.programs[True]
+    assert result_at is not None
+    result_number = sum(kind == "dispatches" for kind, _ in program[:result_at])
+    (first, until), _ = reads  # the loss's, then the kept array's (the usual way)
+    assert until == submitted[result_number] and result_number < sum(kind == "dispatches" for kind, _ in program) - 1
+    assert first == submitted[:result_number]
+    # a command between the replay and the read-back: the read-back copies after it, as any other does
+    reads.clear()
+    gpu.write_(x.data, np.full(4, 10.0, np.float32))
+    loss = step()
+    gpu.full((3,), 1.0)
+    assert loss.item() == 80.0 and reads[0][1] is None
 
 
 def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
@@ -265,21 +321,30 @@ def test_a_step_recorded_for_other_inputs_is_recorded_again(gpu, monkeypatch, ah
 
 
 def test_a_step_ending_in_a_write_still_returns_its_result(gpu, ahead_path):
-    """A constant write inside a captured step is replayed as a queue write between its command buffers; the
-    result is copied out after it, in a command buffer of its own."""
+    """A constant write inside a captured step is replayed as a queue write between its command buffers. A result
+    made before it is copied out by the command buffer that made it; the written array itself, after the write,
+    in a command buffer of its own."""
     x, z = (tinynn.tensor(np.zeros(4), backend=gpu) for _ in range(2))
 
     def doubled_then_written():
         y = x * 2.0
         gpu.write_(z.data, np.ones(4, np.float32))
         return y
-    step = gpu.capture(doubled_then_written)
-    for value in range(8):
-        gpu.write_(x.data, np.full(4, value, np.float32))
-        submissions = gpu.counters["submissions"]
-        assert step().numpy().tolist() == [2.0 * value] * 4
-    assert [kind for kind, _ in step.tape.programs[True]] == ["dispatches", "write"]
-    assert gpu.counters["submissions"] - submissions == 2 + 1  # the step's two, and the read-back's
+
+    def written():
+        gpu.write_(z.data, np.full(4, 3.0, np.float32))
+        (x * 2.0).sum()  # a dispatch, so that the write is not the whole step
+        return z
+    for fn, want, buffers in ((doubled_then_written, lambda v: [2.0 * v] * 4, 1), (written, lambda v: [3.0] * 4, 2)):
+        step = gpu.capture(fn)
+        for value in range(8):
+            gpu.write_(x.data, np.full(4, value, np.float32))
+            submissions = gpu.counters["submissions"]
+            assert step().numpy().tolist() == want(value)
+        # the read-back rides in the step's command buffer (`written` also flushes x's write on its own: a step that
+        # starts with a write takes no staged inputs into its first command buffer)
+        assert gpu.counters["submissions"] - submissions == buffers
+    assert [kind for kind, _ in step.tape.programs[True][0]] == ["write", "dispatches"]
 
 
 def test_a_tape_dropped_while_its_next_step_records_is_released_after(gpu, monkeypatch):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import weakref
 
 from tinynn.tensor import Tensor
+from tinynn_gpu.pool import GpuArray
 
 EAGER_CALLS = 3
 
@@ -41,13 +42,19 @@ class Tape:
         self.programs = {}  # the events compiled for replay (replay.compile_program), per recording path
         self.ahead = None  # a Future of the next replay's replay.Ahead, recorded while the GPU runs this one
         self.dispatches = 0
+        self.last_use = {}  # buffer -> the index of the last event that binds or writes it
+        self.result_event = None  # the last event that uses the step's result (replay.compile_program)
+        self.read_buffers = []  # MAP_READ buffers the replays copy the result into for its read-back (replay.py)
+        self.turn = 0  # which of them the next replay uses
 
     def hold(self, value):
+        """Keep what the last event (a dispatch or write, just appended) uses: an array, or a raw buffer."""
         lease = getattr(value, "_owner", None)
         if lease is None:
             self.keep.append(value)  # a raw buffer, not pooled
         else:
             self.leases[lease.buffer] = weakref.ref(lease)
+        self.last_use[value.buffer if value.__class__ is GpuArray else value] = len(self.events) - 1
 
     def close(self):
         """End the capture: keep the leases still alive, claim the buffers whose arrays died."""
@@ -111,6 +118,7 @@ class CapturedStep:
         try:
             loss = self.fn()
             if loss is not None:
+                tape.result_event = tape.last_use.get(loss.data.buffer)  # before the hold below counts as a use
                 tape.hold(loss.data)
         finally:
             rt.tape = None

@@ -134,8 +134,9 @@ class NativeCalls:
         view = self._ffi.from_buffer(data)
         self._checked.wgpuQueueWriteBuffer(self._queue, buffer, offset, view, len(view))
 
-    def read(self, buffer, parts, first=()) -> None:
-        """Copy bytes of a MAP_READ buffer handle into host arrays once everything submitted before has run:
+    def read(self, buffer, parts, first=(), until=None) -> None:
+        """Copy bytes of a MAP_READ buffer handle into host arrays once everything submitted before has run (see
+        `until`):
         `parts` is [(byte offset, writable contiguous array), ...], each array filled from its offset. Map, copy,
         unmap, waiting in one blocking poll of the device from this thread. wgpu-py's `map_sync` waits through its
         poll thread and an event instead, two thread hand-overs: on the H200 an idle 4-byte read-back took
@@ -145,7 +146,10 @@ class NativeCalls:
         `first`: submission indices to wait for one by one before that. The poll that finds a submission done
         also cleans up after it, and for a step's command buffers that takes a while (the H200: ~155 us for a
         lesson or mid step, against ~1 us for a poll with nothing done); waiting for a step's earlier command
-        buffers first cleans up after them while the GPU runs the later ones, instead of after the GPU's last."""
+        buffers first cleans up after them while the GPU runs the later ones, instead of after the GPU's last.
+
+        `until`: the index of the last submission that writes the buffer, where later ones may still run (a
+        replay's result, copied out by the command buffer that made it): the map waits for that one alone."""
         ffi, lib, status = self._ffi, self._lib, self._map_status
         for index in first:
             lib.wgpuDevicePoll(self._device, 1, ffi.new("WGPUSubmissionIndex *", index))
@@ -153,11 +157,12 @@ class NativeCalls:
         size = max(offset + len(view) for offset, view in views)
         status[0] = 0
         self._checked.wgpuBufferMapAsync(buffer, lib.WGPUMapMode_Read, 0, size, self._map_callback[0])
-        idle = False
+        idle, wait_for = False, self.null if until is None else ffi.new("WGPUSubmissionIndex *", until)
         while not status[0]:  # the callback fires inside a poll: this one's, or wgpu-py's poll thread's
             if idle:  # the queue was empty at the last poll, and this one ran the callbacks it had left
                 raise RuntimeError("a read-back buffer's map never completed (was the device lost?)")
-            idle = lib.wgpuDevicePoll(self._device, 1, self.null)
+            idle = lib.wgpuDevicePoll(self._device, 1, wait_for)
+            wait_for = self.null  # a map still waiting after that: wait for everything
         if status[0] != lib.WGPUMapAsyncStatus_Success:
             raise RuntimeError(f"could not map a read-back buffer: {status[1] or f'status {status[0]}'}")
         try:

@@ -32,7 +32,10 @@ wgpu-py's methods (where the direct calls failed their probe) each replay record
 from __future__ import annotations
 
 import time
+import weakref
 from concurrent.futures import Future
+
+import wgpu
 
 from tinynn_gpu.pool import GpuArray, _round4
 
@@ -45,16 +48,25 @@ class Ahead:
     """A replay recorded before its turn: the staged-input copies it starts with, its queue work in order
     (("write", (buffer, bytes, offset)) and ("buffer", finished command buffer)), and the array the step's
     result is copied into (or None). `keep` holds the objects behind the handles it records (the tape's
-    events, the upload buffer): the tape may be dropped, or the upload buffer replaced, while it records."""
-    __slots__ = ("calls", "inputs", "result", "out", "keep", "work")
+    events, the upload buffer): the tape may be dropped, or the upload buffer replaced, while it records.
+    The result is copied out at the end of command buffer `result_at` of the program (None: its last), and with
+    `read` (a MAP_READ buffer, the byte offset of the error flags in it) also into that buffer for the host, with
+    the kernels' error flags: `read_number` is the number of command buffers before the one that does it."""
+    __slots__ = ("calls", "inputs", "result", "out", "keep", "work", "read", "read_number")
 
-    def __init__(self, calls, program, inputs: list, result: GpuArray | None, out: GpuArray | None, keep):
+    def __init__(self, calls, program, inputs: list, result: GpuArray | None, out: GpuArray | None, keep,
+                 result_at: int | None = None, read: tuple | None = None, flags=None):
         self.calls, self.inputs, self.result, self.out, self.keep, self.work = calls, inputs, result, out, keep, []
+        self.read, self.read_number = read, None
         copies = [] if out is None else [(result.buffer._internal, 0, out.buffer._internal, 0,
                                           _round4(max(4, result.nbytes)))]
-        if copies and (not program or program[-1][0] == "write"):
+        if copies and read is not None:
+            staging, flags_at = read
+            copies += [(out.buffer._internal, 0, staging._internal, 0, flags_at),
+                       (flags._internal, 0, staging._internal, flags_at, 4)]
+        if copies and result_at is None and (not program or program[-1][0] == "write"):
             program = [*program, ("dispatches", [])]  # the result is copied after the step's last write
-        last = len(program) - 1
+        result_at = len(program) - 1 if result_at is None else result_at
         try:
             for i, (kind, item) in enumerate(program):
                 if kind == "write":
@@ -63,14 +75,17 @@ class Ahead:
                 encoder, compute_pass = calls.begin(inputs)
                 inputs = ()
                 calls.record(compute_pass, item)
-                self.work.append(("buffer", calls.finish(encoder, compute_pass, copies if i == last else ())))
+                if i == result_at:
+                    self.read_number = sum(kind == "buffer" for kind, _ in self.work)
+                self.work.append(("buffer", calls.finish(encoder, compute_pass, copies if i == result_at else ())))
         except BaseException:
             self.release()
             raise
 
-    def fits(self, calls, inputs: list, result: GpuArray | None) -> bool:
-        """Whether a replay through `calls`, with these staged-input copies and this result, can use it."""
-        return self.calls is calls and self.inputs == inputs and self.result is result
+    def fits(self, calls, inputs: list, result: GpuArray | None, read: tuple | None) -> bool:
+        """Whether a replay through `calls`, with these staged-input copies, this result and read-back buffer, can
+        use it."""
+        return self.calls is calls and self.inputs == inputs and self.result is result and self.read == read
 
     def submit(self) -> list[int]:
         """Its writes and command buffers to the queue, in order, each buffer a submission of its own. What a
@@ -100,12 +115,15 @@ class Replaying:
 
     def replay(self, tape, result: GpuArray | None = None) -> GpuArray | None:
         """Run a captured step again: the same dispatches and writes, no Python autograd, no cache look-ups.
-        With `result` (an array the step wrote), returns a copy of it, made by the step's last command
-        buffer."""
+        With `result` (an array the step wrote), returns a copy of it, made by the command buffer of the step's
+        last dispatch that uses it; with the direct calls the same command buffer copies it for the host too,
+        and the next read-back of that copy (`Runtime.read`, `early_read`) waits for that command buffer alone."""
         direct = self.native is not None
-        program = tape.programs.get(direct)
-        if program is None:
-            program = tape.programs[direct] = compile_program(tape.events, direct)
+        compiled = tape.programs.get(direct)
+        if compiled is None:
+            compiled = tape.programs[direct] = compile_program(tape.events, direct,
+                                                               None if result is None else tape.result_event)
+        program, result_at = compiled
         self._release_orphans()
         ahead, tape.ahead = tape.ahead, None
         ahead = None if ahead is None else ahead.result()  # waits for the recording thread; raises its error
@@ -118,21 +136,26 @@ class Replaying:
             self._upload_staged()
         else:
             self.flush()
-        if ahead is not None and not ahead.fits(self.native, inputs, result):
+        read = self._read_buffer(tape, result) if direct else None
+        if ahead is not None and not ahead.fits(self.native, inputs, result, read):
             ahead.release()  # recorded for other inputs (or the other path): recorded again below
             ahead = None
         if not direct:
             out = self._replay_methods(program, result)
             submissions = sum(kind == "dispatches" for kind, _ in program)
         else:
-            keep = (tape.events, self.upload_buffer)
+            keep = (tape.events, self.upload_buffer, tape.read_buffers)
             if ahead is None:
-                ahead = Ahead(self.native, program, inputs, result, self._result_array(result), keep)
+                ahead = Ahead(self.native, program, inputs, result, self._result_array(result), keep, result_at,
+                              read, self.error_flags)
             out = ahead.out
             indices = ahead.submit()
             submissions = len(indices)
             self.step_submissions = indices[:-1]  # the next read-back waits for these first (NativeCalls.read)
-            tape.ahead = self._record_ahead(program, inputs, result, keep)
+            if read is not None:
+                self.early_read = (weakref.ref(out._owner), read, indices[ahead.read_number])
+            tape.turn ^= 1
+            tape.ahead = self._record_ahead(program, inputs, result, keep, result_at, self._read_buffer(tape, result))
         self.counters["dispatches"] += tape.dispatches
         self.counters["submissions"] += submissions
         self.counters["queue_writes"] += sum(kind == "write" for kind, _ in program)
@@ -142,15 +165,28 @@ class Replaying:
     def _result_array(self, result: GpuArray | None) -> GpuArray | None:
         return None if result is None else self.empty(result.shape, result.dtype)
 
-    def _record_ahead(self, program, inputs, result, keep) -> Future:
+    def _read_buffer(self, tape, result: GpuArray | None) -> tuple | None:
+        """(MAP_READ buffer, byte offset of the error flags in it) that the replay of this turn copies its result
+        into for the host: two per tape, taken in turns, so that the recording thread records the next replay's
+        copy into one while the host reads the other."""
+        if result is None:
+            return None
+        flags_at = _round4(result.nbytes)
+        if not tape.read_buffers:
+            tape.read_buffers[:] = [self.device.create_buffer(
+                size=flags_at + 4, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST) for _ in range(2)]
+        return tape.read_buffers[tape.turn], flags_at
+
+    def _record_ahead(self, program, inputs, result, keep, result_at, read) -> Future:
         """The next replay's `Ahead`, recorded on the worker thread (`recorder`), else here. Either way its
         error, if any, raises in the replay that would use it, not in this one, whose step is submitted."""
         try:
             out = self._result_array(result)  # the pool is not the thread's to use
+            args = (self.native, program, inputs, result, out, keep, result_at, read, self.error_flags)
             if self.recorder is not None:
-                return self.recorder.submit(self._timed_ahead, self.native, program, inputs, result, out, keep)
+                return self.recorder.submit(self._timed_ahead, *args)
             done = Future()
-            done.set_result(Ahead(self.native, program, inputs, result, out, keep))
+            done.set_result(Ahead(*args))
         except Exception as e:
             done = Future()
             done.set_exception(e)
@@ -196,17 +232,20 @@ class Replaying:
         return out
 
 
-def compile_program(events, direct: bool) -> list[tuple]:
-    """A tape's events as the replay runs them: ("write", (buffer, bytes, byte offset)) and ("dispatches",
-    runs), the dispatches of one command buffer, a run being (pipeline, [(bind group, x, y, z), ...]) under
-    one pipeline. A command buffer ends at a write, where the step's dispatches so far reach the end of a
-    chunk (`FIRST_CHUNK`, growing by `CHUNK_GROWTH`), and before the step's last `LAST_CHUNK` dispatches.
-    Direct calls take native handles; the tape's events keep their objects (and so the handles) alive."""
+def compile_program(events, direct: bool, result_event: int | None = None) -> tuple[list, int | None]:
+    """A tape's events as the replay runs them: (program, result_at). The program is a list of ("write", (buffer,
+    bytes, byte offset)) and ("dispatches", runs), the dispatches of one command buffer, a run being (pipeline,
+    [(bind group, x, y, z), ...]) under one pipeline. A command buffer ends at a write, where the step's dispatches
+    so far reach the end of a chunk (`FIRST_CHUNK`, growing by `CHUNK_GROWTH`), before the step's last `LAST_CHUNK`
+    dispatches, and after event `result_event` (the last to use the step's result: a training step's loss is
+    final after the forward, and its read-back need not wait for the backward). result_at: the program index of
+    that command buffer (None where result_event is None or no dispatch). Direct calls take native handles; the
+    tape's events keep their objects (and so the handles) alive."""
     handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
-    program, last, runs = [], None, None
+    program, last, runs, result_at = [], None, None, None
     count, chunk, chunk_end = 0, FIRST_CHUNK, FIRST_CHUNK
     last_start = sum(event[0] != "write" for event in events) - LAST_CHUNK
-    for event in events:
+    for i, event in enumerate(events):
         if event[0] == "write":
             program.append(("write", (handle(event[1]), event[2], event[3])))
             runs = None  # a write goes in before the dispatches after it: they go in a command buffer of their own
@@ -226,4 +265,6 @@ def compile_program(events, direct: bool) -> list[tuple]:
             runs.append((handle(pipe), []))
             last = pipe
         runs[-1][1].append((handle(group), x, y, z))
-    return program
+        if i == result_event:
+            result_at, runs = len(program) - 1, None  # the result's command buffer ends here
+    return program, result_at

@@ -112,6 +112,10 @@ class Runtime(Replaying, BufferPool):
         self.native, self.native_reason, self.recorder, self._stop_recorder = None, "", None, None
         self.orphaned_aheads = deque()  # dropped tapes' recordings ahead, released by the next replay
         self.step_submissions = []  # the last replay's submissions but its last: a read-back waits for them first
+        # the last replay's result, copied for the host by the command buffer that made it: (a weak reference to
+        # its array's lease, (MAP_READ buffer, error flags' offset), that submission's index), or None once
+        # anything else is recorded or written (`read` reads it there when it is the next array read)
+        self.early_read = None
         self.use_native(*native.probe(self.device))
 
     def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
@@ -119,7 +123,7 @@ class Runtime(Replaying, BufferPool):
         (then `reason` says why). With `threaded` (default: with RECORD_THREAD_CPUS cores or more), a replay
         records the next one on a worker thread (replay.py). Tests switch paths with it."""
         self.flush()
-        self.native, self.native_reason = calls, reason
+        self.native, self.native_reason, self.early_read = calls, reason, None
         if threaded is None:
             threaded = (os.cpu_count() or 1) >= RECORD_THREAD_CPUS
         if self.recorder is not None and not (calls and threaded):
@@ -212,6 +216,7 @@ class Runtime(Replaying, BufferPool):
         recorded now if commands are waiting in the encoder, else by the next encoder before anything else
         (`_encoder`; a replay records them into its first command buffer). Its bytes go into the upload
         buffer with every other staged write of the submission, in one queue write, when that is submitted."""
+        self.early_read = None  # the write might land in the replay's result
         at = sum(len(b) for b in self.staged)
         if self.upload_buffer is None or at + data.nbytes > self.upload_buffer.size:
             if at:
@@ -255,20 +260,28 @@ class Runtime(Replaying, BufferPool):
         nbytes = out.size * arr.dtype.itemsize
         if nbytes == 0:
             return out
-        flags_at = _round4(nbytes)  # the kernels' error flags come back behind the data
-        size = _bucket(flags_at + 4)
-        staging = self.staging.get(size)
-        if staging is None:
-            staging = self.staging[size] = self.device.create_buffer(
-                size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        self._copy(arr.buffer, start * arr.dtype.itemsize, staging, 0, flags_at)
-        self._copy(self.error_flags, 0, staging, flags_at, 4)
-        self.flush()
+        early, self.early_read = self.early_read, None
+        if early is not None and early[0]() is arr._owner and start == 0 and out.size == arr.size:
+            # the result of the replay just submitted (nothing recorded since), which the step's command buffer
+            # that made it copied for the host with the error flags: wait for that one, not the whole step
+            (staging, flags_at), until = early[1], early[2]
+            first = [i for i in self.step_submissions if i < until]
+        else:
+            flags_at = _round4(nbytes)  # the kernels' error flags come back behind the data
+            size = _bucket(flags_at + 4)
+            staging = self.staging.get(size)
+            if staging is None:
+                staging = self.staging[size] = self.device.create_buffer(
+                    size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            self._copy(arr.buffer, start * arr.dtype.itemsize, staging, 0, flags_at)
+            self._copy(self.error_flags, 0, staging, flags_at, 4)
+            self.flush()
+            first, until = self.step_submissions, None
+        self.step_submissions = []
         if self.native is not None:  # the values straight into `out` where it is one block of memory
             flags_word = np.zeros(1, np.uint32)
             into = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-            first, self.step_submissions = self.step_submissions, []
-            self.native.read(staging._internal, [(0, into), (flags_at, flags_word)], first)
+            self.native.read(staging._internal, [(0, into), (flags_at, flags_word)], first, until)
             flags = int(flags_word[0])
             if into is not out:
                 out[...] = into
@@ -501,6 +514,7 @@ class Runtime(Replaying, BufferPool):
 
     def _encoder(self):
         if self.encoder is None:
+            self.early_read = None  # a command after the replay might write its result
             self.encoder = self.native.encoder() if self.native is not None else self.device.create_command_encoder()
             for buffer, offset, at, nbytes in self.staged_copies:  # staged writes first: they came first
                 self._copy(self.upload_buffer, at, buffer, offset, nbytes)
