@@ -225,6 +225,9 @@ def test_a_replayed_results_read_back_waits_for_the_command_buffer_that_made_it(
     loss = step()
     gpu.full((3,), 1.0)
     assert loss.item() == 80.0 and reads[0][1] is None
+    loss = step()  # and a write into the result itself: read as written
+    gpu.write_(loss.data, np.array(5.0, np.float32))
+    assert loss.item() == 5.0 and reads[1][1] is None
 
 
 def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):

@@ -16,7 +16,8 @@ and submits only when it must, the read-backs, and the replay of captured steps.
 - Small writes are staged: one queue write per submission, the copies in order with the dispatches.
 - The host waits only in `read` (and `sync`, which reads 4 bytes): `queue.on_submitted_work_done_sync()`
   is broken in wgpu 0.32, and mapping a buffer written by the last submission waits for all before it. With
-  the direct calls the map waits in this thread (native.NativeCalls.read), not through wgpu-py's poll thread.
+  the direct calls the map waits in this thread (native.NativeCalls.read), not through wgpu-py's poll thread,
+  and the read-back of a replayed step's result waits only for the command buffer that made it (replay.py).
 """
 from __future__ import annotations
 
@@ -200,6 +201,7 @@ class Runtime(Replaying, BufferPool):
                              + ("" if start is None else f" at element {start}"))
         offset = (start or 0) * arr.dtype.itemsize
         self.counters["uploads"] += 1
+        self.early_read = None  # the write might land in the last replay's result
         if not data.nbytes:
             return
         if self.tape is None and data.nbytes <= STAGED_WRITE_BYTES and data.nbytes % 4 == offset % 4 == 0:
@@ -216,7 +218,6 @@ class Runtime(Replaying, BufferPool):
         recorded now if commands are waiting in the encoder, else by the next encoder before anything else
         (`_encoder`; a replay records them into its first command buffer). Its bytes go into the upload
         buffer with every other staged write of the submission, in one queue write, when that is submitted."""
-        self.early_read = None  # the write might land in the replay's result
         at = sum(len(b) for b in self.staged)
         if self.upload_buffer is None or at + data.nbytes > self.upload_buffer.size:
             if at:
