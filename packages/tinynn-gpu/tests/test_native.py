@@ -2,14 +2,18 @@
 still raises through them (from the recording thread too), a replay's program is laid out as intended, and
 each replay submits the step recorded ahead of it, for the inputs written since, and records the next."""
 import gc
+import importlib.util
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
 
 import numpy as np
 import pytest
 import wgpu
 
 import tinynn
+from tinynn import backends, bench
 
 from tinynn_gpu import native, replay, runtime
 
@@ -228,6 +232,27 @@ def test_a_replayed_results_read_back_waits_for_the_command_buffer_that_made_it(
     loss = step()  # and a write into the result itself: read as written
     gpu.write_(loss.data, np.array(5.0, np.float32))
     assert loss.item() == 5.0 and reads[1][1] is None
+
+
+def test_replay_chunks_times_its_settings(gpu, monkeypatch, tmp_path, capsys):
+    """experiments/replay_chunks.py wraps NativeCalls.read to switch its `first` waits off: the wrapper takes
+    what Runtime.read passes (`until` too), and the script times each setting it is given."""
+    path = Path(__file__).parents[1] / "experiments" / "replay_chunks.py"
+    spec = importlib.util.spec_from_file_location("replay_chunks", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # what the script replaces for good, restored after the test
+    for obj, name in ((replay.Ahead, "submit"), (native.NativeCalls, "read"), (replay, "FIRST_CHUNK"),
+                      (replay, "CHUNK_GROWTH"), (replay, "LAST_CHUNK"), (backends, "_default")):
+        monkeypatch.setattr(obj, name, getattr(obj, name))
+    monkeypatch.setattr(bench, "GPU_WARMUP_SECONDS", 0.0)  # the timings are not the point here
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text('{"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8, "batch_size": 2}')
+    monkeypatch.setattr(sys, "argv", [str(path), str(cfg), "--settings", "whole,16x2/16", "--rounds", "1",
+                                      "--steps", "2"])
+    script.main()
+    out = capsys.readouterr().out
+    assert "whole" in out and "16x2/16" in out
 
 
 def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
