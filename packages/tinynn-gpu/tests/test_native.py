@@ -234,6 +234,28 @@ def test_a_replayed_results_read_back_waits_for_the_command_buffer_that_made_it(
     assert loss.item() == 5.0 and reads[1][1] is None
 
 
+def test_a_replay_between_a_replayed_result_and_its_read_back_sends_the_read_back_after_it(gpu, ahead_path):
+    """Another step replayed after a step's result and before its read-back (one that returns nothing) is work
+    recorded since, like any other: the read-back copies after it, and an out-of-range id in it raises there."""
+    from tinynn.errors import TinynnError
+    x = tinynn.tensor(np.zeros(4), backend=gpu)
+    weight, ids = gpu.from_numpy(np.ones((3, 2), np.float32)), gpu.from_numpy(np.zeros(4, np.int32))
+
+    def looked_up():
+        gpu.embedding_forward(weight, ids)
+    first, second = gpu.capture(lambda: (x * 2.0).sum()), gpu.capture(looked_up)
+    for _ in range(6):  # eager, captured, then replayed
+        first().item()
+        second()
+    gpu.write_(ids, np.array([0, 1, 3, 2], np.int32))  # 3: one past the rows
+    loss = first()
+    second()
+    with pytest.raises(TinynnError, match="embedding: an id is outside"):
+        loss.item()
+    gpu.write_(ids, np.zeros(4, np.int32))
+    assert first().item() == 0.0  # raised once
+
+
 def test_replay_chunks_times_its_settings(gpu, monkeypatch, tmp_path, capsys):
     """experiments/replay_chunks.py wraps NativeCalls.read to switch its `first` waits off: the wrapper takes
     what Runtime.read passes (`until` too), and the script times each setting it is given."""
