@@ -133,6 +133,7 @@ class Replaying:
             compiled = tape.programs[direct] = compile_program(tape.events, direct,
                                                                None if result is None else tape.result_event)
         program, result_at = compiled
+        self.early_read = None  # this step runs after the last one's result: a read-back of that waits for it too
         self._release_orphans()
         ahead, tape.ahead = tape.ahead, None
         ahead = None if ahead is None else ahead.result()  # waits for the recording thread; raises its error
