@@ -38,8 +38,8 @@ def main():
         finally:
             submits.append(time.perf_counter() - t0)
 
-    def read_maybe_early(calls, buffer, parts, first=()):
-        return read(calls, buffer, parts, first if early[0] else ())
+    def read_maybe_early(calls, buffer, parts, first=(), until=None):
+        return read(calls, buffer, parts, first if early[0] else (), until)
     replay.Ahead.submit, native.NativeCalls.read = timed_submit, read_maybe_early
     for r in range(args.rounds):
         for path in args.configs:

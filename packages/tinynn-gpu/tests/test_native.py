@@ -2,14 +2,18 @@
 still raises through them (from the recording thread too), a replay's program is laid out as intended, and
 each replay submits the step recorded ahead of it, for the inputs written since, and records the next."""
 import gc
+import importlib.util
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
 
 import numpy as np
 import pytest
 import wgpu
 
 import tinynn
+from tinynn import backends, bench
 
 from tinynn_gpu import native, replay, runtime
 
@@ -228,6 +232,49 @@ def test_a_replayed_results_read_back_waits_for_the_command_buffer_that_made_it(
     loss = step()  # and a write into the result itself: read as written
     gpu.write_(loss.data, np.array(5.0, np.float32))
     assert loss.item() == 5.0 and reads[1][1] is None
+
+
+def test_a_replay_between_a_replayed_result_and_its_read_back_sends_the_read_back_after_it(gpu, ahead_path):
+    """Another step replayed after a step's result and before its read-back (one that returns nothing) is work
+    recorded since, like any other: the read-back copies after it, and an out-of-range id in it raises there."""
+    from tinynn.errors import TinynnError
+    x = tinynn.tensor(np.zeros(4), backend=gpu)
+    weight, ids = gpu.from_numpy(np.ones((3, 2), np.float32)), gpu.from_numpy(np.zeros(4, np.int32))
+
+    def looked_up():
+        gpu.embedding_forward(weight, ids)
+    first, second = gpu.capture(lambda: (x * 2.0).sum()), gpu.capture(looked_up)
+    for _ in range(6):  # eager, captured, then replayed
+        first().item()
+        second()
+    gpu.write_(ids, np.array([0, 1, 3, 2], np.int32))  # 3: one past the rows
+    loss = first()
+    second()
+    with pytest.raises(TinynnError, match="embedding: an id is outside"):
+        loss.item()
+    gpu.write_(ids, np.zeros(4, np.int32))
+    assert first().item() == 0.0  # raised once
+
+
+def test_replay_chunks_times_its_settings(gpu, monkeypatch, tmp_path, capsys):
+    """experiments/replay_chunks.py wraps NativeCalls.read to switch its `first` waits off: the wrapper takes
+    what Runtime.read passes (`until` too), and the script times each setting it is given."""
+    path = Path(__file__).parents[1] / "experiments" / "replay_chunks.py"
+    spec = importlib.util.spec_from_file_location("replay_chunks", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # what the script replaces for good, restored after the test
+    for obj, name in ((replay.Ahead, "submit"), (native.NativeCalls, "read"), (replay, "FIRST_CHUNK"),
+                      (replay, "CHUNK_GROWTH"), (replay, "LAST_CHUNK"), (backends, "_default")):
+        monkeypatch.setattr(obj, name, getattr(obj, name))
+    monkeypatch.setattr(bench, "GPU_WARMUP_SECONDS", 0.0)  # the timings are not the point here
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text('{"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8, "batch_size": 2}')
+    monkeypatch.setattr(sys, "argv", [str(path), str(cfg), "--settings", "whole,16x2/16", "--rounds", "1",
+                                      "--steps", "2"])
+    script.main()
+    out = capsys.readouterr().out
+    assert "whole" in out and "16x2/16" in out
 
 
 def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):

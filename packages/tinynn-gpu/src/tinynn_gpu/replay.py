@@ -29,9 +29,10 @@ whose staged inputs are laid out as they were when it was recorded (the same cop
 always are). Through wgpu-py's methods (where the direct calls failed their probe) each replay records and
 submits inline.
 
-The step's result is copied out, into an array allocated with it, by the command buffer of the last dispatch
-that uses it (`compile_program` ends a command buffer there), and with the direct calls also into a MAP_READ
-buffer for the host, with the kernels' error flags. A training step's loss is final after the forward, so the
+With the direct calls, the step's result is copied out, into an array allocated with it, by the command buffer
+of the last dispatch that uses it (`compile_program` ends a command buffer there; through wgpu-py's methods,
+after the step), and also into a MAP_READ buffer for the host, with the kernels' error flags so far (a flag
+raised later in the step comes back with the next read-back). A training step's loss is final after the forward, so the
 loop's `loss.item()` returns while the GPU still runs the backward and the optimizer, the next step's inputs
 and command buffers go in behind them, and the GPU does not wait for the host between synced steps (a bad token
 id or target is flagged by the forward's kernels, so it raises at that read-back as before). H200 (session 12,
@@ -124,15 +125,16 @@ class Replaying:
 
     def replay(self, tape, result: GpuArray | None = None) -> GpuArray | None:
         """Run a captured step again: the same dispatches and writes, no Python autograd, no cache look-ups.
-        With `result` (an array the step wrote), returns a copy of it, made by the command buffer of the step's
-        last dispatch that uses it; with the direct calls the same command buffer copies it for the host too,
-        and the next read-back of that copy (`Runtime.read`, `early_read`) waits for that command buffer alone."""
+        With `result` (an array the step wrote), returns a copy of it; with the direct calls made by the command
+        buffer of the step's last dispatch that uses it, which copies it for the host too, and the next read-back
+        of that copy (`Runtime.read`, `early_read`) waits for that command buffer alone."""
         direct = self.native is not None
         compiled = tape.programs.get(direct)
         if compiled is None:
             compiled = tape.programs[direct] = compile_program(tape.events, direct,
                                                                None if result is None else tape.result_event)
         program, result_at = compiled
+        self.early_read = None  # this step runs after the last one's result: a read-back of that waits for it too
         self._release_orphans()
         ahead, tape.ahead = tape.ahead, None
         ahead = None if ahead is None else ahead.result()  # waits for the recording thread; raises its error
