@@ -262,7 +262,8 @@ class Runtime(Replaying, BufferPool):
         if nbytes == 0:
             return out
         early, self.early_read = self.early_read, None
-        if early is not None and early[0]() is arr._owner and start == 0 and out.size == arr.size:
+        lease = None if early is None else early[0]()  # None too once the result was dropped
+        if lease is not None and lease is arr._owner and start == 0 and out.size == arr.size:
             # the result of the replay just submitted (nothing recorded since), which the step's command buffer
             # that made it copied for the host with the error flags: wait for that one, not the whole step
             (staging, flags_at), until = early[1], early[2]
