@@ -60,18 +60,19 @@ class Ahead:
     result is copied into (or None). `keep` holds the objects behind the handles it records (the tape's
     events, the upload buffer): the tape may be dropped, or the upload buffer replaced, while it records.
     The result is copied out at the end of command buffer `result_at` of the program (None: its last), and with
-    `read` (a MAP_READ buffer, the byte offset of the error flags in it) also into that buffer for the host, with
-    the kernels' error flags: `read_number` is the number of command buffers before the one that does it."""
+    `read` (a MAP_READ buffer, the byte offset of the error flags in it, the runtime's error-flags buffer) also into
+    that buffer for the host, with the flags: `read_number` is the number of command buffers before the one that
+    does it."""
     __slots__ = ("calls", "inputs", "result", "out", "keep", "work", "read", "read_number")
 
     def __init__(self, calls, program, inputs: list, result: GpuArray | None, out: GpuArray | None, keep,
-                 result_at: int | None = None, read: tuple | None = None, flags=None):
+                 result_at: int | None = None, read: tuple | None = None):
         self.calls, self.inputs, self.result, self.out, self.keep, self.work = calls, inputs, result, out, keep, []
         self.read, self.read_number = read, None
         copies = [] if out is None else [(result.buffer._internal, 0, out.buffer._internal, 0,
                                           _round4(max(4, result.nbytes)))]
         if copies and read is not None:
-            staging, flags_at = read
+            staging, flags_at, flags = read
             copies += [(out.buffer._internal, 0, staging._internal, 0, flags_at),
                        (flags._internal, 0, staging._internal, flags_at, 4)]
         if copies and result_at is None and (not program or program[-1][0] == "write"):
@@ -158,7 +159,7 @@ class Replaying:
             keep = (tape.events, self.upload_buffer, tape.read_buffers)
             if ahead is None:
                 ahead = Ahead(self.native, program, inputs, result, self._result_array(result), keep, result_at,
-                              read, self.error_flags)
+                              read)
             out = ahead.out
             indices = ahead.submit()
             submissions = len(indices)
@@ -177,23 +178,23 @@ class Replaying:
         return None if result is None else self.empty(result.shape, result.dtype)
 
     def _read_buffer(self, tape, result: GpuArray | None) -> tuple | None:
-        """(MAP_READ buffer, byte offset of the error flags in it) that the replay of this turn copies its result
-        into for the host: two per tape, taken in turns, so that the recording thread records the next replay's
-        copy into one while the host reads the other."""
+        """(MAP_READ buffer, byte offset of the error flags in it, the error-flags buffer) that the replay of this
+        turn copies its result and the flags into for the host: two buffers per tape, taken in turns, so that the
+        recording thread records the next replay's copies into one while the host reads the other."""
         if result is None:
             return None
         flags_at = _round4(result.nbytes)
         if not tape.read_buffers:
             tape.read_buffers[:] = [self.device.create_buffer(
                 size=flags_at + 4, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST) for _ in range(2)]
-        return tape.read_buffers[tape.turn], flags_at
+        return tape.read_buffers[tape.turn], flags_at, self.error_flags
 
     def _record_ahead(self, program, inputs, result, keep, result_at, read) -> Future:
         """The next replay's `Ahead`, recorded on the worker thread (`recorder`), else here. Either way its
         error, if any, raises in the replay that would use it, not in this one, whose step is submitted."""
         try:
             out = self._result_array(result)  # the pool is not the thread's to use
-            args = (self.native, program, inputs, result, out, keep, result_at, read, self.error_flags)
+            args = (self.native, program, inputs, result, out, keep, result_at, read)
             if self.recorder is not None:
                 return self.recorder.submit(self._timed_ahead, *args)
             done = Future()

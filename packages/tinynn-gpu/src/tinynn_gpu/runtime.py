@@ -114,7 +114,7 @@ class Runtime(Replaying, BufferPool):
         self.orphaned_aheads = deque()  # dropped tapes' recordings ahead, released by the next replay
         self.step_submissions = []  # the last replay's submissions but its last: a read-back waits for them first
         # the last replay's result, copied for the host by the command buffer that made it: (a weak reference to
-        # its array's lease, (MAP_READ buffer, error flags' offset), that submission's index), or None once
+        # its array's lease, replay.Ahead's `read`, that submission's index), or None once
         # anything else is recorded or written (`read` reads it there when it is the next array read)
         self.early_read = None
         self.use_native(*native.probe(self.device))
@@ -266,7 +266,7 @@ class Runtime(Replaying, BufferPool):
         if lease is not None and lease is arr._owner and start == 0 and out.size == arr.size:
             # the result of the replay just submitted (nothing recorded since), which the step's command buffer
             # that made it copied for the host with the error flags: wait for that one, not the whole step
-            (staging, flags_at), until = early[1], early[2]
+            (staging, flags_at, _), until = early[1], early[2]
             first = [i for i in self.step_submissions if i < until]
         else:
             flags_at = _round4(nbytes)  # the kernels' error flags come back behind the data
