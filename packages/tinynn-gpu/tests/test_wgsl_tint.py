@@ -41,6 +41,11 @@ def every_kernel():
                 yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
                 yield (f"matmul {config.name} ta={ta:d} tb={tb:d} aligned",
                        matmul_blocked.generate(config, ta, tb, config.vec4, aligned=True))
+        # a linear layer's gradients paired (the input's, then the weight's), checked and aligned loads
+        yield (f"matmul pair {config.name}",
+               matmul_blocked.generate_pair(config, (False, False, config.vec4, False), (True, False, config.vec4, False)))
+        yield (f"matmul pair {config.name} aligned",
+               matmul_blocked.generate_pair(config, (False, False, config.vec4, True), (True, False, config.vec4, True)))
     # the group_sum and row-team kernels both ways; Tint wants `enable subgroups;` for the subgroup form,
     # which naga refuses, so it is added here only
     for subgroups in (False, True):

@@ -329,10 +329,37 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
             raise ValueError(f"unknown activation {x_activation!r}")
         if activation is not None:
             g = self.unary_backward(activation, pre, pre, g)
-        g_x = self._matmul(g, weight, False, False, Epilogue(activation_grad=x_activation, pre=x_pre))
         g_bias = self._empty((weight.shape[0],)) if has_bias else None
-        g_weight = self._matmul(g, x, True, False, Epilogue(row_sums=g_bias))  # g.T @ x; g_bias = g's column sums
+        x_epilogue, weight_epilogue = Epilogue(activation_grad=x_activation, pre=x_pre), Epilogue(row_sums=g_bias)
+        paired = self._linear_gradients_paired(g, x, weight, x_epilogue, weight_epilogue)
+        if paired is not None:
+            return (*paired, g_bias)
+        g_x = self._matmul(g, weight, False, False, x_epilogue)
+        g_weight = self._matmul(g, x, True, False, weight_epilogue)  # g.T @ x; g_bias = g's column sums
         return g_x, g_weight, g_bias
+
+    def _linear_gradients_paired(self, g, x, weight, x_epilogue, weight_epilogue):
+        """(g @ weight, g.T @ x) with their epilogues in one dispatch, where the matmul selector chose that for
+        these shapes (`MatmulSelector.plan_pair`); else None. Planned once per key, like `_matmul`."""
+        key = ("pair", g.shape, x.shape, weight.shape, x_epilogue.activation_grad, weight_epilogue.row_sums is None,
+               self.mm.forced)
+        record = self.matmul_plans.get(key, False)
+        if record is False:
+            record = None
+            if g.ndim == x.ndim == 2 and 0 not in g.shape + x.shape:
+                (rows, outs), ins = g.shape, x.shape[1]
+                g_, x_, weight_ = bindable(g), bindable(x), bindable(weight)
+                record = self.mm.plan_pair(
+                    (g_, weight_, self._empty((rows, ins)), 1, rows, ins, outs, False, False, False, x_epilogue),
+                    (g_, x_, self._empty((outs, ins)), 1, outs, ins, rows, True, False, False, weight_epilogue))
+            self.matmul_plans[key] = record
+            _trim(self.matmul_plans)
+        if record is None:
+            return None
+        g, x, weight = bindable(g), bindable(x), bindable(weight)
+        g_x, g_weight = self._empty((g.shape[0], x.shape[1])), self._empty(weight.shape)
+        record(g, weight, g_x, x_epilogue, g, x, g_weight, weight_epilogue)
+        return g_x, g_weight
 
     def _matmul(self, a, b, transpose_a, transpose_b, epilogue):
         """out = epilogue(op(a) @ op(b)): in the matmul's own stores where its kernel can, else after it. Each

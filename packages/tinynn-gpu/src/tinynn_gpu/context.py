@@ -76,7 +76,11 @@ def kernel_file(name: str) -> str:
 def kernel_source(name: str, fills: dict | None = None) -> str:
     """A kernel file's WGSL with common.wgsl prepended (lesson.wgsl is self-contained); in a template, each
     `{{KEY}}` replaced by str(fills[KEY])."""
-    text = kernel_file(name) if name == "lesson" else kernel_file("common") + "\n" + kernel_file(name)
+    return fill(kernel_file(name) if name == "lesson" else kernel_file("common") + "\n" + kernel_file(name), fills)
+
+
+def fill(text: str, fills: dict | None) -> str:
+    """A template's text with each `{{KEY}}` replaced by str(fills[KEY])."""
     for key, value in (fills or {}).items():
         text = text.replace("{{" + key + "}}", str(value))
     return text

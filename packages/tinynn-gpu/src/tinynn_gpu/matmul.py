@@ -12,9 +12,16 @@ first matmul of a shape big enough to be worth it (`tune_min_macs`) times every 
 operands, with GPU timestamps where the adapter has them, and the winner is kept in a JSON file keyed by
 adapter and wgpu version (TINYNN_CACHE_DIR, default
 ~/.cache/tinynn). Without tuning, `default_variant` is a fixed choice measured on an H200 (BENCHMARKS.md).
+
+Two independent matmuls (a linear layer's input and weight gradients) can also run as one dispatch
+(`plan_pair`, matmul_blocked.PairedMatmul): tuning times every block configuration with a split count each
+against the two one after the other, and keeps whichever is faster under the pair's own key. Without tuning
+(a software adapter) they stay apart. On the H200 the pairs took the lesson step from 2.69 to 2.51 ms and mid's
+from 6.75 to 6.33 (BENCHMARKS.md, session 13).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -23,7 +30,7 @@ from pathlib import Path
 import wgpu
 
 from tinynn_gpu.context import kernel_source
-from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue
+from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue, PairedMatmul
 from tinynn_gpu.matmul_rows import RowsMatmul
 
 LESSON_TILES = (8, 16, 32)
@@ -82,6 +89,12 @@ BLOCK_CONFIGS = (
 # 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3);
 # 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db)
 CACHE_VERSION = 9
+PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls
+SEPARATE = "separate"  # plan_pair's choice where two matmuls run faster one after the other
+
+
+def _shape_key(batch, m, n, k, transpose_a, transpose_b, shared_b) -> str:
+    return f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"
 
 
 def lesson_source(tile: int) -> str:
@@ -131,6 +144,10 @@ class MatmulSelector:
         self.variants = {f"lesson{t}": t for t in LESSON_TILES}  # name -> lesson tile, or a BlockConfig
         self.variants.update({f"blocked {c.name}": c for c in BLOCK_CONFIGS})
         self.candidates = [f"blocked {c.name}" for c in BLOCK_CONFIGS]  # what tuning tries: never a lesson tile
+        # two independent matmuls in one dispatch (plan_pair): every block of BLOCK_CONFIGS, a split count each
+        tiles = dict.fromkeys(dataclasses.replace(c, splits=1) for c in BLOCK_CONFIGS)
+        self.pair_candidates = {f"paired {tile.name} {s}+{s2}": (tile, (s, s2))
+                                for tile in tiles for s in PAIR_SPLITS for s2 in PAIR_SPLITS}
         self._built = {}
         self.choices: dict[str, str] = {}  # exact shape key -> variant name
         checks = "unchecked" if runtime.ctx.unchecked else "checked"  # the checks change what is fastest
@@ -174,6 +191,59 @@ class MatmulSelector:
         """Record out = epilogue(op(a) @ op(b)) with this shape's variant; True: the epilogue was applied."""
         return self.plan(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
 
+    @staticmethod
+    def default_pair(first: tuple, second: tuple) -> str:
+        """The choice for two matmuls without tuning: one after the other (pairs win where tuning measures it)."""
+        return SEPARATE
+
+    def plan_pair(self, first: tuple, second: tuple):
+        """Two independent matmuls, each (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue) on
+        real operands (tuning runs them): record(a, b, out, epilogue, a2, b2, out2, epilogue2) running both in one
+        dispatch (PairedMatmul), where that was measured faster than one after the other; else None, and each
+        goes its own way (`plan`). A pair fills a GPU that either alone would leave partly idle."""
+        if self.forced or any(self.rows.fits(p[3], p[4], p[6], p[7], p[8], p[10]) for p in (first, second)):
+            return None
+        key = "pair " + " + ".join(_shape_key(*p[3:10]) for p in (first, second))
+        name = self.choices.get(key)
+        if name != SEPARATE and name not in self.pair_candidates:
+            worth_tuning = sum(p[3] * p[4] * p[5] * p[6] for p in (first, second)) >= self.tune_min_macs
+            if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:
+                name = self._tune_pair(key, first, second)
+            else:
+                name = self.default_pair(first, second)
+            self.choices[key] = name
+        if name == SEPARATE:
+            return None
+        variant = self.pair_variant(name)
+        run = variant.plan(first[3:], second[3:])
+        description = variant.describe()
+
+        def record(*arrays):
+            self.last = description
+            run(*arrays)
+        return record
+
+    def pair_variant(self, name: str) -> PairedMatmul:
+        if name not in self._built:
+            tile, splits = self.pair_candidates[name]
+            self._built[name] = PairedMatmul(self.rt, tile, splits)
+        return self._built[name]
+
+    def time_pair(self, first: tuple, second: tuple, reps=8, rounds=2) -> dict[str, float]:
+        """Milliseconds per call (as `time_variants`) of the two matmuls one after the other, each with its own
+        choice (SEPARATE), and of every pair candidate that fits; `plan_pair`'s arguments."""
+        alone = [self.plan(*p) for p in (first, second)]
+        runs = {SEPARATE: lambda: [record(p[0], p[1], p[2], p[10]) for record, p in zip(alone, (first, second))]}
+        for name, (tile, _) in self.pair_candidates.items():
+            if self._fits_config(tile):
+                record = self.pair_variant(name).plan(first[3:], second[3:])
+                runs[name] = lambda record=record: record(*first[:3], first[10], *second[:3], second[10])
+        return self._time_runs(runs, reps, rounds)
+
+    def _tune_pair(self, key, first, second) -> str:
+        times = self.time_pair(first, second)
+        return self._keep(key, min(times, key=times.get))
+
     def plan(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
         """This shape's variant (chosen, and tuned on these operands where that is worth it) made ready for the
         epilogue's parts: a function record(a, b, out, epilogue) -> bool, True where it applies the epilogue.
@@ -181,7 +251,7 @@ class MatmulSelector:
         if not self.forced and self.rows.fits(batch, m, k, transpose_a, transpose_b, epilogue):  # decoding
             variant = self.rows
         else:
-            key = f"ta={int(transpose_a)} tb={int(transpose_b)} shared={int(shared_b)} b={batch} m={m} n={n} k={k}"
+            key = _shape_key(batch, m, n, k, transpose_a, transpose_b, shared_b)
             name = self.forced or self.choices.get(key)
             if name not in self.variants:
                 worth_tuning = batch * m * n * k >= self.tune_min_macs
@@ -207,27 +277,32 @@ class MatmulSelector:
         of load to climb back to 1980 (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be
         ranked by the clock."""
         names = [n for n in (names or self.candidates) if self._fits(n)]
-        for name in names:  # compiled before the heating starts: compiling them all can take seconds
-            self.variant(name).record(*args)
+        return self._time_runs({name: lambda name=name: self.variant(name).record(*args) for name in names},
+                               reps, rounds)
+
+    def _time_runs(self, runs: dict, reps: int, rounds: int) -> dict[str, float]:
+        """`time_variants` for any functions that record dispatches: milliseconds per call of each."""
+        for run in runs.values():  # compiled before the heating starts: compiling them all can take seconds
+            run()
         heat_until = time.perf_counter() + (0.0 if self.rt.ctx.is_software else self.heat_seconds)
         while True:
-            for name in names:
-                self.variant(name).record(*args)
+            for run in runs.values():
+                run()
             self.rt.sync()
             if time.perf_counter() >= heat_until:
                 break
         times = {}
         for _ in range(rounds):
-            for name in names:
-                times[name] = min(times.get(name, float("inf")), self._time(name, args, reps))
+            for name, run in runs.items():
+                times[name] = min(times.get(name, float("inf")), self._time(run, reps))
         return times
 
-    def _time(self, name, args, reps) -> float:
+    def _time(self, run, reps) -> float:
         if "timestamp-query" in self.rt.ctx.features:  # all of its kernels counted (split-K adds a finish)
-            return self.rt.time_pass(lambda: self.variant(name).record(*args), reps)
+            return self.rt.time_pass(run, reps)
         t0 = time.perf_counter()
         for _ in range(reps):
-            self.variant(name).record(*args)
+            run()
         self.rt.sync()
         return (time.perf_counter() - t0) / reps * 1e3
 
@@ -235,6 +310,9 @@ class MatmulSelector:
         config = self.variants[name]
         if isinstance(config, int):
             return config ** 2 <= self.rt.ctx.limits.get("max-compute-invocations-per-workgroup", 256)
+        return self._fits_config(config)
+
+    def _fits_config(self, config: BlockConfig) -> bool:
         try:
             config.check(self.rt.ctx.limits.get("max-compute-invocations-per-workgroup", 256),
                          self.rt.ctx.limits.get("max-compute-workgroup-storage-size", 16384))
@@ -244,11 +322,14 @@ class MatmulSelector:
 
     def _tune(self, key, args) -> str:
         times = self.time_variants(args)
-        best = min(times, key=times.get)
+        return self._keep(key, min(times, key=times.get))
+
+    def _keep(self, key: str, name: str) -> str:
+        """A tuned choice into the cache file."""
         cache = self._read_cache()
-        cache.setdefault(self.cache_key, {})[key] = best
+        cache.setdefault(self.cache_key, {})[key] = name
         self._write_cache(cache)
-        return best
+        return name
 
     def _read_cache(self) -> dict:
         try:

@@ -3,15 +3,17 @@
 `BlockConfig` names a variant (block BM x BN x BK, TM x TN results per thread); `generate` fills the template
 with fully unrolled code, one variable per vec4 accumulator (see the template's header for why).
 `BlockedMatmul` compiles a variant per operand layout on first use and records its dispatches, with an
-`Epilogue` (bias, GELU, residual add, row sums, GELU's gradient) fused into the stores.
+`Epilogue` (bias, GELU, residual add, row sums, GELU's gradient) fused into the stores. `PairedMatmul` runs two
+independent matmuls of one configuration in one dispatch (`generate_pair`), each with its own layout, split count
+and epilogue.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tinynn_gpu.context import kernel_source
-from tinynn_gpu.runtime import MAX_GROUPS, _trim, grid
+from tinynn_gpu.context import fill, kernel_file
+from tinynn_gpu.runtime import MAX_GROUPS, Launch, _trim, grid
 
 XYZW = "xyzw"
 ACTIVATIONS = {None: 0, "gelu": 1}
@@ -100,14 +102,14 @@ class BlockConfig:
             raise ValueError(f"matmul config {self.name}: tiles exceed {max_workgroup_bytes} bytes of workgroup memory")
 
 
-def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, registers: str = "") \
+def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, registers: str = "", problem: str = "") \
         -> list[tuple[str, str, str]]:
     """One operand's tile copy (BK x B{M,N}, stored as vec4 along m or n) as (opening, fetch, stash) per slot
     of a thread: the opening is a guard where not every thread has the slot and the slot's place in the tile;
     fetch reads global memory into the registers {operand}{registers}_{slot}, stash writes them into the
     workgroup tile in buffer `{operand}_buf`, rows of BM/4 (or BN/4) vec4s, padded by one where the config asks.
     Fetch takes its tile's first k as `{origin}`, so that double buffering can fetch the next tile while the
-    current one is in use.
+    current one is in use; it calls the load functions of `problem` (a name suffix: "" or a pair's "2").
     Scalar loads: each slot is one tile entry. vec4 loads: along m (or n) a quad is one tile entry; along k
     a thread loads a 4 x 4 block (4 rows, a quad of k each) and transposes it into 4 tile entries, or with
     `spread` one quad of k, whose 4 values go into 4 tile entries one float each."""
@@ -115,9 +117,9 @@ def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, regi
     tile = f"{operand}_tile"
     index = ("row0" if operand == "a" else "col0") + " + 4u * w4"
 
-    def load(i, k):
-        return f"load_a{'4' * vec4}(a_base, {i}, {k}, k_end)" if operand == "a" else \
-            f"load_b{'4' * vec4}(b_base, {k}, {i}, k_end)"
+    def load(i, k):  # the problem's own load function (the template's `problem` part)
+        return f"load_a{problem}(a_base, {i}, {k}, k_end)" if operand == "a" else \
+            f"load_b{problem}(b_base, {k}, {i}, k_end)"
     quads = vec4 and k_fastest
     total = width4 * (cfg.bk // 4) * (4 if cfg.spread else 1) if quads else cfg.bk * width4
     copies = []
@@ -157,20 +159,63 @@ def _registers(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, regi
             for i in range(len(_tile_copy(cfg, operand, k_fastest, vec4)))]
 
 
+Layout = tuple  # (transpose_a, transpose_b, vec4 loads, aligned): what one problem's code depends on
+
+
 def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False, aligned: bool = False) -> str:
     """The WGSL of one configuration and layout; vec4: with vec4 global loads (see BlockConfig.uses_vec4);
     aligned: loads without bounds checks, for shapes whose tiles all lie inside the operands (BlockConfig.aligned)."""
+    return _module(cfg, [(bool(transpose_a), bool(transpose_b), vec4, aligned)])
+
+
+def generate_pair(cfg: BlockConfig, first: Layout, second: Layout) -> str:
+    """The WGSL of one configuration with two problems (each a `Layout`): matmul_pair_main runs both in one
+    dispatch, matmul_main and matmul_finish_main the first alone (a pair's finishes take either's params)."""
+    return _module(cfg, [first, second])
+
+
+def _template() -> tuple[str, str, str, str]:
+    """matmul_blocked.wgsl's parts: the module, the pair's entry, one problem's declarations, one block's product."""
+    module, rest = kernel_file("matmul_blocked").split("//:: pair\n")
+    pair, rest = rest.split("//:: problem\n")
+    problem, product = rest.split("//:: product\n")
+    return module, pair, problem, product
+
+
+def _module(cfg: BlockConfig, layouts: list) -> str:
+    module, pair, problem_part, product_part = _template()
+    problems, products = [], []
+    for i, layout in enumerate(layouts):
+        fills = _problem_fills(cfg, *layout, "2" if i else "", 10 * (i > 0))
+        problems.append(fill(problem_part, fills))
+        products.append(fill(product_part, fills))
+    text = module.replace("{{PAIR}}", pair if len(layouts) == 2 else "")
+    text = text.replace("{{PROBLEMS}}", "\n".join(problems)).replace("{{PRODUCT}}", products[0])
+    text = text.replace("{{PRODUCT2}}", products[-1])
+    fills = {
+        "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
+        "THREADS": cfg.threads, "GROUP": cfg.group, "BUFFERS": cfg.buffers, "A_STRIDE": cfg.bm // 4 + cfg.pad,
+        "B_STRIDE": cfg.bn // 4 + cfg.pad,
+    }
+    return kernel_file("common") + "\n" + fill(text, fills)  # common.wgsl's gelu with it
+
+
+def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool, aligned: bool, p: str,
+                   binding: int) -> dict:
+    """The template's `problem` and `product` fills for one problem: names suffixed by p, its own bindings from
+    `binding` on (a, b, out, params: 0-3 for the first problem, 10-13 for a pair's second)."""
     qm, qn = cfg.tm // 4, cfg.tn // 4
-    a_stride, b_stride = cfg.bm // 4 + cfg.pad, cfg.bn // 4 + cfg.pad
     declare = [f"    var acc_{i}_{q} = vec4<f32>(0.0);" for i in range(cfg.tm) for q in range(qn)]
     declare += [f"    let a_column_{q} = ty + {q}u * THREADS_M;" for q in range(qm)]  # this thread's tile columns
     declare += [f"    let b_column_{q} = tx + {q}u * THREADS_N;" for q in range(qn)]
     declare += _registers(cfg, "a", not transpose_a, vec4) + _registers(cfg, "b", transpose_b, vec4)
-    copies = _tile_copy(cfg, "a", not transpose_a, vec4) + _tile_copy(cfg, "b", transpose_b, vec4)
+    copies = _tile_copy(cfg, "a", not transpose_a, vec4, problem=p) + \
+        _tile_copy(cfg, "b", transpose_b, vec4, problem=p)
     if cfg.ahead > 1:  # a second set of registers, `far`, receives the tile after the next one
         declare += _registers(cfg, "a", not transpose_a, vec4, "_far") + \
             _registers(cfg, "b", transpose_b, vec4, "_far")
-        far = _tile_copy(cfg, "a", not transpose_a, vec4, "_far") + _tile_copy(cfg, "b", transpose_b, vec4, "_far")
+        far = _tile_copy(cfg, "a", not transpose_a, vec4, "_far", p) + \
+            _tile_copy(cfg, "b", transpose_b, vec4, "_far", p)
 
     def fetch(origin, indent, copies=copies):
         return [f"{indent}{where}{f.format(origin=origin)} }}" for where, f, _ in copies]
@@ -208,28 +253,26 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
         inner += [f"        acc_{i}_{q} = acc_{i}_{q} + a{kk}_{i // 4}.{XYZW[i % 4]} * b{kk}_{q};"
                   for i in range(cfg.tm) for q in range(qn)]
     row_sum = [f"            row_sum = row_sum + a_tile[buf][{kk}u][lid];" for kk in range(cfg.bk)]
-    store = [f"    store(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
+    store = [f"    store{p}(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
              f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, raw);" for i in range(cfg.tm) for q in range(qn)]
     zero = "vec4<f32>(0.0)" if vec4 else "0.0"
-    fills = {
-        "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
-        "THREADS": cfg.threads, "GROUP": cfg.group, "BUFFERS": cfg.buffers, "A_STRIDE": a_stride,
-        "B_STRIDE": b_stride,
+    return {
+        "P": p, "A_BINDING": binding, "B_BINDING": binding + 1, "OUT_BINDING": binding + 2,
+        "PARAMS_BINDING": binding + 3,
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
-        "ELEMENT": "vec4<f32>" if vec4 else "f32", "SUFFIX": "4" if vec4 else "",
+        "ELEMENT": "vec4<f32>" if vec4 else "f32",
         "QUAD": " / 4u" if vec4 else "",
         "LOADS": ("vec4 loads" if vec4 else "scalar loads") + (", double-buffered" if cfg.double else ""),
         "ALIGNED": ", aligned (no load checks)" if aligned else "",
-        "A_GUARD": "" if aligned else f"    if (m >= params.m || k >= k_end) {{ return {zero}; }}",
-        "B_GUARD": "" if aligned else f"    if (k >= k_end || n >= params.n) {{ return {zero}; }}",
-        "A_INDEX": "base + k * params.m + m" if transpose_a else "base + m * params.k + k",
-        "B_INDEX": "base + n * params.k + k" if transpose_b else "base + k * params.n + n",
+        "A_GUARD": "" if aligned else f"    if (m >= params{p}.m || k >= k_end) {{ return {zero}; }}",
+        "B_GUARD": "" if aligned else f"    if (k >= k_end || n >= params{p}.n) {{ return {zero}; }}",
+        "A_INDEX": f"base + k * params{p}.m + m" if transpose_a else f"base + m * params{p}.k + k",
+        "B_INDEX": f"base + n * params{p}.k + k" if transpose_b else f"base + k * params{p}.n + n",
         "DECLARE": "\n".join(declare), "PROLOGUE": "\n".join(prologue), "FETCH": "\n".join(fetch_next),
         "INNER": "\n".join(inner), "ROW_SUM": "\n".join(row_sum), "STASH": "\n".join(stash_next),
         "STORE": "\n".join(store),
     }
-    return kernel_source("matmul_blocked", fills)  # common.wgsl's gelu with it
 
 
 class BlockedMatmul:
@@ -253,9 +296,7 @@ class BlockedMatmul:
     def plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
         """record(a, b, out, epilogue) for this shape and the epilogue's parts (see `MatmulSelector.plan`): the
         module, split count and dispatches made ready once."""
-        bias, activation, pre, residual, row_sums, activation_grad = epilogue
-        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, bias is not None, activation, activation_grad,
-               residual is not None, row_sums is not None)
+        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, *_parts(epilogue))
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = self._plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
@@ -288,27 +329,127 @@ class BlockedMatmul:
 
     def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
         cfg = self.config
-        splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
-        k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
-        layout = (bool(transpose_a), bool(transpose_b), cfg.uses_vec4(m, n, k, transpose_a, transpose_b),
-                  cfg.aligned(m, n, k, splits, k_chunk))
+        splits, layout, params = _problem(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
         module = self.modules.get(layout)
         if module is None:
             name = (f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
                     f"{' aligned' if layout[3] else ''}")
             module = self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
-        params = {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
-                  "has_bias": int(epilogue.bias is not None), "activation": ACTIVATIONS[epilogue.activation],
-                  "activation_grad": ACTIVATIONS[epilogue.activation_grad],
-                  "has_residual": int(epilogue.residual is not None), "row_sums": int(epilogue.row_sums is not None),
-                  "batch": batch}
         blocks_n, blocks_m, zs = -(-n // cfg.bn), -(-m // cfg.bm), batch * splits
         # grids past the per-dimension limit: several dispatches, each told where it starts
         launches = [self.rt.prepare(module, "matmul_main", (blocks_n, min(MAX_GROUPS, blocks_m - y0),
                                                             min(MAX_GROUPS, zs - z0)),
                                     (0, 1, 2, 4, 5, 6, 7), {**params, "y_offset": y0, "z_offset": z0})
                     for z0 in range(0, zs, MAX_GROUPS) for y0 in range(0, blocks_m, MAX_GROUPS)]
-        # the finish adds the splits' slices (8, 9) into the output and its row sums (2, 7)
-        finish = self.rt.prepare(module, "matmul_finish_main", grid(-(-batch * m * n // 256)), (2, 4, 5, 6, 7, 8, 9),
-                                 params) if splits > 1 else None
-        return splits, launches, finish
+        return splits, launches, _finish(self.rt, module, params)
+
+
+def _parts(epilogue: Epilogue) -> tuple:
+    """What of an epilogue decides a matmul's plan (its params): which parts it has, not which arrays."""
+    bias, activation, _, residual, row_sums, activation_grad = epilogue
+    return bias is not None, activation, activation_grad, residual is not None, row_sums is not None
+
+
+def _problem(cfg: BlockConfig, splits: int, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue) \
+        -> tuple[int, Layout, dict]:
+    """One matmul's split count (at most one split per BK of K), code layout and params under a configuration."""
+    splits = max(1, min(splits, -(-k // cfg.bk)))
+    k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
+    layout = (bool(transpose_a), bool(transpose_b), cfg.uses_vec4(m, n, k, transpose_a, transpose_b),
+              cfg.aligned(m, n, k, splits, k_chunk))
+    params = {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
+              "has_bias": int(epilogue.bias is not None), "activation": ACTIVATIONS[epilogue.activation],
+              "activation_grad": ACTIVATIONS[epilogue.activation_grad],
+              "has_residual": int(epilogue.residual is not None), "row_sums": int(epilogue.row_sums is not None),
+              "batch": batch}
+    return splits, layout, params
+
+
+def _finish(rt, module, params: dict):
+    """The split-K finish's Launch for a problem's params (None without splits): it adds the splits' slices (8, 9)
+    into the output and its row sums (2, 7)."""
+    if params["splits"] == 1:
+        return None
+    return rt.prepare(module, "matmul_finish_main", grid(-(-params["batch"] * params["m"] * params["n"] // 256)),
+                      (2, 4, 5, 6, 7, 8, 9), params)
+
+
+class PairedMatmul:
+    """Two independent matmuls in one dispatch (the template's matmul_pair_main): one block configuration, a
+    split count each. Each problem is (batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue); the two
+    epilogues may not use the same array (bias, residual, pre, row_sums), which the problems share. The problem
+    with the longer K per split goes first, so that the blocks that take longest start first."""
+
+    def __init__(self, runtime, config: BlockConfig, splits: tuple[int, int]):
+        limits = runtime.ctx.limits
+        config.check(limits.get("max-compute-invocations-per-workgroup", 256),
+                     limits.get("max-compute-workgroup-storage-size", 16384))
+        self.rt, self.config, self.splits = runtime, config, splits
+        self.modules, self.plans = {}, {}
+        self.description = f"paired {config.name} splits {splits[0]}+{splits[1]}"
+
+    def describe(self) -> str:
+        return self.description
+
+    def plan(self, first: tuple, second: tuple):
+        """record(a, b, out, epilogue, a2, b2, out2, epilogue2): both matmuls, each with its epilogue, and their
+        split-K finishes."""
+        epilogues = first[-1], second[-1]
+        key = tuple((*problem[:-1], *_parts(problem[-1])) for problem in (first, second))
+        plan = self.plans.get(key)
+        if plan is None:
+            for name in "bias", "residual", "pre", "row_sums":
+                if all(getattr(e, name) is not None for e in epilogues):
+                    raise ValueError(f"paired matmuls share their epilogues' arrays: only one may use {name}")
+            plan = self.plans[key] = self._plan(first[:-1], second[:-1], epilogues)
+            _trim(self.plans)
+        swap, launch, finishes, parts = plan
+        rt = self.rt
+        stand_ins = rt.stand_in(0), rt.stand_in(1), rt.stand_in(2)
+
+        def record(a, b, out, epilogue, a2, b2, out2, epilogue2):
+            problems = ((a2, b2, out2, epilogue2), (a, b, out, epilogue)) if swap else \
+                ((a, b, out, epilogue), (a2, b2, out2, epilogue2))
+            targets, row_targets = [], []
+            for (_, _, out, epilogue), (size, row_size) in zip(problems, parts):
+                targets.append(out if size is None else rt.empty((size,)))  # split-K: a slice per split
+                row_targets.append(epilogue.row_sums if size is None or epilogue.row_sums is None
+                                   else rt.empty((row_size,)))
+            shared = [stand_ins[0], stand_ins[0], stand_ins[1], stand_ins[2]]  # bias, residual, pre, row sums
+            for (_, _, _, epilogue), row_target in zip(problems, row_targets):
+                for j, array in enumerate((epilogue.bias, epilogue.residual, epilogue.pre, row_target)):
+                    if array is not None:
+                        shared[j] = array
+            (a, b, _, _), (a2, b2, _, _) = problems
+            rt.launch(launch, (a, b, targets[0], *shared, a2, b2, targets[1]))
+            for (_, _, out, epilogue), finish, target, row_target in zip(problems, finishes, targets, row_targets):
+                if finish is not None:
+                    rt.launch(finish, (out, stand_ins[0] if epilogue.bias is None else epilogue.bias,
+                                       stand_ins[0] if epilogue.residual is None else epilogue.residual,
+                                       stand_ins[1] if epilogue.pre is None else epilogue.pre,
+                                       stand_ins[2] if epilogue.row_sums is None else epilogue.row_sums,
+                                       target, stand_ins[0] if row_target is None else row_target))
+        return record
+
+    def _plan(self, first, second, epilogues):
+        cfg = self.config
+        problems = [_problem(cfg, splits, *shape, epilogue)
+                    for splits, shape, epilogue in zip(self.splits, (first, second), epilogues)]
+        swap = problems[1][2]["k_chunk"] > problems[0][2]["k_chunk"]
+        if swap:
+            problems.reverse()
+        layouts = (problems[0][1], problems[1][1])
+        module = self.modules.get(layouts)
+        if module is None:
+            name = f"matmul pair {cfg.name} " + " + ".join(
+                f"ta={int(ta)} tb={int(tb)}{' vec4 loads' * vec4}{' aligned' * aligned}" for ta, tb, vec4, aligned in layouts)
+            module = self.modules[layouts] = self.rt.shader(generate_pair(cfg, *layouts), name)
+        (_, _, params), (_, _, params2) = problems
+        workgroups = sum(-(-p["n"] // cfg.bn) * -(-p["m"] // cfg.bm) * p["batch"] * p["splits"] for p in (params, params2))
+        launch = self.rt.prepare(module, "matmul_pair_main", grid(workgroups), (0, 1, 2, 4, 5, 6, 7, 10, 11, 12), params)
+        launch = Launch(launch.shader, launch.entry, launch.pipeline, (*launch.slots, 13),
+                        (*launch.uniforms, self.rt.uniform(module.params.pack(params2))), launch.groups)
+        finishes = [_finish(self.rt, module, p) for p in (params, params2)]
+        parts = [(None, None) if p["splits"] == 1 else (p["batch"] * p["splits"] * p["m"] * p["n"],
+                                                        p["batch"] * p["splits"] * p["m"]) for p in (params, params2)]
+        return swap, launch, finishes, parts

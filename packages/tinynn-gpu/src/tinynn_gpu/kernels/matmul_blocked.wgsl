@@ -1,5 +1,5 @@
 // Register-blocked batched matmul, out[B,M,N] = op(a)[B,M,K] @ op(b)[B,K,N], with a fused epilogue: a
-// template that matmul_blocked.py fills in ({{...}}) for one configuration and one operand layout.
+// template that matmul_blocked.py fills in ({{...}}) for one configuration and one operand layout (two: a pair).
 //
 // Each workgroup computes a BM x BN block of the output; each of its (BM/TM)*(BN/TN) threads holds
 // TM x TN results in registers as TM*TN/4 vec4 accumulators. The generator writes every accumulator as
@@ -44,21 +44,28 @@
 // row_sums: sum over k of op(a)[m, k] into row_sums[batch, m], from the A tiles already in workgroup
 // memory: for the weight gradient g^T @ x this is the bias gradient, at no extra pass over g.
 //
-// Bindings: 0:a 1:b 2:out 3:params 4:bias 5:residual 6:pre 7:row_sums; matmul_finish_main reads the
-// split slices from 8:parts and 9:row_parts. Unused ones are bound to small stand-ins.
+// Pairs: matmul_pair_main runs two independent matmuls of one block configuration in one dispatch (a linear
+// layer's input and weight gradients, which both read its output's gradient): the first problem's workgroups,
+// then the second's, each with its own operands, layout, params and split count. A small problem leaves most
+// of the H200 idle or runs one workgroup per SM with too few warps to hide latency; two of them side by side
+// fill it (H200, the three models' backward shapes at batch 2 against twice batch 1: 1.04-1.42x the work per
+// microsecond), and one barrier between dispatches goes too. The two share the tiles in workgroup memory and
+// the epilogue's arrays, which only one of them may use each (the first: pre, the second: row_sums).
+//
+// The file has three parts: the module (what follows), `problem` (one problem's bindings, loads and stores,
+// written once per problem with {{P}} its names' suffix: "" for the first, "2" for the second) and `product`
+// (one workgroup's block of a problem: written into matmul_main, and twice into matmul_pair_main).
+// Bindings: 0:a 1:b 2:out 3:params 4:bias 5:residual 6:pre 7:row_sums, a pair's second problem 10:a2 11:b2
+// 12:out2 13:params2; matmul_finish_main reads the split slices from 8:parts and 9:row_parts. Unused ones are
+// bound to small stand-ins.
 // vec4 variants read a and b as vec4s: a quad along a contiguous m or n is one tile entry; quads along a
 // contiguous k are loaded 4 rows at a time and transposed into the tile (4x fewer load instructions).
-// Layout of this variant: a {{A_LAYOUT}}, b {{B_LAYOUT}}, {{LOADS}}{{ALIGNED}}.
 
 struct Params {
     m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, has_bias: u32, activation: u32,
     has_residual: u32, row_sums: u32, batch: u32, y_offset: u32, z_offset: u32, activation_grad: u32,
 }
 
-@group(0) @binding(0) var<storage, read> a: array<{{ELEMENT}}>;
-@group(0) @binding(1) var<storage, read> b: array<{{ELEMENT}}>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read> residual: array<f32>;
 @group(0) @binding(6) var<storage, read_write> pre: array<f32>;
@@ -79,93 +86,17 @@ const BUFFERS: u32 = {{BUFFERS}}u;  // 2: double-buffered
 var<workgroup> a_tile: array<array<array<vec4<f32>, {{A_STRIDE}}>, BK>, BUFFERS>;
 var<workgroup> b_tile: array<array<array<vec4<f32>, {{B_STRIDE}}>, BK>, BUFFERS>;
 
-fn load_a{{SUFFIX}}(base: u32, m: u32, k: u32, k_end: u32) -> {{ELEMENT}} {
-{{A_GUARD}}
-    return a[({{A_INDEX}}){{QUAD}}];
-}
-
-fn load_b{{SUFFIX}}(base: u32, k: u32, n: u32, k_end: u32) -> {{ELEMENT}} {
-{{B_GUARD}}
-    return b[({{B_INDEX}}){{QUAD}}];
-}
-
-// The epilogue for out[i], column n, whose matmul sum is v.
-fn finish(i: u32, n: u32, v: f32) -> f32 {
-    var y = v;
-    if (params.activation_grad == 1u) { y = gelu_grad(pre[i], y); }
-    if (params.has_bias == 1u) { y = y + bias[n]; }
-    if (params.activation == 1u) {
-        pre[i] = y;
-        y = gelu(y);
-    }
-    if (params.has_residual == 1u) { y = y + residual[i]; }
-    return y;
-}
-
-fn store_one(i: u32, n: u32, v: f32, raw: bool) {
-    if (n >= params.n) { return; }
-    if (raw) {
-        out[i] = v;
-    } else {
-        out[i] = finish(i, n, v);
-    }
-}
-
-fn store(base: u32, m: u32, n: u32, acc: vec4<f32>, raw: bool) {
-    if (m >= params.m) { return; }
-    let i = base + m * params.n + n;
-    store_one(i, n, acc.x, raw);
-    store_one(i + 1u, n + 1u, acc.y, raw);
-    store_one(i + 2u, n + 2u, acc.z, raw);
-    store_one(i + 3u, n + 3u, acc.w, raw);
-}
-
+{{PROBLEMS}}
 @compute @workgroup_size({{THREADS}})
 fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
-    let m_dim = params.m;
-    let n_dim = params.n;
     let z = wg.z + params.z_offset;
-    let batch = z / params.splits;
-    let k_begin = (z % params.splits) * params.k_chunk;
-    let k_end = min(params.k, k_begin + params.k_chunk);
-    // grouped order: GROUP block-rows share the B panels they read while they are in L2
-    let linear = wg.y * nwg.x + wg.x;
-    let per_group = GROUP * nwg.x;
-    let first_row = (linear / per_group) * GROUP;
-    let rows_here = min(nwg.y - first_row, GROUP);
-    let block_m = first_row + (linear % per_group) % rows_here + params.y_offset;
-    let block_n = (linear % per_group) / rows_here;
-    let row0 = block_m * BM;
-    let col0 = block_n * BN;
-    let a_base = batch * m_dim * params.k;
-    let b_base = select(batch * params.k * n_dim, 0u, params.shared_b == 1u);
-    let tx = lid % THREADS_N;
-    let ty = lid / THREADS_N;
-    let sum_rows = params.row_sums == 1u && block_n == 0u;  // one block-column sums A's rows
-    var row_sum = vec4<f32>(0.0);
-{{DECLARE}}
-{{PROLOGUE}}
-    var buf = 0u;  // the buffer holding this step's tiles
-    for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
-{{FETCH}}
-{{INNER}}
-        if (sum_rows && lid < BM / 4u) {
-{{ROW_SUM}}
-        }
-{{STASH}}
-        workgroupBarrier();
-        buf = (buf + 1u) % BUFFERS;
-    }
-    let raw = params.splits > 1u;  // a split's partial sum: matmul_finish_main applies the epilogue
-    let out_base = z * m_dim * n_dim;  // with splits: this split's own slice
-{{STORE}}
-    if (sum_rows && lid < BM / 4u) {
-        for (var c = 0u; c < 4u; c = c + 1u) {
-            let m = row0 + 4u * lid + c;
-            if (m < m_dim) { row_sums[z * m_dim + m] = row_sum[c]; }
-        }
-    }
+    let block_x = wg.x;
+    let block_y = wg.y;
+    let blocks_x = nwg.x;
+    let blocks_y = nwg.y;
+    let y_offset = params.y_offset;
+{{PRODUCT}}
 }
 
 // Split-K: out[b, i] = epilogue(sum over splits of parts[b, split, i]); row sums likewise.
@@ -191,3 +122,125 @@ fn matmul_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
         row_sums[i] = r;
     }
 }
+{{PAIR}}
+//:: pair
+// Two problems in one grid, workgroup by workgroup: the first's blocks (x fastest, then y, then batch and split),
+// then the second's; the grid's spare workgroups (rounded up to a rectangle) do nothing.
+@compute @workgroup_size({{THREADS}})
+fn matmul_pair_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let id = wg.y * nwg.x + wg.x;
+    let first = ((params.n + BN - 1u) / BN) * ((params.m + BM - 1u) / BM) * params.batch * params.splits;
+    if (id < first) {
+        let blocks_x = (params.n + BN - 1u) / BN;
+        let blocks_y = (params.m + BM - 1u) / BM;
+        let z = id / (blocks_x * blocks_y);
+        let block_x = id % blocks_x;
+        let block_y = (id / blocks_x) % blocks_y;
+        let y_offset = 0u;
+{{PRODUCT}}
+    } else {
+        let blocks_x = (params2.n + BN - 1u) / BN;
+        let blocks_y = (params2.m + BM - 1u) / BM;
+        let second = id - first;
+        if (second < blocks_x * blocks_y * params2.batch * params2.splits) {
+            let z = second / (blocks_x * blocks_y);
+            let block_x = second % blocks_x;
+            let block_y = (second / blocks_x) % blocks_y;
+            let y_offset = 0u;
+{{PRODUCT2}}
+        }
+    }
+}
+//:: problem
+// Problem {{P}}: a {{A_LAYOUT}}, b {{B_LAYOUT}}, {{LOADS}}{{ALIGNED}}.
+@group(0) @binding({{A_BINDING}}) var<storage, read> a{{P}}: array<{{ELEMENT}}>;
+@group(0) @binding({{B_BINDING}}) var<storage, read> b{{P}}: array<{{ELEMENT}}>;
+@group(0) @binding({{OUT_BINDING}}) var<storage, read_write> out{{P}}: array<f32>;
+@group(0) @binding({{PARAMS_BINDING}}) var<uniform> params{{P}}: Params;
+
+fn load_a{{P}}(base: u32, m: u32, k: u32, k_end: u32) -> {{ELEMENT}} {
+{{A_GUARD}}
+    return a{{P}}[({{A_INDEX}}){{QUAD}}];
+}
+
+fn load_b{{P}}(base: u32, k: u32, n: u32, k_end: u32) -> {{ELEMENT}} {
+{{B_GUARD}}
+    return b{{P}}[({{B_INDEX}}){{QUAD}}];
+}
+
+// The epilogue for out[i], column n, whose matmul sum is v.
+fn finish{{P}}(i: u32, n: u32, v: f32) -> f32 {
+    var y = v;
+    if (params{{P}}.activation_grad == 1u) { y = gelu_grad(pre[i], y); }
+    if (params{{P}}.has_bias == 1u) { y = y + bias[n]; }
+    if (params{{P}}.activation == 1u) {
+        pre[i] = y;
+        y = gelu(y);
+    }
+    if (params{{P}}.has_residual == 1u) { y = y + residual[i]; }
+    return y;
+}
+
+fn store_one{{P}}(i: u32, n: u32, v: f32, raw: bool) {
+    if (n >= params{{P}}.n) { return; }
+    if (raw) {
+        out{{P}}[i] = v;
+    } else {
+        out{{P}}[i] = finish{{P}}(i, n, v);
+    }
+}
+
+fn store{{P}}(base: u32, m: u32, n: u32, acc: vec4<f32>, raw: bool) {
+    if (m >= params{{P}}.m) { return; }
+    let i = base + m * params{{P}}.n + n;
+    store_one{{P}}(i, n, acc.x, raw);
+    store_one{{P}}(i + 1u, n + 1u, acc.y, raw);
+    store_one{{P}}(i + 2u, n + 2u, acc.z, raw);
+    store_one{{P}}(i + 3u, n + 3u, acc.w, raw);
+}
+
+//:: product
+    // block (block_x, block_y) of the grid's blocks_x x blocks_y, batch and split z, of problem {{P}}
+    let m_dim = params{{P}}.m;
+    let n_dim = params{{P}}.n;
+    let batch = z / params{{P}}.splits;
+    let k_begin = (z % params{{P}}.splits) * params{{P}}.k_chunk;
+    let k_end = min(params{{P}}.k, k_begin + params{{P}}.k_chunk);
+    // grouped order: GROUP block-rows share the B panels they read while they are in L2
+    let linear = block_y * blocks_x + block_x;
+    let per_group = GROUP * blocks_x;
+    let first_row = (linear / per_group) * GROUP;
+    let rows_here = min(blocks_y - first_row, GROUP);
+    let block_m = first_row + (linear % per_group) % rows_here + y_offset;
+    let block_n = (linear % per_group) / rows_here;
+    let row0 = block_m * BM;
+    let col0 = block_n * BN;
+    let a_base = batch * m_dim * params{{P}}.k;
+    let b_base = select(batch * params{{P}}.k * n_dim, 0u, params{{P}}.shared_b == 1u);
+    let tx = lid % THREADS_N;
+    let ty = lid / THREADS_N;
+    let sum_rows = params{{P}}.row_sums == 1u && block_n == 0u;  // one block-column sums A's rows
+    var row_sum = vec4<f32>(0.0);
+{{DECLARE}}
+{{PROLOGUE}}
+    var buf = 0u;  // the buffer holding this step's tiles
+    for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
+{{FETCH}}
+{{INNER}}
+        if (sum_rows && lid < BM / 4u) {
+{{ROW_SUM}}
+        }
+{{STASH}}
+        workgroupBarrier();
+        buf = (buf + 1u) % BUFFERS;
+    }
+    let raw = params{{P}}.splits > 1u;  // a split's partial sum: matmul_finish_main applies the epilogue
+    let out_base = z * m_dim * n_dim;  // with splits: this split's own slice
+{{STORE}}
+    if (sum_rows && lid < BM / 4u) {
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            let m = row0 + 4u * lid + c;
+            if (m < m_dim) { row_sums[z * m_dim + m] = row_sum[c]; }
+        }
+    }
