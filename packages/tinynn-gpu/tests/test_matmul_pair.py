@@ -13,7 +13,7 @@ from tinynn_gpu.matmul import PAIR_SPLITS, SEPARATE, MatmulSelector
 from tinynn_gpu.matmul_blocked import BlockConfig, Epilogue, PairedMatmul
 
 from test_backend import CFG, captured_losses
-from test_kernels import assert_matmul_result, epilogue_for, matmul_cases, operands, reference
+from test_kernels import assert_matmul_result, epilogue_for, matmul_cases, operands, reference, rel_err
 
 # blocks the H200's tuning pairs (small: lavapipe runs them on the CPU), one of each design: vec4 loads, double
 # buffers, loads two tiles ahead, BK 32, 96 wide
@@ -72,6 +72,45 @@ def test_a_linear_layers_gradients_in_whole_tiles(poisoned, rows, columns, steps
     magnitude = np.linalg.norm(np.abs(g64).T @ np.abs(x))
     assert np.linalg.norm(poisoned.to_numpy(g_weight) - reference(g64[None], x[None], True, False)[0]) <= 1e-5 * magnitude
     np.testing.assert_allclose(poisoned.to_numpy(g_bias), g64.sum(0), rtol=1e-5, atol=1e-5 * np.abs(g64).sum(0).max())
+
+
+# K 100 in 2 splits gives a K chunk of 64, K 40 in 3 one of 16; K 20 in 2 one of 16, K 150 in 3 one of 64
+@pytest.mark.parametrize("k, k2, swapped", [(100, 40, False), (20, 150, True)], ids=["in order", "swapped"])
+@pytest.mark.parametrize("seed2", [1 | 2 | 4, 1 | 4 | 16], ids=["gelu", "gelu grad"])
+@pytest.mark.parametrize("tile", TILES, ids=lambda c: c.name)
+def test_the_row_sums_first_and_the_other_epilogue_second(poisoned, tile, k, k2, swapped, seed2):
+    """The drawn test's roles the other way round: the first problem sums rows, the second has bias, GELU (or its
+    gradient) and a residual; both split, batched, one with its b shared; in the given order and swapped (the
+    second problem's longer K chunk goes first), which the plan must say it did."""
+    shape, arrays, check = drawn_problem(poisoned, (2, 37, 70, k, True, False, True, 8), 8)
+    shape2, arrays2, check2 = drawn_problem(poisoned, (2, 45, 19, k2, False, True, False, seed2), ~8)
+    paired = PairedMatmul(poisoned.rt, tile, (2, 3))
+    paired.plan(shape, shape2)(*arrays, *arrays2)
+    assert [plan[0] for plan in paired.plans.values()] == [swapped]
+    check()
+    check2()
+
+
+def test_a_pair_past_65535_workgroups(poisoned, rng):
+    """A pair's grid is one flat count laid out as (65535, rows): the second problem's blocks straddle the row
+    boundary. Both split and batched, the second with row sums."""
+    tile = BlockConfig(32, 32, 8, 4, 4)
+    batch, batch2, k = 9_000, 10_000, 32  # 36,000 + 40,000 workgroups: splits 4 of K chunk 8 each
+    gpu = poisoned
+    a, b = rng.standard_normal((batch, 1, k)).astype(np.float32), rng.standard_normal((batch, k, 2)).astype(np.float32)
+    a2 = rng.standard_normal((batch2, k, 3)).astype(np.float32)  # stored K x M
+    b2 = rng.standard_normal((batch2, k, 1)).astype(np.float32)
+    out, out2, row_sums = gpu.rt.empty((batch, 1, 2)), gpu.rt.empty((batch2, 3, 1)), gpu.rt.empty((batch2, 3))
+    paired = PairedMatmul(gpu.rt, tile, (4, 4))
+    paired.plan((batch, 1, 2, k, False, False, False, Epilogue()),
+                (batch2, 3, 1, k, True, False, False, Epilogue(row_sums=row_sums)))(
+        gpu.from_numpy(a), gpu.from_numpy(b), out, Epilogue(), gpu.from_numpy(a2), gpu.from_numpy(b2), out2,
+        Epilogue(row_sums=row_sums))
+    (_, launch, _, _), = paired.plans.values()
+    assert launch.groups == (65535, 2, 1)
+    assert rel_err(gpu.to_numpy(out), reference(a, b, False, False)) <= 1e-5
+    assert rel_err(gpu.to_numpy(out2), reference(a2, b2, True, False)) <= 1e-5
+    assert rel_err(gpu.to_numpy(row_sums), a2.astype(np.float64).sum(-2)) <= 1e-5
 
 
 def test_pairs_refuse_an_epilogue_array_both_would_use(gpu):
