@@ -165,6 +165,24 @@ def test_linear_backward_paired(poisoned, paired, activation, has_bias, rows, in
         assert np.linalg.norm(actual - expected) <= 1e-5 * max(np.linalg.norm(size), 1e-30), name
 
 
+def test_linear_backward_paired_keeps_a_plan_per_epilogue(poisoned, paired):
+    """One shape's backward with and without the bias gradient and GELU's gradient, one after another in one
+    backend: each gets a pair planned for its own epilogue (the backend's key), none a plan made for another."""
+    gpu, cpu = poisoned, backends.reference()
+    g = np.random.default_rng(5)
+    grad, x, weight, pre = (g.standard_normal(s).astype(np.float32) for s in ((70, 33), (70, 20), (33, 20), (70, 20)))
+    for activation, has_bias in ((None, True), ("gelu", True), ("gelu", False), (None, False), (None, True)):
+        got = gpu.linear_backward(gpu.from_numpy(grad), gpu.from_numpy(x), gpu.from_numpy(weight), has_bias=has_bias,
+                                  x_activation=activation, x_pre=gpu.from_numpy(pre) if activation else None)
+        assert gpu.mm.last.startswith("paired")
+        want = cpu.linear_backward(*(a.astype(np.float64) for a in (grad, x, weight)), has_bias=has_bias,
+                                   x_activation=activation, x_pre=pre.astype(np.float64) if activation else None)
+        assert (got[2] is None) == (not has_bias)
+        for actual, expected in zip(got, want):
+            if expected is not None:
+                np.testing.assert_allclose(gpu.to_numpy(actual), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_tuning_a_pair_times_it_against_the_two_apart_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):
     monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(MatmulSelector, "tune_min_macs", 0)
