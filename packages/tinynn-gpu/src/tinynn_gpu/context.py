@@ -23,7 +23,7 @@ WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-stor
                  "max-compute-workgroup-size-x", "max-compute-workgroup-size-y")
 TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
 BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
-STORAGE_BUFFERS_NEEDED = 10  # the most storage buffers one kernel binds (layernorm_backward_main)
+STORAGE_BUFFERS_NEEDED = 10  # the most storage buffers one kernel binds (layernorm_backward_main, matmul_pair_main)
 KERNEL_FILES = ("elementwise", "strided", "softmax", "embedding",
                 "optimizer", "norm", "decode", "matmul_rows")
 

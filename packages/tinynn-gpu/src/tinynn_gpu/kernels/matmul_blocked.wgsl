@@ -50,7 +50,8 @@
 // of the H200 idle or runs one workgroup per SM with too few warps to hide latency; two of them side by side
 // fill it (H200, the three models' backward shapes at batch 2 against twice batch 1: 1.04-1.42x the work per
 // microsecond), and one barrier between dispatches goes too. The two share the tiles in workgroup memory and
-// the epilogue's arrays, which only one of them may use each (the first: pre, the second: row_sums).
+// the epilogue's arrays, which only one of them may use each (a linear layer's: the input gradient pre, the
+// weight gradient row_sums; either may be the first here, PairedMatmul putting the longer K chunk first).
 //
 // The file has three parts: the module (what follows), `problem` (one problem's bindings, loads and stores,
 // written once per problem with {{P}} its names' suffix: "" for the first, "2" for the second) and `product`
