@@ -52,6 +52,7 @@ def main():
                       Epilogue(row_sums=gpu.rt.empty((outs,))))
             times = selector.time_pair(first, second)  # each alone is tuned first (into a cache of this run's own)
             best = min((name for name in times if name != SEPARATE), key=times.get)
+            check(gpu, selector.pair_variant(best), first, second)
             total_apart += times[SEPARATE]
             total_paired += min(times[best], times[SEPARATE])
             print(f"{path} {rows}x{ins}x{outs} + {outs}x{ins}x{rows}: apart {times[SEPARATE] * 1e3:.1f} us, "
@@ -69,6 +70,17 @@ def main():
                           f" us, 2 * b1 / b2 = {2 * best_of[1] / best_of[2]:.2f}", flush=True)
         print(f"{path}: a layer's backward matmuls {total_apart * 1e3:.1f} us apart, {total_paired * 1e3:.1f} with "
               "the faster of the two", flush=True)
+
+
+def check(gpu, pair, first, second):
+    """The pair's two results (fresh outputs) against float64: a timing of wrong results would mean nothing."""
+    outputs = gpu.rt.empty(first[2].shape), gpu.rt.empty(second[2].shape)
+    pair.plan(first[3:], second[3:])(*first[:2], outputs[0], first[10], *second[:2], outputs[1], second[10])
+    grad, weight, x = (gpu.to_numpy(a).astype(np.float64) for a in (first[0], first[1], second[1]))
+    for got, want, size in zip(outputs, (grad @ weight, grad.T @ x), (abs(grad) @ abs(weight), abs(grad).T @ abs(x))):
+        error = np.linalg.norm(gpu.to_numpy(got) - want) / np.linalg.norm(size)
+        if not error <= 1e-5:
+            raise SystemExit(f"{pair.describe()} computed a wrong result (error {error:.1e} of its terms' size)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn_gpu.matmul import PAIR_SPLITS, SEPARATE, MatmulSelector
-from tinynn_gpu.matmul_blocked import BlockConfig, Epilogue, PairedMatmul
+from tinynn_gpu.matmul_blocked import BlockConfig, Epilogue
+from tinynn_gpu.matmul_paired import PairedMatmul
 
 from test_backend import CFG, captured_losses
 from test_kernels import assert_matmul_result, epilogue_for, matmul_cases, operands, reference, rel_err

@@ -14,7 +14,7 @@ adapter and wgpu version (TINYNN_CACHE_DIR, default
 ~/.cache/tinynn). Without tuning, `default_variant` is a fixed choice measured on an H200 (BENCHMARKS.md).
 
 Two independent matmuls (a linear layer's input and weight gradients) can also run as one dispatch
-(`plan_pair`, matmul_blocked.PairedMatmul): tuning times every block configuration with a split count each
+(`plan_pair`, matmul_paired.py): tuning times every block configuration with a split count each
 against the two one after the other, and keeps whichever is faster under the pair's own key. Without tuning
 (a software adapter) they stay apart. On the H200 the pairs took the lesson step from 2.69 to 2.51 ms and mid's
 from 6.75 to 6.33 (BENCHMARKS.md, session 13).
@@ -30,7 +30,8 @@ from pathlib import Path
 import wgpu
 
 from tinynn_gpu.context import kernel_source
-from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue, PairedMatmul
+from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue
+from tinynn_gpu.matmul_paired import PairedMatmul
 from tinynn_gpu.matmul_rows import RowsMatmul
 
 LESSON_TILES = (8, 16, 32)

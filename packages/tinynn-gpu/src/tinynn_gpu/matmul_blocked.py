@@ -3,9 +3,8 @@
 `BlockConfig` names a variant (block BM x BN x BK, TM x TN results per thread); `generate` fills the template
 with fully unrolled code, one variable per vec4 accumulator (see the template's header for why).
 `BlockedMatmul` compiles a variant per operand layout on first use and records its dispatches, with an
-`Epilogue` (bias, GELU, residual add, row sums, GELU's gradient) fused into the stores. `PairedMatmul` runs two
-independent matmuls of one configuration in one dispatch (`generate_pair`), each with its own layout, split count
-and epilogue.
+`Epilogue` (bias, GELU, residual add, row sums, GELU's gradient) fused into the stores. `generate_pair` writes
+two problems into one module, for matmul_paired.py.
 """
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tinynn_gpu.context import fill, kernel_file
-from tinynn_gpu.runtime import MAX_GROUPS, Launch, _trim, grid
+from tinynn_gpu.runtime import MAX_GROUPS, _trim, grid
 
 XYZW = "xyzw"
 ACTIVATIONS = {None: 0, "gelu": 1}
@@ -296,7 +295,7 @@ class BlockedMatmul:
     def plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
         """record(a, b, out, epilogue) for this shape and the epilogue's parts (see `MatmulSelector.plan`): the
         module, split count and dispatches made ready once."""
-        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, *_parts(epilogue))
+        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, *epilogue_parts(epilogue))
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = self._plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
@@ -329,7 +328,7 @@ class BlockedMatmul:
 
     def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
         cfg = self.config
-        splits, layout, params = _problem(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+        splits, layout, params = problem_plan(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
         module = self.modules.get(layout)
         if module is None:
             name = (f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
@@ -341,16 +340,16 @@ class BlockedMatmul:
                                                             min(MAX_GROUPS, zs - z0)),
                                     (0, 1, 2, 4, 5, 6, 7), {**params, "y_offset": y0, "z_offset": z0})
                     for z0 in range(0, zs, MAX_GROUPS) for y0 in range(0, blocks_m, MAX_GROUPS)]
-        return splits, launches, _finish(self.rt, module, params)
+        return splits, launches, finish_launch(self.rt, module, params)
 
 
-def _parts(epilogue: Epilogue) -> tuple:
+def epilogue_parts(epilogue: Epilogue) -> tuple:
     """What of an epilogue decides a matmul's plan (its params): which parts it has, not which arrays."""
     bias, activation, _, residual, row_sums, activation_grad = epilogue
     return bias is not None, activation, activation_grad, residual is not None, row_sums is not None
 
 
-def _problem(cfg: BlockConfig, splits: int, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue) \
+def problem_plan(cfg: BlockConfig, splits: int, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue) \
         -> tuple[int, Layout, dict]:
     """One matmul's split count (at most one split per BK of K), code layout and params under a configuration."""
     splits = max(1, min(splits, -(-k // cfg.bk)))
@@ -365,91 +364,10 @@ def _problem(cfg: BlockConfig, splits: int, batch, m, n, k, transpose_a, transpo
     return splits, layout, params
 
 
-def _finish(rt, module, params: dict):
+def finish_launch(rt, module, params: dict):
     """The split-K finish's Launch for a problem's params (None without splits): it adds the splits' slices (8, 9)
     into the output and its row sums (2, 7)."""
     if params["splits"] == 1:
         return None
     return rt.prepare(module, "matmul_finish_main", grid(-(-params["batch"] * params["m"] * params["n"] // 256)),
                       (2, 4, 5, 6, 7, 8, 9), params)
-
-
-class PairedMatmul:
-    """Two independent matmuls in one dispatch (the template's matmul_pair_main): one block configuration, a
-    split count each. Each problem is (batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue); the two
-    epilogues may not use the same array (bias, residual, pre, row_sums), which the problems share. The problem
-    with the longer K per split goes first, so that the blocks that take longest start first."""
-
-    def __init__(self, runtime, config: BlockConfig, splits: tuple[int, int]):
-        limits = runtime.ctx.limits
-        config.check(limits.get("max-compute-invocations-per-workgroup", 256),
-                     limits.get("max-compute-workgroup-storage-size", 16384))
-        self.rt, self.config, self.splits = runtime, config, splits
-        self.modules, self.plans = {}, {}
-        self.description = f"paired {config.name} splits {splits[0]}+{splits[1]}"
-
-    def describe(self) -> str:
-        return self.description
-
-    def plan(self, first: tuple, second: tuple):
-        """record(a, b, out, epilogue, a2, b2, out2, epilogue2): both matmuls, each with its epilogue, and their
-        split-K finishes."""
-        epilogues = first[-1], second[-1]
-        key = tuple((*problem[:-1], *_parts(problem[-1])) for problem in (first, second))
-        plan = self.plans.get(key)
-        if plan is None:
-            for name in "bias", "residual", "pre", "row_sums":
-                if all(getattr(e, name) is not None for e in epilogues):
-                    raise ValueError(f"paired matmuls share their epilogues' arrays: only one may use {name}")
-            plan = self.plans[key] = self._plan(first[:-1], second[:-1], epilogues)
-            _trim(self.plans)
-        swap, launch, finishes, parts = plan
-        rt = self.rt
-        stand_ins = rt.stand_in(0), rt.stand_in(1), rt.stand_in(2)
-
-        def record(a, b, out, epilogue, a2, b2, out2, epilogue2):
-            problems = ((a2, b2, out2, epilogue2), (a, b, out, epilogue)) if swap else \
-                ((a, b, out, epilogue), (a2, b2, out2, epilogue2))
-            targets, row_targets = [], []
-            for (_, _, out, epilogue), (size, row_size) in zip(problems, parts):
-                targets.append(out if size is None else rt.empty((size,)))  # split-K: a slice per split
-                row_targets.append(epilogue.row_sums if size is None or epilogue.row_sums is None
-                                   else rt.empty((row_size,)))
-            shared = [stand_ins[0], stand_ins[0], stand_ins[1], stand_ins[2]]  # bias, residual, pre, row sums
-            for (_, _, _, epilogue), row_target in zip(problems, row_targets):
-                for j, array in enumerate((epilogue.bias, epilogue.residual, epilogue.pre, row_target)):
-                    if array is not None:
-                        shared[j] = array
-            (a, b, _, _), (a2, b2, _, _) = problems
-            rt.launch(launch, (a, b, targets[0], *shared, a2, b2, targets[1]))
-            for (_, _, out, epilogue), finish, target, row_target in zip(problems, finishes, targets, row_targets):
-                if finish is not None:
-                    rt.launch(finish, (out, stand_ins[0] if epilogue.bias is None else epilogue.bias,
-                                       stand_ins[0] if epilogue.residual is None else epilogue.residual,
-                                       stand_ins[1] if epilogue.pre is None else epilogue.pre,
-                                       stand_ins[2] if epilogue.row_sums is None else epilogue.row_sums,
-                                       target, stand_ins[0] if row_target is None else row_target))
-        return record
-
-    def _plan(self, first, second, epilogues):
-        cfg = self.config
-        problems = [_problem(cfg, splits, *shape, epilogue)
-                    for splits, shape, epilogue in zip(self.splits, (first, second), epilogues)]
-        swap = problems[1][2]["k_chunk"] > problems[0][2]["k_chunk"]
-        if swap:
-            problems.reverse()
-        layouts = (problems[0][1], problems[1][1])
-        module = self.modules.get(layouts)
-        if module is None:
-            name = f"matmul pair {cfg.name} " + " + ".join(
-                f"ta={int(ta)} tb={int(tb)}{' vec4 loads' * vec4}{' aligned' * aligned}" for ta, tb, vec4, aligned in layouts)
-            module = self.modules[layouts] = self.rt.shader(generate_pair(cfg, *layouts), name)
-        (_, _, params), (_, _, params2) = problems
-        workgroups = sum(-(-p["n"] // cfg.bn) * -(-p["m"] // cfg.bm) * p["batch"] * p["splits"] for p in (params, params2))
-        launch = self.rt.prepare(module, "matmul_pair_main", grid(workgroups), (0, 1, 2, 4, 5, 6, 7, 10, 11, 12), params)
-        launch = Launch(launch.shader, launch.entry, launch.pipeline, (*launch.slots, 13),
-                        (*launch.uniforms, self.rt.uniform(module.params.pack(params2))), launch.groups)
-        finishes = [_finish(self.rt, module, p) for p in (params, params2)]
-        parts = [(None, None) if p["splits"] == 1 else (p["batch"] * p["splits"] * p["m"] * p["n"],
-                                                        p["batch"] * p["splits"] * p["m"]) for p in (params, params2)]
-        return swap, launch, finishes, parts
