@@ -41,11 +41,12 @@ def every_kernel():
                 yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
                 yield (f"matmul {config.name} ta={ta:d} tb={tb:d} aligned",
                        matmul_blocked.generate(config, ta, tb, config.vec4, aligned=True))
-        # a linear layer's gradients paired (the input's, then the weight's), checked and aligned loads
-        yield (f"matmul pair {config.name}",
-               matmul_blocked.generate_pair(config, (False, False, config.vec4, False), (True, False, config.vec4, False)))
-        yield (f"matmul pair {config.name} aligned",
-               matmul_blocked.generate_pair(config, (False, False, config.vec4, True), (True, False, config.vec4, True)))
+        # a linear layer's gradients paired, either first (the longer K per split goes first), loads checked and not
+        for aligned in (False, True):
+            inputs, weights = (False, False, config.vec4, aligned), (True, False, config.vec4, aligned)
+            yield f"matmul pair {config.name} aligned={aligned}", matmul_blocked.generate_pair(config, inputs, weights)
+            yield f"matmul pair {config.name} aligned={aligned} swapped", matmul_blocked.generate_pair(config, weights,
+                                                                                                        inputs)
     # the group_sum and row-team kernels both ways; Tint wants `enable subgroups;` for the subgroup form,
     # which naga refuses, so it is added here only
     for subgroups in (False, True):
