@@ -53,9 +53,10 @@
 // the epilogue's arrays, which only one of them may use each (a linear layer's: the input gradient pre, the
 // weight gradient row_sums; either may be the first here, PairedMatmul putting the longer K chunk first).
 //
-// The file has three parts: the module (what follows), `problem` (one problem's bindings, loads and stores,
-// written once per problem with {{P}} its names' suffix: "" for the first, "2" for the second) and `product`
-// (one workgroup's block of a problem: written into matmul_main, and twice into matmul_pair_main).
+// The file has four parts: the module (what follows), `pair` (matmul_pair_main, in a pair's module only),
+// `problem` (one problem's bindings, loads and stores, written once per problem with {{P}} its names' suffix: ""
+// for the first, "2" for the second) and `product` (one workgroup's block of a problem: written into
+// matmul_main, and twice into matmul_pair_main).
 // Bindings: 0:a 1:b 2:out 3:params 4:bias 5:residual 6:pre 7:row_sums, a pair's second problem 10:a2 11:b2
 // 12:out2 13:params2; matmul_finish_main reads the split slices from 8:parts and 9:row_parts. Unused ones are
 // bound to small stand-ins.
