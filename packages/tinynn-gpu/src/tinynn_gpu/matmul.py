@@ -315,8 +315,7 @@ class MatmulSelector:
 
     def _fits_config(self, config: BlockConfig) -> bool:
         try:
-            config.check(self.rt.ctx.limits.get("max-compute-invocations-per-workgroup", 256),
-                         self.rt.ctx.limits.get("max-compute-workgroup-storage-size", 16384))
+            config.check_device(self.rt.ctx.limits)
             return True
         except ValueError:
             return False

@@ -87,6 +87,11 @@ class BlockConfig:
     def threads(self) -> int:
         return (self.bm // self.tm) * (self.bn // self.tn)
 
+    def check_device(self, limits: dict) -> None:
+        """`check` against a device's limits (its adapter's dict, WebGPU's defaults where one is missing)."""
+        self.check(limits.get("max-compute-invocations-per-workgroup", 256),
+                   limits.get("max-compute-workgroup-storage-size", 16384))
+
     def check(self, max_threads=256, max_workgroup_bytes=16384) -> None:
         if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk < 1 or \
                 (self.vec4 and self.bk % 4):
@@ -276,9 +281,7 @@ def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4:
 
 class BlockedMatmul:
     def __init__(self, runtime, config: BlockConfig):
-        limits = runtime.ctx.limits
-        config.check(limits.get("max-compute-invocations-per-workgroup", 256),
-                     limits.get("max-compute-workgroup-storage-size", 16384))
+        config.check_device(runtime.ctx.limits)
         self.rt = runtime
         self.config = config
         self.modules = {}
@@ -303,32 +306,23 @@ class BlockedMatmul:
         splits, launches, finish = plan
         rt = self.rt
         stand_ins = rt.stand_in(0), rt.stand_in(1), rt.stand_in(2)
-        parts, row_parts = (batch * splits * m * n,), (batch * splits * m,)
+        sizes = None if finish is None else (batch * splits * m * n, batch * splits * m)
 
         def record(a, b, out, epilogue):
             bias, _, pre, residual, row_sums, _ = epilogue
-            if bias is None:
-                bias = stand_ins[0]
-            if residual is None:
-                residual = stand_ins[0]
-            if pre is None:
-                pre = stand_ins[1]
-            if finish is None:
-                target, row_target = out, row_sums
-            else:  # split-K: one slice per split, for matmul_finish_main to add up
-                target, row_target = rt.empty(parts), None if row_sums is None else rt.empty(row_parts)
-            arrays = (a, b, target, bias, residual, pre, stand_ins[2] if row_target is None else row_target)
+            target, row_target = split_targets(rt, sizes, out, row_sums)
+            arrays = (a, b, target, *epilogue_slots(bias, residual, pre, row_target, stand_ins))
             for launch in launches:
                 rt.launch(launch, arrays)
             if finish is not None:
-                rt.launch(finish, (out, bias, residual, pre, stand_ins[2] if row_sums is None else row_sums, target,
-                                   stand_ins[0] if row_target is None else row_target))
+                rt.launch(finish, finish_arrays(out, epilogue, target, row_target, stand_ins))
             return True
         return record
 
     def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
         cfg = self.config
-        splits, layout, params = problem_plan(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+        splits, layout, params = problem_plan(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b,
+                                              epilogue)
         module = self.modules.get(layout)
         if module is None:
             name = (f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
@@ -362,6 +356,26 @@ def problem_plan(cfg: BlockConfig, splits: int, batch, m, n, k, transpose_a, tra
               "has_residual": int(epilogue.residual is not None), "row_sums": int(epilogue.row_sums is not None),
               "batch": batch}
     return splits, layout, params
+
+
+def split_targets(rt, sizes: tuple | None, out, row_sums) -> tuple:
+    """Where a matmul stores its sums: its output and row sums, or with split-K (`sizes`: the float counts of the
+    splits' slices and of their row sums) fresh slices, which matmul_finish_main adds up into those."""
+    if sizes is None:
+        return out, row_sums
+    return rt.empty((sizes[0],)), None if row_sums is None else rt.empty((sizes[1],))
+
+
+def epilogue_slots(bias, residual, pre, row_sums, stand_ins: tuple) -> tuple:
+    """The arrays at the epilogue's slots 4-7, a stand-in (`Runtime.stand_in` 0, 0, 1, 2) for each one absent."""
+    return (stand_ins[0] if bias is None else bias, stand_ins[0] if residual is None else residual,
+            stand_ins[1] if pre is None else pre, stand_ins[2] if row_sums is None else row_sums)
+
+
+def finish_arrays(out, epilogue: Epilogue, target, row_target, stand_ins: tuple) -> tuple:
+    """matmul_finish_main's arrays (slots 2, 4-9): the output, the epilogue's, the splits' slices and row sums."""
+    return (out, *epilogue_slots(epilogue.bias, epilogue.residual, epilogue.pre, epilogue.row_sums, stand_ins),
+            target, stand_ins[0] if row_target is None else row_target)
 
 
 def finish_launch(rt, module, params: dict):

@@ -6,8 +6,9 @@ g.T @ x): at the lesson and mid sizes each alone leaves the H200 partly idle, an
 """
 from __future__ import annotations
 
-from tinynn_gpu.matmul_blocked import BlockConfig, epilogue_parts, finish_launch, generate_pair, problem_plan
-from tinynn_gpu.runtime import Launch, _trim, grid
+from tinynn_gpu.matmul_blocked import (BlockConfig, epilogue_parts, epilogue_slots, finish_arrays, finish_launch,
+                                       generate_pair, problem_plan, split_targets)
+from tinynn_gpu.runtime import _trim, grid
 
 
 class PairedMatmul:
@@ -17,9 +18,7 @@ class PairedMatmul:
     with the longer K per split goes first, so that the blocks that take longest start first."""
 
     def __init__(self, runtime, config: BlockConfig, splits: tuple[int, int]):
-        limits = runtime.ctx.limits
-        config.check(limits.get("max-compute-invocations-per-workgroup", 256),
-                     limits.get("max-compute-workgroup-storage-size", 16384))
+        config.check_device(runtime.ctx.limits)
         self.rt, self.config, self.splits = runtime, config, splits
         self.modules, self.plans = {}, {}
         self.description = f"paired {config.name} splits {splits[0]}+{splits[1]}"
@@ -46,24 +45,18 @@ class PairedMatmul:
         def record(a, b, out, epilogue, a2, b2, out2, epilogue2):
             problems = ((a2, b2, out2, epilogue2), (a, b, out, epilogue)) if swap else \
                 ((a, b, out, epilogue), (a2, b2, out2, epilogue2))
-            targets, row_targets = [], []
-            for (_, _, result, ends), (size, row_size) in zip(problems, parts):
-                targets.append(result if size is None else rt.empty((size,)))  # split-K: a slice per split
-                row_targets.append(ends.row_sums if size is None or ends.row_sums is None else rt.empty((row_size,)))
-            shared = [stand_ins[0], stand_ins[0], stand_ins[1], stand_ins[2]]  # bias, residual, pre, row sums
-            for (_, _, _, ends), row_target in zip(problems, row_targets):
-                for j, array in enumerate((ends.bias, ends.residual, ends.pre, row_target)):
-                    if array is not None:
-                        shared[j] = array
-            (first_a, first_b, _, _), (second_a, second_b, _, _) = problems
-            rt.launch(launch, (first_a, first_b, targets[0], *shared, second_a, second_b, targets[1]))
-            for (_, _, result, ends), finish, target, row_target in zip(problems, finishes, targets, row_targets):
+            targets = [split_targets(rt, sizes, result, ends.row_sums)
+                       for (_, _, result, ends), sizes in zip(problems, parts)]
+            (a, b, _, first), (a2, b2, _, second) = problems
+            shared = epilogue_slots(  # each part is one problem's (plan checked that), or absent from both
+                first.bias if second.bias is None else second.bias,
+                first.residual if second.residual is None else second.residual,
+                first.pre if second.pre is None else second.pre,
+                targets[0][1] if targets[1][1] is None else targets[1][1], stand_ins)
+            rt.launch(launch, (a, b, targets[0][0], *shared, a2, b2, targets[1][0]))
+            for (_, _, result, ends), finish, (target, row_target) in zip(problems, finishes, targets):
                 if finish is not None:
-                    rt.launch(finish, (result, stand_ins[0] if ends.bias is None else ends.bias,
-                                       stand_ins[0] if ends.residual is None else ends.residual,
-                                       stand_ins[1] if ends.pre is None else ends.pre,
-                                       stand_ins[2] if ends.row_sums is None else ends.row_sums,
-                                       target, stand_ins[0] if row_target is None else row_target))
+                    rt.launch(finish, finish_arrays(result, ends, target, row_target, stand_ins))
         return record
 
     def _plan(self, first, second, epilogues):
@@ -77,14 +70,15 @@ class PairedMatmul:
         module = self.modules.get(layouts)
         if module is None:
             name = f"matmul pair {cfg.name} " + " + ".join(
-                f"ta={int(ta)} tb={int(tb)}{' vec4 loads' * vec4}{' aligned' * aligned}" for ta, tb, vec4, aligned in layouts)
+                f"ta={int(ta)} tb={int(tb)}{' vec4 loads' * vec4}{' aligned' * aligned}"
+                for ta, tb, vec4, aligned in layouts)
             module = self.modules[layouts] = self.rt.shader(generate_pair(cfg, *layouts), name)
         (_, _, params), (_, _, params2) = problems
-        workgroups = sum(-(-p["n"] // cfg.bn) * -(-p["m"] // cfg.bm) * p["batch"] * p["splits"] for p in (params, params2))
-        launch = self.rt.prepare(module, "matmul_pair_main", grid(workgroups), (0, 1, 2, 4, 5, 6, 7, 10, 11, 12), params)
-        launch = Launch(launch.shader, launch.entry, launch.pipeline, (*launch.slots, 13),
-                        (*launch.uniforms, self.rt.uniform(module.params.pack(params2))), launch.groups)
+        workgroups = sum(-(-p["n"] // cfg.bn) * -(-p["m"] // cfg.bm) * p["batch"] * p["splits"]
+                         for p in (params, params2))
+        launch = self.rt.prepare(module, "matmul_pair_main", grid(workgroups), (0, 1, 2, 4, 5, 6, 7, 10, 11, 12),
+                                 params, more_params=((13, params2),))
         finishes = [finish_launch(self.rt, module, p) for p in (params, params2)]
-        parts = [(None, None) if p["splits"] == 1 else (p["batch"] * p["splits"] * p["m"] * p["n"],
-                                                        p["batch"] * p["splits"] * p["m"]) for p in (params, params2)]
+        parts = [None if p["splits"] == 1 else (p["batch"] * p["splits"] * p["m"] * p["n"],
+                                                p["batch"] * p["splits"] * p["m"]) for p in (params, params2)]
         return swap, launch, finishes, parts

@@ -45,8 +45,6 @@ import time
 import weakref
 from concurrent.futures import Future
 
-import wgpu
-
 from tinynn_gpu.pool import GpuArray, _round4
 
 FIRST_CHUNK = 16  # dispatches in a step's first command buffer
@@ -185,8 +183,7 @@ class Replaying:
             return None
         flags_at = _round4(result.nbytes)
         if not tape.read_buffers:
-            tape.read_buffers[:] = [self.device.create_buffer(
-                size=flags_at + 4, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST) for _ in range(2)]
+            tape.read_buffers[:] = [self.read_back_buffer(flags_at + 4) for _ in range(2)]
         return tape.read_buffers[tape.turn], flags_at, self.error_flags
 
     def _record_ahead(self, program, inputs, result, keep, result_at, read) -> Future:

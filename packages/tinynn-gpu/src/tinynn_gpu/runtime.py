@@ -273,8 +273,7 @@ class Runtime(Replaying, BufferPool):
             size = _bucket(flags_at + 4)
             staging = self.staging.get(size)
             if staging is None:
-                staging = self.staging[size] = self.device.create_buffer(
-                    size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+                staging = self.staging[size] = self.read_back_buffer(size)
             self._copy(arr.buffer, start * arr.dtype.itemsize, staging, 0, flags_at)
             self._copy(self.error_flags, 0, staging, flags_at, 4)
             self.flush()
@@ -299,6 +298,10 @@ class Runtime(Replaying, BufferPool):
             self.queue.write_buffer(self.error_flags, 0, bytes(4))  # raised once
             raise TinynnError("; ".join(msg for bit, msg in KERNEL_ERRORS.items() if flags & bit))
         return out
+
+    def read_back_buffer(self, size: int):
+        """A buffer the GPU copies into and the host maps to read (`read`, and a replay's result: replay.py)."""
+        return self.device.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
     def sync(self) -> None:
         if self._sync_source is None:
@@ -355,12 +358,13 @@ class Runtime(Replaying, BufferPool):
         return group
 
     # --- recording ---
-    def prepare(self, module, entry: str, groups, slots: tuple, params=None) -> Launch | None:
+    def prepare(self, module, entry: str, groups, slots: tuple, params=None, more_params=()) -> Launch | None:
         """One dispatch of `entry` in `module` (a kernel file's name, or a Shader from `shader`) made ready, but
         for its arrays: `slots` are the binding slots they will fill, in order; `params` (a dict of the module's
-        `struct Params` fields) becomes the uniform at slot 3; `groups` is a workgroup count or an (x, y, z)
-        tuple. None: no workgroups, nothing to run. An op that records the same shape again keeps its Launch
-        (`launch`) and so skips the look-ups and the packing."""
+        `struct Params` fields) becomes the uniform at slot 3, and each (slot, dict) of `more_params` another
+        uniform of the same struct (a paired matmul's second problem); `groups` is a workgroup count or an
+        (x, y, z) tuple. None: no workgroups, nothing to run. An op that records the same shape again keeps its
+        Launch (`launch`) and so skips the look-ups and the packing."""
         if groups.__class__ is int:
             groups = (groups, 1, 1) if 0 < groups <= MAX_GROUPS else grid(groups)
         if 0 in groups:
@@ -371,7 +375,9 @@ class Runtime(Replaying, BufferPool):
             found = self.entry_points[(module, entry)] = (shader, self.pipeline(shader, entry))
         shader, pipe = found
         if shader.params is not None:
-            return Launch(shader, entry, pipe, (*slots, 3), (self.uniform(shader.params.pack(params or {})),), groups)
+            uniforms = [(3, params or {}), *more_params]
+            return Launch(shader, entry, pipe, (*slots, *(slot for slot, _ in uniforms)),
+                          tuple(self.uniform(shader.params.pack(values)) for _, values in uniforms), groups)
         if params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
         return Launch(shader, entry, pipe, tuple(slots), (), groups)
