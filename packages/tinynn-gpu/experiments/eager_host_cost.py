@@ -54,8 +54,18 @@ def main():
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             pass
+    def spun_read_back():
+        """The read-back's wait spent polling without blocking: the host thread never sleeps."""
+        loss = forward()
+        rt.flush()
+        calls = rt.native
+        while not calls._lib.wgpuDevicePoll(calls._device, 0, calls.null):
+            pass
+        loss.item()
     states = {
         "after a read-back (bench)": lambda: forward().item(),
+        "after a spun read-back": spun_read_back,
+        "after a read-back, spinning 1 ms": lambda: (forward().item(), spin(0.001)),
         "back to back": lambda: (forward().item(), forward()),
         "b2b, host asleep 2 ms": lambda: (forward().item(), forward(), time.sleep(0.002)),
         "b2b, host spinning 2 ms": lambda: (forward().item(), forward(), spin(0.002)),

@@ -3,7 +3,7 @@ generated kernel, or a text edit of one, checked against float64 and then timed 
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
     python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick]
-        [--anatomy | --pipeline | --waves [--big | --wgrad] | --threads] [--budget SECONDS]
+        [--anatomy | --pipeline | --waves [--big | --wgrad] | --threads | --lanes] [--budget SECONDS]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -159,6 +159,15 @@ best new block was 0.97-1.25x the best shipped on the 27 shapes (0.969: 2048x102
 128x128x16/8x4 vec4 db unpadded; 0.989 and 1.000 on big's 2048x3072x768 pair; 1.08-1.25x elsewhere); the
 1024-thread 4x4 blocks 1.2-2.4x, 256x128 and 128x256 8x8 1.3-2.1x. Nothing was shipped.
 
+--lanes: every shipped candidate with its threads laid out over each warp as CUTLASS's SIMT kernels do (`lanes`: a
+4 x 8 grid of thread tiles, lanes8, or 8 x 4, lanes4), against the shipped layout (a warp is one row of THREADS_N
+threads and part of the next: 2 distinct A quads and 16 B quads per tile read), on big's 12 training shapes and 10
+of mid's. The question: do the tile reads' distinct addresses (the anatomy's `onetile` ran 20% faster) cost the
+inner loop? H200, session 14 (one call, 223 s; the harness above): no. The best lanes kernel was 0.989-1.043x the
+best shipped on the 22 shapes (0.989: 2048x768x2304 nn, 205.4 -> 203.1 us; 0.991-0.995 on four more; 1.03-1.04 on
+the weight gradients); per configuration, lanes over the same configuration's shipped layout, the geometric mean
+over the shapes 0.93-1.06 (0.93: 64x64x32/4x4, which no shape picks). Nothing was shipped.
+
 --check runs every variant once and prints its error (lavapipe; --waves --big: the aligned kernels, on 1152^2);
 --quick: small shapes (--pipeline, --waves: the shapes scaled down, every design timed; add --budget 1 for the
 first shape alone).
@@ -232,6 +241,32 @@ def onetile(code, shape):
 def usefma(code, shape):
     return re.sub(r"(acc_\d+_\d+) = \1 \+ (a\d+_\d+\.[xyzw]) \* (b\d+_\d+);", r"\1 = fma(vec4<f32>(\2), \3, \1);",
                   code)
+
+
+def lanes(code, lanes_n):
+    """A warp's 32 threads own a (32 / lanes_n) x lanes_n grid of the block's thread tiles instead of one row of
+    THREADS_N (and a part of the next): each k's tile reads then touch 32 / lanes_n distinct A quads and lanes_n
+    distinct B quads a warp, not 2 and 16 (CUTLASS's SIMT kernels use 4 x 8). None where the grid does not tile
+    the threads."""
+    threads_m = int(re.search(r"const THREADS_M: u32 = (\d+)u;", code).group(1))
+    threads_n = int(re.search(r"const THREADS_N: u32 = (\d+)u;", code).group(1))
+    lanes_m = 32 // lanes_n
+    if threads_n % lanes_n or threads_m % lanes_m:
+        return None
+    old = "    let tx = lid % THREADS_N;\n    let ty = lid / THREADS_N;\n"
+    assert code.count(old) == 1
+    warps_n = threads_n // lanes_n
+    new = (f"    let tx = (lid / 32u) % {warps_n}u * {lanes_n}u + lid % {lanes_n}u;\n"
+           f"    let ty = (lid / 32u) / {warps_n}u * {lanes_m}u + (lid % 32u) / {lanes_n}u;\n")
+    return code.replace(old, new)
+
+
+def lanes8(code, shape):
+    return lanes(code, 8)
+
+
+def lanes4(code, shape):
+    return lanes(code, 4)
 
 
 # each variant: (aligned flag for the generator, an edit of its text or None)
@@ -431,6 +466,14 @@ def threads_entries(m, n, k, check):
             if check or (m % c.bm == 0 and n % c.bn == 0 and workgroups(c, m, n, k) >= 64)]
 
 
+# --lanes (session 14): every shipped candidate with its threads' tiles laid out over a warp as a 4 x 8 grid
+# (lanes8) or 8 x 4 (lanes4), on the mid and big models' training shapes
+def lanes_entries(m, n, k, check):
+    from tinynn_gpu.matmul import BLOCK_CONFIGS
+    return [(c, edit) for c in BLOCK_CONFIGS for edit in ("lanes8", "lanes4")
+            if lanes(blocked.generate(c, False, False), 8 if edit == "lanes8" else 4) is not None]
+
+
 def workgroups(config, m, n, k):
     return -(-m // config.bm) * -(-n // config.bn) * max(1, min(config.splits, -(-k // config.bk)))
 
@@ -560,6 +603,8 @@ def main():
     if "--threads" in sys.argv:
         return pipeline(gpu, threads_entries, PIPELINE_SHAPES + BIG_SHAPES, WGRAD_CHECK_SHAPES[:1] + BIG_CHECK_SHAPES,
                         budget=240.0)
+    if "--lanes" in sys.argv:
+        return pipeline(gpu, lanes_entries, BIG_SHAPES + PIPELINE_SHAPES[:10], budget=330.0)
     if "--waves" in sys.argv and "--wgrad" in sys.argv:
         return pipeline(gpu, wgrad_entries, WGRAD_SHAPES, WGRAD_CHECK_SHAPES, budget=200.0)
     if "--waves" in sys.argv and "--big" in sys.argv:
