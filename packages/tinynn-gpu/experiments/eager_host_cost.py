@@ -15,6 +15,10 @@ Lavapipe, 2-core VM, lesson shapes at batch 1 x 16 tokens (33 dispatches): 18-20
 read-back, 10.5 back to back, 11 after sleeping 2 ms, 15 after a flush and 5 ms of sleep (the GPU's work,
 run on the CPU here, evicts the host's caches), 17 after reading 32 MB. The thread's CPU time equals its
 wall time in every state: the host is not waiting, it runs slower.
+
+The H200 (session 14, two rounds each at the lesson shape and at 1 x 32 tokens, us per dispatch, median): after a
+read-back 14.2-20.4, after a read-back whose wait spins (the host thread never sleeps) 13.8-18.8, back to back
+15.3-18.5: there the host runs the op layer slowly whatever ran before, and keeping it awake changes nothing.
 """
 from __future__ import annotations
 
