@@ -3,7 +3,7 @@ generated kernel, or a text edit of one, checked against float64 and then timed 
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
     python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick]
-        [--anatomy | --pipeline | --waves [--big | --wgrad] | --threads | --lanes | --stores] [--budget SECONDS]
+        [--anatomy | --pipeline | --waves [--big | --wgrad] | --threads | --lanes] [--budget SECONDS]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -168,14 +168,14 @@ best shipped on the 22 shapes (0.989: 2048x768x2304 nn, 205.4 -> 203.1 us; 0.991
 the weight gradients); per configuration, lanes over the same configuration's shipped layout, the geometric mean
 over the shapes 0.93-1.06 (0.93: 64x64x32/4x4, which no shape picks). Nothing was shipped.
 
---stores: every unsplit shipped candidate with each thread's quad of a row stored as one vec4 (vstore) and with no
-stores at all (nostore), against the shipped 4 scalar stores, on nine forward shapes of the three models (no
-epilogue). H200, session 14 (one call, 74 s): the scalar stores cost nearly all a store can: vstore over the same
-configuration 0.71-0.73 for the 128x128 blocks, 0.79 for 128x96, 0.86-0.87 for 64x64/8x4 and 64x96 vec4 db (geometric
-means over the shapes), nostore 0.01-0.02 below that; best vstore over best shipped, us: 2048x1536x384 B^T 88.3 ->
-70.1 (nn 86.9 -> 67.0), 2048x1024x256 43.2 -> 32.6, 2048x768x256 35.2 -> 28.4, 2048x3072x768 300.0 -> 256.0,
-2048x1152x384 70.3 -> 61.4, 2048x2304x768 231.9 -> 214.1 (0.77-0.93). Shipped as quad stores (the template's
-`Value`), after which these text edits no longer apply.
+--stores (session 14, commit 5d7c001, since removed): every unsplit shipped candidate with each thread's quad of a
+row stored as one vec4 (vstore) and with no stores at all (nostore), against the shipped 4 scalar stores, on nine
+forward shapes of the three models (no epilogue). H200, session 14 (one call, 74 s): the scalar stores cost nearly
+all a store can: vstore over the same configuration 0.71-0.73 for the 128x128 blocks, 0.79 for 128x96, 0.86-0.87 for
+64x64/8x4 and 64x96 vec4 db (geometric means over the shapes), nostore 0.01-0.02 below that; best vstore over best
+shipped, us: 2048x1536x384 B^T 88.3 -> 70.1 (nn 86.9 -> 67.0), 2048x1024x256 43.2 -> 32.6, 2048x768x256 35.2 ->
+28.4, 2048x3072x768 300.0 -> 256.0, 2048x1152x384 70.3 -> 61.4, 2048x2304x768 231.9 -> 214.1 (0.77-0.93). Shipped as
+quad stores (the template's `Value`), after which its text edits no longer applied.
 
 --check runs every variant once and prints its error (lavapipe; --waves --big: the aligned kernels, on 1152^2);
 --quick: small shapes (--pipeline, --waves: the shapes scaled down, every design timed; add --budget 1 for the
@@ -276,29 +276,6 @@ def lanes8(code, shape):
 
 def lanes4(code, shape):
     return lanes(code, 4)
-
-
-def vstore(code, shape):
-    """Each thread's quad of a row stored as one vec4 (`out` bound as vec4s) in place of four scalar stores, for the
-    plain product alone (no epilogue, no split-K: the finish entry is cut): what the scalar stores cost, on
-    shapes with N a multiple of 4."""
-    code = code.replace("var<storage, read_write> out: array<f32>;", "var<storage, read_write> out: array<vec4<f32>>;")
-    start = code.index("fn store_one(")
-    end = code.index("\n}\n", code.index("fn store(")) + 3
-    code = code[:start] + """fn store(base: u32, m: u32, n: u32, acc: vec4<f32>, raw: bool) {
-    if (m >= params.m || n >= params.n) { return; }
-    var v = acc;
-    if (params.batch == 12345u) { v.x = finish(0u, 0u, v.x); }  // never: keeps the epilogue's bindings in the layout
-    out[(base + m * params.n + n) / 4u] = v;
-}
-""" + code[end:]
-    return code[:code.index("// Split-K: out[b, i] = epilogue")]
-
-
-def nostore(code, shape):
-    """vstore's kernel storing nothing (but where batch is 12345, which it never is): the stores' whole cost."""
-    return vstore(code, shape).replace("if (m >= params.m || n >= params.n) { return; }",
-                                       "if (m >= params.m || n >= params.n || params.batch != 12345u) { return; }")
 
 
 # each variant: (aligned flag for the generator, an edit of its text or None)
@@ -506,19 +483,6 @@ def lanes_entries(m, n, k, check):
             if lanes(blocked.generate(c, False, False), 8 if edit == "lanes8" else 4) is not None]
 
 
-# --stores (session 14): every unsplit shipped candidate with vec4 stores (vstore) and with none (nostore), on the
-# forward shapes of the three models without their epilogues
-STORE_SHAPES = [(2048, 3072, 768, False, True, ()), (2048, 2304, 768, False, True, ()), (2048, 768, 768, False, True, ()),
-                (2048, 1536, 384, False, True, ()), (2048, 1152, 384, False, True, ()), (2048, 384, 384, False, True, ()),
-                (2048, 1536, 384, False, False, ()), (2048, 1024, 256, False, True, ()),
-                (2048, 768, 256, False, True, ())]
-
-
-def stores_entries(m, n, k, check):
-    from tinynn_gpu.matmul import BLOCK_CONFIGS
-    return [(c, edit) for c in BLOCK_CONFIGS if c.splits == 1 for edit in ("vstore",) + ("nostore",) * (not check)]
-
-
 def workgroups(config, m, n, k):
     return -(-m // config.bm) * -(-n // config.bn) * max(1, min(config.splits, -(-k // config.bk)))
 
@@ -542,8 +506,8 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
         return kernels[config, edit]
 
     def generator(edit):
-        def generate(cfg, ta, tb, vec4=False, aligned=False):
-            code = shipped_generate(cfg, ta, tb, vec4, aligned)
+        def generate(cfg, ta, tb, vec4=False, aligned=False, quads=False):
+            code = shipped_generate(cfg, ta, tb, vec4, aligned, quads)
             return code if edit is None else globals()[edit](code, None)
         return generate
     check = "--check" in sys.argv
@@ -648,9 +612,6 @@ def main():
     if "--threads" in sys.argv:
         return pipeline(gpu, threads_entries, PIPELINE_SHAPES + BIG_SHAPES, WGRAD_CHECK_SHAPES[:1] + BIG_CHECK_SHAPES,
                         budget=240.0)
-    if "--stores" in sys.argv:
-        return pipeline(gpu, stores_entries, STORE_SHAPES, [(256, 192, 96, ta, tb, ()) for ta in (0, 1) for tb in (0, 1)]
-                        + [(100, 68, 333, False, True, ())], budget=200.0)
     if "--lanes" in sys.argv:
         return pipeline(gpu, lanes_entries, BIG_SHAPES + PIPELINE_SHAPES[:10], budget=330.0)
     if "--waves" in sys.argv and "--wgrad" in sys.argv:
@@ -672,9 +633,10 @@ def main():
             splits = max(1, min(config.splits, -(-k // config.bk)))
             shape = (m, n, k, splits, -(-k // (splits * config.bk)) * config.bk)
             for name, (aligned, edit) in VARIANTS.items():
-                def generate(cfg, ta, tb, vec4=False, shape_aligned=False, aligned=aligned, edit=edit, shape=shape):
+                def generate(cfg, ta, tb, vec4=False, shape_aligned=False, quads=False, aligned=aligned, edit=edit,
+                             shape=shape):
                     """The variant's kernel: its own `aligned`, not the shape's answer (shape_aligned)."""
-                    code = shipped(cfg, ta, tb, vec4, aligned)
+                    code = shipped(cfg, ta, tb, vec4, aligned, quads)
                     return code if edit is None else edit(code, shape)
                 if generate(config, ta, tb, True) is None:
                     continue

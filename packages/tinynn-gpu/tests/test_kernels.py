@@ -177,7 +177,7 @@ def test_aligned_tiles_load_unchecked(poisoned, config, case):
     da, db, out = poisoned.from_numpy(a), poisoned.from_numpy(b), poisoned.rt.empty((batch, m, n))
     matmul = BlockedMatmul(poisoned.rt, config)
     assert matmul.record(da, db, out, batch, m, n, k, ta, tb, shared, epilogue)
-    assert [layout[3] for layout in matmul.modules] == [True]
+    assert [layout[3] for layout, _ in matmul.modules] == [True]
     assert_matmul_result(poisoned, out, epilogue, expected, a, b, ta, tb)
 
 
@@ -198,6 +198,25 @@ def test_a_split_without_work_is_not_aligned():
     assert not config.aligned(64, 64, 80, 4, 32)
     assert config.aligned(64, 64, 128, 4, 32)
     assert not config.aligned(64, 48, 128, 4, 32)
+
+
+@pytest.mark.parametrize("n", [4, 8, 52, 3, 50])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_quad_stores_where_every_row_starts_on_a_quad(poisoned, n, splits):
+    """N a multiple of 4: a thread stores its 4 columns of a row as one vec4, and the epilogue and the split-K
+    finish read and write their arrays 4 columns at a time (N = 4: the finish's thread per row sums too); other
+    N: 4 floats. Each epilogue (bias, GELU, residual, row sums; GELU's gradient instead) against float64."""
+    config = BlockConfig(64, 64, 16, 8, 4, splits=splits, vec4=True, double=True)
+    for seed in (1 | 2 | 4 | 8, 1 | 4 | 8 | 16):
+        case = (2, 37, n, 70, False, False, False, seed)
+        a, b = operands(case)
+        epilogue, expected = epilogue_for(case, poisoned)
+        out = poisoned.rt.empty((2, 37, n))
+        matmul = BlockedMatmul(poisoned.rt, config)
+        assert matmul.record(poisoned.from_numpy(a), poisoned.from_numpy(b), out, 2, 37, n, 70, False, False, False,
+                             epilogue)
+        assert [quads for _, quads in matmul.modules] == [n % 4 == 0]
+        assert_matmul_result(poisoned, out, epilogue, expected, a, b, False, False)
 
 
 def test_split_k_grid_past_65535_workgroups(poisoned, rng):
@@ -349,5 +368,5 @@ def test_variants_differing_only_in_group_run_their_own_kernels(gpu, rng):
         mm, out = BlockedMatmul(gpu.rt, BlockConfig(32, 32, 8, 4, 4, group=group)), gpu.rt.empty((70, 50))
         mm.record(da, db, out, 1, 70, 50, 40, False, False, False)
         np.testing.assert_allclose(gpu.to_numpy(out), a @ b, rtol=1e-4, atol=1e-4)
-        pipelines.append(gpu.rt.pipeline(mm.modules[(False, False, False, False)], "matmul_main"))
+        pipelines.append(gpu.rt.pipeline(mm.modules[(False, False, False, False), False], "matmul_main"))
     assert pipelines[0] is not pipelines[1]

@@ -67,7 +67,7 @@ def test_a_linear_layers_gradients_in_whole_tiles(poisoned, rows, columns, steps
     paired = PairedMatmul(poisoned.rt, tile, (split, split2))
     paired.plan(shape, (1, k, n, m, True, False, False, Epilogue(row_sums=g_bias)))(
         *arrays, g, poisoned.from_numpy(x), g_weight, Epilogue(row_sums=g_bias))
-    assert all(layout[3] for layouts in paired.modules for layout in layouts)  # aligned, both
+    assert all(layout[3] for layouts, _ in paired.modules for layout in layouts)  # aligned, both
     check()
     g64 = poisoned.to_numpy(g).astype(np.float64)[0]
     magnitude = np.linalg.norm(np.abs(g64).T @ np.abs(x))

@@ -39,14 +39,16 @@ def every_kernel():
         for ta in (False, True):
             for tb in (False, True):
                 yield f"matmul {config.name} ta={ta:d} tb={tb:d}", matmul_blocked.generate(config, ta, tb, config.vec4)
-                yield (f"matmul {config.name} ta={ta:d} tb={tb:d} aligned",
-                       matmul_blocked.generate(config, ta, tb, config.vec4, aligned=True))
-        # a linear layer's gradients paired, either first (the longer K per split goes first), loads checked and not
+                yield (f"matmul {config.name} ta={ta:d} tb={tb:d} aligned quads",  # (whole tiles: N a multiple of 4)
+                       matmul_blocked.generate(config, ta, tb, config.vec4, aligned=True, quads=True))
+        # a linear layer's gradients paired, either first (the longer K per split goes first), loads checked and
+        # float stores, or neither
         for aligned in (False, True):
             inputs, weights = (False, False, config.vec4, aligned), (True, False, config.vec4, aligned)
-            yield f"matmul pair {config.name} aligned={aligned}", matmul_blocked.generate_pair(config, inputs, weights)
-            yield f"matmul pair {config.name} aligned={aligned} swapped", matmul_blocked.generate_pair(config, weights,
-                                                                                                        inputs)
+            yield (f"matmul pair {config.name} aligned={aligned}",
+                   matmul_blocked.generate_pair(config, inputs, weights, quads=aligned))
+            yield (f"matmul pair {config.name} aligned={aligned} swapped",
+                   matmul_blocked.generate_pair(config, weights, inputs, quads=aligned))
     # the group_sum and row-team kernels both ways; Tint wants `enable subgroups;` for the subgroup form,
     # which naga refuses, so it is added here only
     for subgroups in (False, True):

@@ -88,8 +88,8 @@ BLOCK_CONFIGS = (
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
 # 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
 # 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3);
-# 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db)
-CACHE_VERSION = 9
+# 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db); 10: quad stores (every ranking moved)
+CACHE_VERSION = 10
 PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls
 SEPARATE = "separate"  # plan_pair's choice where two matmuls run faster one after the other
 

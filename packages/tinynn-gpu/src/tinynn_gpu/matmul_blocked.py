@@ -166,16 +166,25 @@ def _registers(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, regi
 Layout = tuple  # (transpose_a, transpose_b, vec4 loads, aligned): what one problem's code depends on
 
 
-def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False, aligned: bool = False) -> str:
+def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False, aligned: bool = False,
+             quads: bool = False) -> str:
     """The WGSL of one configuration and layout; vec4: with vec4 global loads (see BlockConfig.uses_vec4);
-    aligned: loads without bounds checks, for shapes whose tiles all lie inside the operands (BlockConfig.aligned)."""
-    return _module(cfg, [(bool(transpose_a), bool(transpose_b), vec4, aligned)])
+    aligned: loads without bounds checks, for shapes whose tiles all lie inside the operands (BlockConfig.aligned);
+    quads: results stored (and the epilogue's arrays read and written) 4 columns at a time, for N a multiple of 4."""
+    return _module(cfg, [(bool(transpose_a), bool(transpose_b), vec4, aligned)], quads)
 
 
-def generate_pair(cfg: BlockConfig, first: Layout, second: Layout) -> str:
+def generate_pair(cfg: BlockConfig, first: Layout, second: Layout, quads: bool = False) -> str:
     """The WGSL of one configuration with two problems (each a `Layout`): matmul_pair_main runs both in one
-    dispatch, matmul_main and matmul_finish_main the first alone (a pair's finishes take either's params)."""
-    return _module(cfg, [first, second])
+    dispatch, matmul_main and matmul_finish_main the first alone (a pair's finishes take either's params).
+    quads: as `generate`'s, for both (each N a multiple of 4)."""
+    return _module(cfg, [first, second], quads)
+
+
+def stores_quads(*ns: int) -> bool:
+    """Whether a module for outputs of these widths (N) stores 4 columns at a time: every row then starts on a
+    quad."""
+    return all(n % 4 == 0 for n in ns)
 
 
 def _template() -> tuple[str, str, str, str]:
@@ -186,11 +195,15 @@ def _template() -> tuple[str, str, str, str]:
     return module, pair, problem, product
 
 
-def _module(cfg: BlockConfig, layouts: list) -> str:
+def _module(cfg: BlockConfig, layouts: list, quads: bool) -> str:
     module, pair, problem_part, product_part = _template()
     problems, products = [], []
     for i, layout in enumerate(layouts):
         fills = _problem_fills(cfg, *layout, "2" if i else "", 10 * (i > 0))
+        p = fills["P"]
+        fills["STORE_VALUES"] = f"    store_value{p}(i / 4u, n, acc, raw);" if quads else "\n".join(
+            f"    store_value{p}(i{f' + {c}u' * (c > 0)}, n{f' + {c}u' * (c > 0)}, acc.{x}, raw);"
+            for c, x in enumerate(XYZW))
         problems.append(fill(problem_part, fills))
         products.append(fill(product_part, fills))
     text = module.replace("{{PAIR}}", pair if len(layouts) == 2 else "")
@@ -199,7 +212,10 @@ def _module(cfg: BlockConfig, layouts: list) -> str:
     fills = {
         "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
         "THREADS": cfg.threads, "GROUP": cfg.group, "BUFFERS": cfg.buffers, "A_STRIDE": cfg.bm // 4 + cfg.pad,
-        "B_STRIDE": cfg.bn // 4 + cfg.pad,
+        "B_STRIDE": cfg.bn // 4 + cfg.pad, "VALUE": "vec4<f32>" if quads else "f32", "WIDTH": 4 if quads else 1,
+        "GELU_VALUE": "Value(" + ", ".join(f"gelu(x.{x})" for x in XYZW) + ")" if quads else "gelu(x)",
+        "GELU_GRAD_VALUE": "Value(" + ", ".join(f"gelu_grad(x.{x}, g.{x})" for x in XYZW) + ")" if quads
+        else "gelu_grad(x, g)",
     }
     return kernel_file("common") + "\n" + fill(text, fills)  # common.wgsl's gelu with it
 
@@ -330,18 +346,19 @@ class BlockedMatmul:
         cfg = self.config
         splits, layout, params = problem_plan(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b,
                                               epilogue)
-        module = self.modules.get(layout)
+        quads = stores_quads(n)
+        module = self.modules.get((layout, quads))
         if module is None:
             name = (f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
-                    f"{' aligned' if layout[3] else ''}")
-            module = self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
+                    f"{' aligned' if layout[3] else ''}{' quads' if quads else ''}")
+            module = self.modules[layout, quads] = self.rt.shader(generate(cfg, *layout, quads), name)
         blocks_n, blocks_m, zs = -(-n // cfg.bn), -(-m // cfg.bm), batch * splits
         # grids past the per-dimension limit: several dispatches, each told where it starts
         launches = [self.rt.prepare(module, "matmul_main", (blocks_n, min(MAX_GROUPS, blocks_m - y0),
                                                             min(MAX_GROUPS, zs - z0)),
                                     (0, 1, 2, 4, 5, 6, 7), {**params, "y_offset": y0, "z_offset": z0})
                     for z0 in range(0, zs, MAX_GROUPS) for y0 in range(0, blocks_m, MAX_GROUPS)]
-        return splits, launches, finish_launch(self.rt, module, params)
+        return splits, launches, finish_launch(self.rt, module, params, quads)
 
 
 def epilogue_parts(epilogue: Epilogue) -> tuple:
@@ -385,10 +402,10 @@ def finish_arrays(out, epilogue: Epilogue, target, row_target, stand_ins: tuple)
             target, stand_ins[0] if row_target is None else row_target)
 
 
-def finish_launch(rt, module, params: dict):
+def finish_launch(rt, module, params: dict, quads: bool):
     """The split-K finish's Launch for a problem's params (None without splits): it adds the splits' slices (8, 9)
-    into the output and its row sums (2, 7)."""
+    into the output and its row sums (2, 7), a thread per Value (4 floats where the module stores quads)."""
     if params["splits"] == 1:
         return None
-    return rt.prepare(module, "matmul_finish_main", grid(-(-params["batch"] * params["m"] * params["n"] // 256)),
-                      (2, 4, 5, 6, 7, 8, 9), params)
+    values = params["batch"] * params["m"] * params["n"] // (4 if quads else 1)
+    return rt.prepare(module, "matmul_finish_main", grid(-(-values // 256)), (2, 4, 5, 6, 7, 8, 9), params)

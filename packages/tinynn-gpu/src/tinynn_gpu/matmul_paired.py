@@ -7,7 +7,7 @@ g.T @ x): at the lesson and mid sizes each alone leaves the H200 partly idle, an
 from __future__ import annotations
 
 from tinynn_gpu.matmul_blocked import (BlockConfig, epilogue_parts, epilogue_slots, finish_arrays, finish_launch,
-                                       generate_pair, problem_plan, split_targets)
+                                       generate_pair, problem_plan, split_targets, stores_quads)
 from tinynn_gpu.runtime import _trim, grid
 
 
@@ -67,18 +67,19 @@ class PairedMatmul:
         if swap:
             problems.reverse()
         layouts = (problems[0][1], problems[1][1])
-        module = self.modules.get(layouts)
+        (_, _, params), (_, _, params2) = problems
+        quads = stores_quads(params["n"], params2["n"])
+        module = self.modules.get((layouts, quads))
         if module is None:
             name = f"matmul pair {cfg.name} " + " + ".join(
                 f"ta={int(ta)} tb={int(tb)}{' vec4 loads' * vec4}{' aligned' * aligned}"
-                for ta, tb, vec4, aligned in layouts)
-            module = self.modules[layouts] = self.rt.shader(generate_pair(cfg, *layouts), name)
-        (_, _, params), (_, _, params2) = problems
+                for ta, tb, vec4, aligned in layouts) + " quads" * quads
+            module = self.modules[layouts, quads] = self.rt.shader(generate_pair(cfg, *layouts, quads), name)
         workgroups = sum(-(-p["n"] // cfg.bn) * -(-p["m"] // cfg.bm) * p["batch"] * p["splits"]
                          for p in (params, params2))
         launch = self.rt.prepare(module, "matmul_pair_main", grid(workgroups), (0, 1, 2, 4, 5, 6, 7, 10, 11, 12),
                                  params, more_params=((13, params2),))
-        finishes = [finish_launch(self.rt, module, p) for p in (params, params2)]
+        finishes = [finish_launch(self.rt, module, p, quads) for p in (params, params2)]
         parts = [None if p["splits"] == 1 else (p["batch"] * p["splits"] * p["m"] * p["n"],
                                                 p["batch"] * p["splits"] * p["m"]) for p in (params, params2)]
         return swap, launch, finishes, parts

@@ -20,6 +20,12 @@
 // The generator can also run those loads two tiles ahead (BlockConfig.ahead, a second set of registers) and
 // spread vec4 loads along k over every thread (BlockConfig.spread); on the lesson and mid models' shapes only the
 // first won, on one shape (H200, session 9: experiments/matmul_designs.py --pipeline): one candidate uses it.
+// Stores: a thread's 4 results of a row (4 neighbouring columns) are one vec4 store where every problem's N is a
+// multiple of 4 (`quads` in matmul_blocked.py: each row then starts on a quad), and the epilogue reads and writes
+// its arrays a quad at a time (`Value`); else 4 scalar stores. 4 scalar stores of a quad per thread cost the plain
+// product of the three models' forward shapes 7-23% of the best kernel's time on the H200 (a vec4 store per
+// configuration 0.71-0.94x, the 128x128 blocks gaining most), about what no stores at all would save (session 14's
+// `--stores` probe of experiments/matmul_designs.py, commit 5d7c001).
 // Edges: out-of-range loads read 0 and out-of-range stores are skipped; no thread leaves before a barrier.
 // Aligned variants, for shapes whose every tile lies whole inside the operands (M, N, K multiples of BM, BN,
 // BK, no empty split), load without those checks: the branch around each load cost the double-buffered kernels
@@ -63,17 +69,25 @@
 // vec4 variants read a and b as vec4s: a quad along a contiguous m or n is one tile entry; quads along a
 // contiguous k are loaded 4 rows at a time and transposed into the tile (4x fewer load instructions).
 
+// The epilogue's element: 4 neighbouring columns of a row (a vec4) where the module stores quads, else one float.
+alias Value = {{VALUE}};
+const WIDTH: u32 = {{WIDTH}}u;  // floats in a Value
+
 struct Params {
     m: u32, n: u32, k: u32, shared_b: u32, splits: u32, k_chunk: u32, has_bias: u32, activation: u32,
     has_residual: u32, row_sums: u32, batch: u32, y_offset: u32, z_offset: u32, activation_grad: u32,
 }
 
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read> residual: array<f32>;
-@group(0) @binding(6) var<storage, read_write> pre: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<Value>;
+@group(0) @binding(5) var<storage, read> residual: array<Value>;
+@group(0) @binding(6) var<storage, read_write> pre: array<Value>;
 @group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
-@group(0) @binding(8) var<storage, read> parts: array<f32>;
+@group(0) @binding(8) var<storage, read> parts: array<Value>;
 @group(0) @binding(9) var<storage, read> row_parts: array<f32>;
+
+// common.wgsl's GELU and its gradient on a Value, float by float
+fn gelu_value(x: Value) -> Value { return {{GELU_VALUE}}; }
+fn gelu_grad_value(x: Value, g: Value) -> Value { return {{GELU_GRAD_VALUE}}; }
 
 const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
@@ -101,20 +115,21 @@ fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 {{PRODUCT}}
 }
 
-// Split-K: out[b, i] = epilogue(sum over splits of parts[b, split, i]); row sums likewise.
+// Split-K: out[b, i] = epilogue(sum over splits of parts[b, split, i]), i a Value; row sums likewise (a thread
+// per row too: a matrix has at least as many Values as rows).
 @compute @workgroup_size(256)
 fn matmul_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
     let i = (wg.y * nwg.x + wg.x) * 256u + lid;
-    let mn = params.m * params.n;
+    let mn = params.m * params.n / WIDTH;  // Values in a matrix
     if (i >= params.batch * mn) { return; }
     let batch = i / mn;
     let j = i % mn;
-    var s = 0.0;
+    var s = Value(0.0);
     for (var split = 0u; split < params.splits; split = split + 1u) {
         s = s + parts[(batch * params.splits + split) * mn + j];
     }
-    out[i] = finish(i, j % params.n, s);
+    out[i] = finish(i, j * WIDTH % params.n, s);
     if (params.row_sums == 1u && i < params.batch * params.m) {
         let rb = i / params.m;
         var r = 0.0;
@@ -158,7 +173,7 @@ fn matmul_pair_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
 // Problem {{P}}: a {{A_LAYOUT}}, b {{B_LAYOUT}}, {{LOADS}}{{ALIGNED}}.
 @group(0) @binding({{A_BINDING}}) var<storage, read> a{{P}}: array<{{ELEMENT}}>;
 @group(0) @binding({{B_BINDING}}) var<storage, read> b{{P}}: array<{{ELEMENT}}>;
-@group(0) @binding({{OUT_BINDING}}) var<storage, read_write> out{{P}}: array<f32>;
+@group(0) @binding({{OUT_BINDING}}) var<storage, read_write> out{{P}}: array<Value>;
 @group(0) @binding({{PARAMS_BINDING}}) var<uniform> params{{P}}: Params;
 
 fn load_a{{P}}(base: u32, m: u32, k: u32, k_end: u32) -> {{ELEMENT}} {
@@ -171,20 +186,20 @@ fn load_b{{P}}(base: u32, k: u32, n: u32, k_end: u32) -> {{ELEMENT}} {
     return b{{P}}[({{B_INDEX}}){{QUAD}}];
 }
 
-// The epilogue for out[i], column n, whose matmul sum is v.
-fn finish{{P}}(i: u32, n: u32, v: f32) -> f32 {
+// The epilogue for out[i] (a Value), whose first column is n and whose matmul sum is v.
+fn finish{{P}}(i: u32, n: u32, v: Value) -> Value {
     var y = v;
-    if (params{{P}}.activation_grad == 1u) { y = gelu_grad(pre[i], y); }
-    if (params{{P}}.has_bias == 1u) { y = y + bias[n]; }
+    if (params{{P}}.activation_grad == 1u) { y = gelu_grad_value(pre[i], y); }
+    if (params{{P}}.has_bias == 1u) { y = y + bias[n / WIDTH]; }
     if (params{{P}}.activation == 1u) {
         pre[i] = y;
-        y = gelu(y);
+        y = gelu_value(y);
     }
     if (params{{P}}.has_residual == 1u) { y = y + residual[i]; }
     return y;
 }
 
-fn store_one{{P}}(i: u32, n: u32, v: f32, raw: bool) {
+fn store_value{{P}}(i: u32, n: u32, v: Value, raw: bool) {
     if (n >= params{{P}}.n) { return; }
     if (raw) {
         out{{P}}[i] = v;
@@ -193,13 +208,11 @@ fn store_one{{P}}(i: u32, n: u32, v: f32, raw: bool) {
     }
 }
 
+// Row m's results in columns n..n+3 (n a multiple of 4): one Value, or four.
 fn store{{P}}(base: u32, m: u32, n: u32, acc: vec4<f32>, raw: bool) {
     if (m >= params{{P}}.m) { return; }
     let i = base + m * params{{P}}.n + n;
-    store_one{{P}}(i, n, acc.x, raw);
-    store_one{{P}}(i + 1u, n + 1u, acc.y, raw);
-    store_one{{P}}(i + 2u, n + 2u, acc.z, raw);
-    store_one{{P}}(i + 3u, n + 3u, acc.w, raw);
+{{STORE_VALUES}}
 }
 
 //:: product
