@@ -219,18 +219,40 @@ def test_quad_stores_where_every_row_starts_on_a_quad(poisoned, n, splits):
         assert_matmul_result(poisoned, out, epilogue, expected, a, b, False, False)
 
 
-def test_split_k_grid_past_65535_workgroups(poisoned, rng):
-    """batch x splits above the 65535 workgroups a dispatch dimension allows: launched in pieces."""
+@pytest.mark.parametrize("n", [2, 4])
+def test_split_k_grid_past_65535_workgroups(poisoned, rng, n):
+    """batch x splits above the 65535 workgroups a dispatch dimension allows: launched in pieces. N = 4: quad
+    stores, and the finish's thread per row sums every row (as many Values as rows)."""
     config = BlockConfig(32, 32, 8, 4, 4, splits=4)
     batch, k = 17_000, 32  # 68,000 workgroups along z
     a = rng.standard_normal((batch, 1, k)).astype(np.float32)
-    b = rng.standard_normal((batch, k, 2)).astype(np.float32)
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
     gpu = poisoned
-    out, row_sums = gpu.rt.empty((batch, 1, 2)), gpu.rt.empty((batch, 1))
-    BlockedMatmul(gpu.rt, config).record(gpu.from_numpy(a), gpu.from_numpy(b), out, batch, 1, 2, k, False, False,
-                                         False, Epilogue(row_sums=row_sums))
+    out, row_sums = gpu.rt.empty((batch, 1, n)), gpu.rt.empty((batch, 1))
+    matmul = BlockedMatmul(gpu.rt, config)
+    matmul.record(gpu.from_numpy(a), gpu.from_numpy(b), out, batch, 1, n, k, False, False, False,
+                  Epilogue(row_sums=row_sums))
+    assert [quads for _, quads in matmul.modules] == [n % 4 == 0]
     assert rel_err(gpu.to_numpy(out), reference(a, b, False, False)) <= RTOL
     assert rel_err(gpu.to_numpy(row_sums), a.astype(np.float64).sum(-1)) <= RTOL
+
+
+@pytest.mark.parametrize("n", [4, 3])
+def test_a_grid_past_65535_block_rows(poisoned, n):
+    """M above 65535 block-rows: the rows are launched in pieces (y_offset), each storing its rows' quads (N = 4)
+    or floats (N = 3) where they belong, with the whole epilogue, split (z too: the finish adds the splits)."""
+    config = BlockConfig(4, 4, 4, 4, 4, splits=2)  # one thread a block: 65,537 block-rows stay cheap on lavapipe
+    m, k = 4 * 65_535 + 7, 8
+    case = (1, m, n, k, False, False, False, 1 | 2 | 4 | 8)  # bias, GELU, residual, row sums
+    a, b = operands(case)
+    epilogue, expected = epilogue_for(case, poisoned)
+    out = poisoned.rt.empty((1, m, n))
+    matmul = BlockedMatmul(poisoned.rt, config)
+    assert matmul.record(poisoned.from_numpy(a), poisoned.from_numpy(b), out, 1, m, n, k, False, False, False,
+                         epilogue)
+    (_, launches, finish), = matmul.plans.values()
+    assert [launch.groups for launch in launches] == [(1, 65_535, 2), (1, 2, 2)] and finish is not None
+    assert_matmul_result(poisoned, out, epilogue, expected, a, b, False, False)
 
 
 def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):

@@ -93,6 +93,26 @@ def test_the_row_sums_first_and_the_other_epilogue_second(poisoned, tile, k, k2,
     check2()
 
 
+# N 52 and 20: both store quads; 52 and 19 (either first): one N off the quads, so the module stores floats for both
+@pytest.mark.parametrize("n, n2", [(52, 20), (52, 19), (19, 52)])
+@pytest.mark.parametrize("swapped", [False, True])
+@pytest.mark.parametrize("seed2", [1 | 2 | 4, 1 | 4 | 16], ids=["gelu", "gelu grad"])
+def test_a_pair_stores_quads_only_where_both_rows_start_on_quads(poisoned, n, n2, swapped, seed2):
+    """Off the tile grid, batched, both split (the finishes a Value a thread), one b shared: the first problem sums
+    rows, the second has bias, GELU's `pre` written (or read, for its gradient) and a residual; in the given order
+    and swapped (K 20 in 2 splits is a chunk of 16, K 150 in 3 one of 64)."""
+    tile = TILES[1]
+    k, k2 = (150, 20) if not swapped else (20, 150)
+    shape, arrays, check = drawn_problem(poisoned, (2, 37, n, k, True, False, True, 8), 8)
+    shape2, arrays2, check2 = drawn_problem(poisoned, (2, 45, n2, k2, False, True, False, seed2), ~8)
+    paired = PairedMatmul(poisoned.rt, tile, (3, 2) if not swapped else (2, 3))
+    paired.plan(shape, shape2)(*arrays, *arrays2)
+    assert [plan[0] for plan in paired.plans.values()] == [swapped]
+    assert [quads for _, quads in paired.modules] == [n % 4 == 0 and n2 % 4 == 0]
+    check()
+    check2()
+
+
 def test_a_pair_past_65535_workgroups(poisoned, rng):
     """A pair's grid is one flat count laid out as (65535, rows): the second problem's blocks straddle the row
     boundary. Both split and batched, the second with row sums."""
