@@ -28,19 +28,21 @@ VIEWS = {"reshape"}  # ops every operand can take on the GPU: no check, no fallb
 def cpu_reason(int_aware: bool, operands) -> str | None:
     """Why an op must run on the CPU with these operands (arrays, or lists and tuples of them), found before
     it records any dispatch (an in-place update that stopped half-way would then run twice on the first
-    parameters); None: the GPU. `int_aware`: the op takes int32 arrays. Runs before every op: plain
-    loops, no generator, no tuple built per operand, classes compared rather than isinstance (GpuArray has no
-    subclasses)."""
+    parameters); None: the GPU. `int_aware`: the op takes int32 arrays."""
     for x in operands:
         kind = x.__class__
         if kind is GpuArray:
-            if x.buffer is None or (not int_aware and x.dtype != FLOAT32):
+            if _on_cpu(x, int_aware):
                 return _why(x)
         elif kind is list or kind is tuple:
             for a in x:
-                if a.__class__ is GpuArray and (a.buffer is None or (not int_aware and a.dtype != FLOAT32)):
+                if a.__class__ is GpuArray and _on_cpu(a, int_aware):
                     return _why(a)
     return None
+
+
+def _on_cpu(a: GpuArray, int_aware: bool) -> bool:
+    return a.buffer is None or (not int_aware and a.dtype is not FLOAT32 and a.dtype != FLOAT32)
 
 
 def _why(a: GpuArray) -> str:
@@ -49,18 +51,37 @@ def _why(a: GpuArray) -> str:
 
 def with_cpu_fallback(cls, name):
     """cls's op `name` wrapped: run on the GPU when its operands allow, else (or when the op raises OnCpu or
-    TooLarge before dispatching) the NumPy reference that `Backend` provides under the same name."""
+    TooLarge before dispatching) the NumPy reference that `Backend` provides under the same name.
+    Every eager op passes here, so the common case (positional operands, each a float32 array on the GPU, or
+    not an array) is checked inline: plain loop, classes compared rather than isinstance (GpuArray has no
+    subclasses), the dtype by identity first (np.dtype's == converts its operand)."""
     gpu_op, cpu_op = getattr(cls, name), getattr(Backend, name)
     int_aware = name in INT_AWARE
 
     @functools.wraps(gpu_op)
     def op(self, *args, **kwargs):
-        reason = cpu_reason(int_aware, (*args, *kwargs.values()) if kwargs else args)
+        for x in args:
+            kind = x.__class__
+            if kind is GpuArray:
+                if x.buffer is None or (x.dtype is not FLOAT32 and not int_aware):
+                    break
+            elif kind is list or kind is tuple:
+                break
+        else:
+            if not kwargs:
+                try:
+                    return gpu_op(self, *args)
+                except (TooLarge, OnCpu) as e:  # an in-place op raises these before it dispatches anything
+                    return cpu_fallback(self, args, kwargs, str(e))
+        reason = cpu_reason(int_aware, (*args, *kwargs.values()))
         if reason is None:
             try:
                 return gpu_op(self, *args, **kwargs)
-            except (TooLarge, OnCpu) as e:  # an in-place op raises these before it dispatches anything
+            except (TooLarge, OnCpu) as e:
                 reason = str(e)
+        return cpu_fallback(self, args, kwargs, reason)
+
+    def cpu_fallback(self, args, kwargs, reason):
         if self.rt.tape is not None:
             self.rt.tape.broken = f"{name} ran on the CPU ({reason})"
         return cpu_op(self, *args, **kwargs)
