@@ -57,8 +57,8 @@ def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
     rt, calls = gpu.rt, gpu.rt.native
     assert calls is not None, gpu.rt.native_reason
     out = rt.empty((4,))
-    pipe = rt.pipeline(rt.shader(WGSL, "one"), "main")
-    group = rt.bind_group((pipe, (0,), out.buffer))
+    launch = rt.prepare(rt.shader(WGSL, "one"), "main", 1, (0,))
+    pipe, group = launch.pipeline, rt.bind_group((launch, out.buffer))
 
     def record(groups):
         encoder, compute_pass = calls.begin()

@@ -3,9 +3,10 @@ and submits only when it must, the read-backs, and the replay of captured steps.
 
 - The arrays and their buffer pool: pool.py (`GpuArray`, `BufferPool`, which `Runtime` extends).
 - Caches: shader modules by the hash of their WGSL, pipelines by (module, entry point); uniform buffers
-  by their bytes; bind groups by (pipeline, buffers), because creating a bind group costs ~50 us and a
-  training step repeats them all; an op's prepared dispatches (`Launch`: pipeline, slots, uniform,
-  workgroups) by its shapes and parameters (`keep`), so that an eager op's repeat packs nothing.
+  by their bytes; prepared dispatches (`Launch`: pipeline, slots, uniforms, workgroups) by what they hold,
+  so one Launch stands for them all; bind groups by (Launch, buffers), because creating a bind group costs
+  ~50 us and a training step repeats them all; an op's Launches by its shapes and parameters (`keep`), so
+  that an eager op's repeat packs nothing.
 - Recording goes through wgpu-native's C functions directly where `native.probe` found them working
   (a third of wgpu-py's host cost per dispatch), else through wgpu-py's methods: `encoder` and
   `compute_pass` then hold native handles, not wgpu-py objects, and every command goes through the
@@ -70,7 +71,9 @@ class Shader:
 
 class Launch:
     """A dispatch made ready by `Runtime.prepare`: the pipeline, the binding slots, the buffers bound after the
-    arrays (the uniform of its parameters, or none) and the workgroup counts; `Runtime.launch` adds the arrays."""
+    arrays (the uniform of its parameters, or none) and the workgroup counts; `Runtime.launch` adds the arrays.
+    One object per distinct content (`Runtime.prepared`), so it keys its bind groups by identity: a key of
+    (Launch, buffers) costs less to build and hash than one naming the pipeline, slots and uniforms."""
     __slots__ = ("shader", "entry", "pipeline", "slots", "uniforms", "groups")
 
     def __init__(self, shader: Shader, entry: str, pipeline, slots: tuple, uniforms: tuple, groups: tuple):
@@ -94,7 +97,8 @@ class Runtime(Replaying, BufferPool):
         self.subgroups = uses_subgroups(ctx)  # TINYNN_SUBGROUPS, read once (group_sum.py)
         self.entry_points = {}  # (kernel file name or Shader, entry point) -> (Shader, pipeline): one look-up
         self.uniforms = {}  # bytes -> uniform buffer
-        self.bind_groups = {}  # (pipeline, slots, buffer, ...) -> bind group
+        self.prepared = {}  # (pipeline, slots, uniforms, workgroups) -> its one Launch (`prepare`)
+        self.bind_groups = {}  # (Launch, buffer, ...) -> bind group
         self.launches = {}  # an op's key (its shader, shapes and parameters) -> its Launch (`keep`)
         self.staging = {}  # bucket size -> MAP_READ buffer for read-backs
         self.encoder = None  # the open command encoder: a wgpu-py object, or a native handle (`native`)
@@ -150,7 +154,7 @@ class Runtime(Replaying, BufferPool):
         for buffer in self.staging.values():
             buffer.destroy()
         self.staging.clear()
-        for key in [k for k in self.bind_groups if any(buf in dead for buf in k[2:])]:
+        for key in [k for k in self.bind_groups if any(buf in dead for buf in k[1:])]:
             del self.bind_groups[key]  # they name destroyed buffers
 
     def copy(self, arr: GpuArray) -> GpuArray:
@@ -343,16 +347,17 @@ class Runtime(Replaying, BufferPool):
         return buf
 
     def bind_group(self, key: tuple):
-        """The bind group of a key (pipeline, slots, buffer, ...): buffer i at binding slot slots[i], made once and
-        cached. Keyed by the objects, in the caller's order: no sorting, no pair per slot, and a key keeps its
-        buffers alive (a call site passes its slots in one order; another order costs one more bind group, once)."""
+        """The bind group of a key (Launch, buffer, ...): the buffers, then the Launch's uniforms, at its slots in
+        order; made once and cached. Keyed by the objects, in the caller's order: no sorting, no pair per slot,
+        and a key keeps its buffers alive (a call site passes its slots in one order; another order costs one
+        more bind group, once)."""
         group = self.bind_groups.get(key)
         if group is None:
-            pipeline, slots, buffers = key[0], key[1], key[2:]
+            launch = key[0]
             entries = [{"binding": slot, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-                       for slot, buf in zip(slots, buffers)]
+                       for slot, buf in zip(launch.slots, key[1:] + launch.uniforms)]
             group = self.bind_groups[key] = self.device.create_bind_group(
-                layout=pipeline.get_bind_group_layout(0), entries=entries)
+                layout=launch.pipeline.get_bind_group_layout(0), entries=entries)
             self.counters["bind_groups_created"] += 1
             _trim(self.bind_groups)
         return group
@@ -375,12 +380,19 @@ class Runtime(Replaying, BufferPool):
             found = self.entry_points[(module, entry)] = (shader, self.pipeline(shader, entry))
         shader, pipe = found
         if shader.params is not None:
-            uniforms = [(3, params or {}), *more_params]
-            return Launch(shader, entry, pipe, (*slots, *(slot for slot, _ in uniforms)),
-                          tuple(self.uniform(shader.params.pack(values)) for _, values in uniforms), groups)
-        if params:
+            more = [(3, params or {}), *more_params]
+            slots = (*slots, *(slot for slot, _ in more))
+            uniforms = tuple(self.uniform(shader.params.pack(values)) for _, values in more)
+        elif params:
             raise ValueError(f"{shader.label} declares no struct Params, but was given {params}")
-        return Launch(shader, entry, pipe, tuple(slots), (), groups)
+        else:
+            slots, uniforms = tuple(slots), ()
+        key = (pipe, slots, uniforms, groups)
+        launch = self.prepared.get(key)
+        if launch is None:
+            launch = self.prepared[key] = Launch(shader, entry, pipe, slots, uniforms, groups)
+            _trim(self.prepared)
+        return launch
 
     def launch(self, launch: Launch | None, arrays) -> None:
         """Record a prepared dispatch over `arrays` (GpuArrays or raw buffers) at its slots, in their order.
@@ -389,8 +401,8 @@ class Runtime(Replaying, BufferPool):
         if launch is None:
             return
         pipe = launch.pipeline
-        group = self.bind_group((pipe, launch.slots, *[a.buffer if a.__class__ is GpuArray else a for a in arrays],
-                                 *launch.uniforms))
+        key = (launch, *[a.buffer if a.__class__ is GpuArray else a for a in arrays])
+        group = self.bind_groups.get(key) or self.bind_group(key)
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, launch.groups))
             for value in arrays:
