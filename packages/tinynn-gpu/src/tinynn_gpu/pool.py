@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
+from heapq import heappop
 
 import numpy as np
 import wgpu
@@ -66,18 +67,22 @@ class _Lease:
     the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost). An array in a
     reference cycle takes its lease into the cycle collector's garbage; the runtime holds every buffer
     (`BufferPool.buffers`), so the buffer itself is never finalized there before its lease pools it.
-    `entry` is the buffer's (uid, buffer) in the pool's heaps, made once per buffer, not per lease."""
-    __slots__ = ("runtime", "size", "entry", "__weakref__")
+    `entry` is the buffer's (uid, buffer) in the pool's heaps, made once per buffer, not per lease; `free` the
+    heap it goes back to. Every eager dispatch drops one: `__del__` does the pooling itself, no further call."""
+    __slots__ = ("pool", "free", "size", "entry", "__weakref__")
 
-    def __init__(self, runtime, size, entry):
-        self.runtime, self.size, self.entry = runtime, size, entry
+    def __init__(self, pool, free, size, entry):
+        self.pool, self.free, self.size, self.entry = pool, free, size, entry
 
     @property
     def buffer(self):
         return self.entry[1]
 
     def __del__(self):
-        self.runtime._pool_entry(self.size, self.entry)
+        pool = self.pool
+        pool.in_use_bytes -= self.size
+        pool.pooled_bytes += self.size
+        pool._push(self.free, self.entry)
 
 
 def _bucket(nbytes: int) -> int:
@@ -119,7 +124,7 @@ class BufferPool:
         self.device = device
         self.max_binding = max_binding
         self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
-        # (shape, dtype) as asked -> `_kind`'s answer: an eval forward allocates ~2 arrays a dispatch
+        # (shape, dtype) as asked -> `_kind`'s answer: an eval forward allocates ~1 array a dispatch
         self.kinds = {}
         # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
         # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
@@ -141,12 +146,12 @@ class BufferPool:
             raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
         if size > self.max_binding:  # a bucket past the limit holds arrays up to the limit
             size = self.max_binding
-        pool = self.free[size]
+        free = self.free[size]
         # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
         # not on the order Python freed them, so every training step reuses the same buffers in the same
         # places and finds its bind groups in the cache.
-        if pool:
-            entry = heapq.heappop(pool)
+        if free:
+            entry = heappop(free)
             self.pooled_bytes -= size
         else:
             buffer = self._create_buffer(size)
@@ -154,7 +159,7 @@ class BufferPool:
         self.in_use_bytes += size
         if self.in_use_bytes > self.peak_bytes:
             self.peak_bytes = self.in_use_bytes
-        return GpuArray(entry[1], shape, dtype, _Lease(self, size, entry))
+        return GpuArray(entry[1], shape, dtype, _Lease(self, free, size, entry))
 
     @staticmethod
     def _kind(shape, dtype) -> tuple:
@@ -164,12 +169,9 @@ class BufferPool:
         return shape, dtype, nbytes, _bucket(nbytes)
 
     def _give_back(self, size: int, buffer) -> None:
-        self._pool_entry(size, (buffer.uid, buffer))
-
-    def _pool_entry(self, size: int, entry) -> None:
         self.in_use_bytes -= size
         self.pooled_bytes += size
-        self._push(self.free[size], entry)
+        self._push(self.free[size], (buffer.uid, buffer))
 
     def _create_buffer(self, size: int):
         """A new storage buffer; out of memory, the pool is emptied and the allocation tried once more."""
