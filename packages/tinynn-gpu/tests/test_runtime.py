@@ -236,3 +236,28 @@ def test_kept_launches_run_on_the_arrays_and_parameters_of_each_call(gpu, rng):
         gc.collect()
     # a launch per op and setting (eps, ignore_index: two each), none more for the repeats
     assert len(gpu.rt.launches) - kept <= 2 + 2 + 1 + 1
+
+
+def test_prepare_gives_one_launch_per_content_and_its_bind_groups_are_per_buffers(gpu):
+    """Runtime.prepare hands back the Launch it made for the same pipeline, slots, parameters and workgroups, and
+    a new one when any of them changes; a Launch's bind groups are keyed by the buffers, so a launch over other
+    buffers (another array, another shape's) makes its own and computes on them, never on the first ones."""
+    rt = gpu.rt
+
+    def doubling(n, value=2.0, groups=1):
+        return rt.prepare("elementwise", "scalar_main", groups, (0, 2), {"n": n, "op": 1, "value": value})
+    launch = doubling(4)
+    assert doubling(4) is launch
+    assert all(other is not launch for other in (doubling(8), doubling(4, value=3.0), doubling(4, groups=2)))
+    a, b = rt.upload(np.arange(4, dtype=np.float32)), rt.upload(np.arange(10, 14, dtype=np.float32))
+    out_a, out_b = rt.empty((4,)), rt.empty((4,))
+    made = rt.counters["bind_groups_created"]
+    rt.launch(launch, (a, out_a))
+    rt.launch(launch, (b, out_b))
+    rt.launch(launch, (a, out_a))
+    assert rt.counters["bind_groups_created"] - made == 2
+    assert rt.read(out_a).tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert rt.read(out_b).tolist() == [20.0, 22.0, 24.0, 26.0]
+    wide, out_wide = rt.upload(np.ones((3, 4), np.float32)), rt.empty((3, 4))  # another bucket: another buffer
+    rt.launch(doubling(12), (wide, out_wide))
+    assert rt.read(out_wide).tolist() == [[2.0] * 4] * 3
