@@ -84,11 +84,17 @@ BLOCK_CONFIGS = (
     # mid's 384x384x2048 weight gradient (A^T, row sums) 37.1 -> 29.8 us: 216 workgroups of 128 threads, one wave
     # (split 8: 288, 41.1 us), the one win of --waves --wgrad (session 11) among 51 blocks on eleven shapes
     BlockConfig(64, 64, 16, 8, 4, splits=6, vec4=True, double=True),
+    # 128x64x16/8x8 with vec4 loads, double-buffered: with quad stores the big model's N = 768 shapes took the
+    # scalar-load 128x64 split2 block, so its vec4 db form was put to the autotune (with split 2 too) in session
+    # 14's last call: no single shape of the three models took either, one pair took the tile (the lesson's
+    # 2048x256x768 input gradient with its weight's, splits 3+4); the split-2 candidate was dropped
+    BlockConfig(128, 64, 16, 8, 8, vec4=True, double=True),
 )
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
 # 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
 # 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3);
-# 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db); 10: quad stores (every ranking moved)
+# 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db); 10: quad stores (every ranking
+# moved), a 128x64 vec4 db candidate
 CACHE_VERSION = 10
 PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls
 SEPARATE = "separate"  # plan_pair's choice where two matmuls run faster one after the other
