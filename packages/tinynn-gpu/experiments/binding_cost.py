@@ -28,12 +28,12 @@ def main():
         decl = "\n".join(f"@group(0) @binding({i}) var<storage, read_write> b{i}: array<f32>;" for i in range(n))
         total = " + ".join(f"b{i}[0]" for i in range(1, n))
         code = f"{decl}\n@compute @workgroup_size(1) fn main() {{ b0[0] = {total}; }}"
-        pipe = rt.pipeline(rt.shader(code, f"bind{n}"), "main")
+        launch = rt.prepare(rt.shader(code, f"bind{n}"), "main", 1, tuple(range(n)))
         arrays, groups = [], []
         for _ in range(GROUPS):
             arrays.append([rt.empty((64,)) for _ in range(n)])
-            groups.append(rt.bind_group((pipe, tuple(range(n)), *[a.buffer for a in arrays[-1]])))
-        runs = [(pipe._internal, [(groups[k % GROUPS]._internal, 1, 1, 1) for k in range(DISPATCHES)])]
+            groups.append(rt.bind_group((launch, *[a.buffer for a in arrays[-1]])))
+        runs = [(launch.pipeline._internal, [(groups[k % GROUPS]._internal, 1, 1, 1) for k in range(DISPATCHES)])]
         record, finish = [], []
         for _ in range(REPS):
             t0 = time.perf_counter()

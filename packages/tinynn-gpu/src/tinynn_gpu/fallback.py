@@ -60,28 +60,19 @@ def with_cpu_fallback(cls, name):
 
     @functools.wraps(gpu_op)
     def op(self, *args, **kwargs):
-        for x in args:
+        for x in args:  # cpu_reason's question, answered inline where it is plainly no
             kind = x.__class__
-            if kind is GpuArray:
-                if x.buffer is None or (x.dtype is not FLOAT32 and not int_aware):
-                    break
-            elif kind is list or kind is tuple:
+            if (kind is GpuArray and (x.buffer is None or (x.dtype is not FLOAT32 and not int_aware))) or \
+                    kind is list or kind is tuple:
+                reason = cpu_reason(int_aware, (*args, *kwargs.values()))
                 break
         else:
-            if not kwargs:
-                try:
-                    return gpu_op(self, *args)
-                except (TooLarge, OnCpu) as e:  # an in-place op raises these before it dispatches anything
-                    return cpu_fallback(self, args, kwargs, str(e))
-        reason = cpu_reason(int_aware, (*args, *kwargs.values()))
+            reason = cpu_reason(int_aware, kwargs.values()) if kwargs else None
         if reason is None:
             try:
                 return gpu_op(self, *args, **kwargs)
-            except (TooLarge, OnCpu) as e:
+            except (TooLarge, OnCpu) as e:  # an in-place op raises these before it dispatches anything
                 reason = str(e)
-        return cpu_fallback(self, args, kwargs, reason)
-
-    def cpu_fallback(self, args, kwargs, reason):
         if self.rt.tape is not None:
             self.rt.tape.broken = f"{name} ran on the CPU ({reason})"
         return cpu_op(self, *args, **kwargs)

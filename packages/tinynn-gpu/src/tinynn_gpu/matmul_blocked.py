@@ -199,11 +199,7 @@ def _module(cfg: BlockConfig, layouts: list, quads: bool) -> str:
     module, pair, problem_part, product_part = _template()
     problems, products = [], []
     for i, layout in enumerate(layouts):
-        fills = _problem_fills(cfg, *layout, "2" if i else "", 10 * (i > 0))
-        p = fills["P"]
-        fills["STORE_VALUES"] = f"    store_value{p}(i / 4u, n, acc, raw);" if quads else "\n".join(
-            f"    store_value{p}(i{f' + {c}u' * (c > 0)}, n{f' + {c}u' * (c > 0)}, acc.{x}, raw);"
-            for c, x in enumerate(XYZW))
+        fills = _problem_fills(cfg, *layout, "2" if i else "", 10 * (i > 0), quads)
         problems.append(fill(problem_part, fills))
         products.append(fill(product_part, fills))
     text = module.replace("{{PAIR}}", pair if len(layouts) == 2 else "")
@@ -221,9 +217,10 @@ def _module(cfg: BlockConfig, layouts: list, quads: bool) -> str:
 
 
 def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool, aligned: bool, p: str,
-                   binding: int) -> dict:
+                   binding: int, quads: bool) -> dict:
     """The template's `problem` and `product` fills for one problem: names suffixed by p, its own bindings from
-    `binding` on (a, b, out, params: 0-3 for the first problem, 10-13 for a pair's second)."""
+    `binding` on (a, b, out, params: 0-3 for the first problem, 10-13 for a pair's second); `quads`: the module's
+    (`generate`)."""
     qm, qn = cfg.tm // 4, cfg.tn // 4
     declare = [f"    var acc_{i}_{q} = vec4<f32>(0.0);" for i in range(cfg.tm) for q in range(qn)]
     declare += [f"    let a_column_{q} = ty + {q}u * THREADS_M;" for q in range(qm)]  # this thread's tile columns
@@ -276,6 +273,9 @@ def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4:
     store = [f"    store{p}(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
              f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, raw);" for i in range(cfg.tm) for q in range(qn)]
     zero = "vec4<f32>(0.0)" if vec4 else "0.0"
+    store_values = [f"    store_value{p}(i / 4u, n, acc, raw);"] if quads else \
+        [f"    store_value{p}(i{plus}, n{plus}, acc.{x}, raw);"
+         for plus, x in zip(("", " + 1u", " + 2u", " + 3u"), XYZW)]
     return {
         "P": p, "A_BINDING": binding, "B_BINDING": binding + 1, "OUT_BINDING": binding + 2,
         "PARAMS_BINDING": binding + 3,
@@ -291,7 +291,7 @@ def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4:
         "B_INDEX": f"base + n * params{p}.k + k" if transpose_b else f"base + k * params{p}.n + n",
         "DECLARE": "\n".join(declare), "PROLOGUE": "\n".join(prologue), "FETCH": "\n".join(fetch_next),
         "INNER": "\n".join(inner), "ROW_SUM": "\n".join(row_sum), "STASH": "\n".join(stash_next),
-        "STORE": "\n".join(store),
+        "STORE": "\n".join(store), "STORE_VALUES": "\n".join(store_values),
     }
 
 

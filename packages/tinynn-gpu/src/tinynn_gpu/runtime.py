@@ -402,6 +402,8 @@ class Runtime(Replaying, BufferPool):
             return
         pipe = launch.pipeline
         key = (launch, *[a.buffer if a.__class__ is GpuArray else a for a in arrays])
+        # the cache's hit looked up here, not in a call of bind_group: that call cost 0.1-0.2 us of an eager
+        # dispatch's ~6.1 (2-core machine, eager_host_cost.py --recorded, session 14)
         group = self.bind_groups.get(key) or self.bind_group(key)
         if self.tape is not None:
             self.tape.events.append(("dispatch", pipe, group, launch.groups))
