@@ -147,6 +147,10 @@ def profile_step(backend, cfg: TrainConfig) -> list[dict]:
         raise TinynnError(f"--profile needs a GPU backend with timestamp queries; {backend.name} has none")
     train_step, x = lesson_step(backend, cfg)
     train_step(x, x, 3e-4).item()  # warm-up; the profiled call is the second, still eager (not replayed)
+    # then matmuls for GPU_WARMUP_SECONDS: building the model left the GPU idle, and the big config's profile right
+    # after one warm-up step ran at half the clock (82 ms of kernels in a 36.6 ms step)
+    a = backend.from_numpy(np.ones((1024, 1024), np.float32))
+    time_call(lambda: backend.matmul(a, a), backend.sync, min_seconds=0.0, max_reps=1)
     return backend.profile(lambda: train_step(x, x, 3e-4).item())
 
 

@@ -114,11 +114,11 @@ class Tile(NamedTuple):
         return f"{self.rows}x{self.keys}x{self.sn}"
 
 
-# the tiled forward's tiles, fastest first, as timed on an H200 (experiments/attention_tiles.py, us a call):
-# 64x32x4 22.2 lesson, 31.6 mid, 76.8 big, 125 at head size 32 (the per-row forward 31.6, 40.0, 140.2, 131;
-# 64x32x2 and 32x32x2 within 10%, fewer keys a step or fewer threads slower); at head size 128 only 32x32x2
-# fits its 48 KiB: 240 (the per-row forward 443). 16x32x2 fits head size 128 in 32 KiB (lavapipe).
-TILES = (Tile(64, 32, 4), Tile(32, 32, 2), Tile(16, 32, 2))
+# the tiled forward's tiles, fastest first, as timed on an H200 (experiments/attention_tiles.py, us a call, session
+# 15, query blocks in the grid's y, the last first): 32x32x2 17.4 lesson, 21.9 mid, 51.9 big, 55.3 at head size 128
+# (64x32x4 19.3, 25.9, 52.4; 64x32x2 19.4, 27.0, 59.1); at head size 32 64x32x4 19.1 and 32x32x2 20.5. 16x32x2 fits
+# head size 128 in 32 KiB (lavapipe): 98.2 on the H200. The per-row forward took 1.3-1.8x 64x32x4's time (session 7).
+TILES = (Tile(32, 32, 2), Tile(64, 32, 4), Tile(16, 32, 2))
 
 
 def _choose(variable: str, make, tiles: tuple, example: str, head_size: int, max_bytes: int):
@@ -347,7 +347,7 @@ class Attention:
         shader, rows = self._shader(c3 // 3 // n_head) if shader is None else (shader, tile.rows)
         rt, key = self.rt, ("attention_forward", shader, batch, seq, n_head, scale)
         launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
-            shader, "attention_forward_main", (-(-seq // rows), batch * n_head, 1), (0, 2, 4),
+            shader, "attention_forward_main", (batch * n_head, -(-seq // rows), 1), (0, 2, 4),
             {"seq": seq, "n_head": n_head, "scale": scale}))
         rt.launch(launch, (qkv, y, lse))
 

@@ -92,11 +92,13 @@ fn splits_sum(me: Role, c: u32) -> vec4<f32> {
     return s;
 }
 
-// y = softmax(scale * q k^T, causal) v and lse, one workgroup per ROWS queries of one (batch, head).
+// y = softmax(scale * q k^T, causal) v and lse, one workgroup per ROWS queries of one (batch, head): query
+// blocks in wg.y, the last (the longest walk) first, as attention_tiled.wgsl's; (batch, head) in wg.x.
 @compute @workgroup_size(THREADS)
-fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let hd = head(wg.y);
-    let q0 = wg.x * ROWS;
+fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    let hd = head(wg.x);
+    let q0 = (nwg.y - 1u - wg.y) * ROWS;
     let me = role(lid);
     let i = q0 + me.row;
     let qi = qkv_row(hd, min(i, params.seq - 1u), 0u) + me.lane;  // rows past the end compute, unwritten

@@ -56,10 +56,16 @@ fn qkv_at(hd: Head, t: u32, part: u32, c: u32) -> vec4<f32> {
     return qkv[hd.qkv + t * 3u * params.n_head * HS4 + part * params.n_head * HS4 + c];
 }
 
+// Query blocks in wg.y, the last (which walks the most keys) first, and (batch, head) in wg.x: the workgroups an
+// SM is handed then mix long and short walks. With query blocks in x, the first first, the big config's four
+// blocks a head put one block's workgroups on each SM (132 SMs are a multiple of 4), the last block's SMs walking
+// four times the first's keys: H200, experiments/attention_tiles.py, us a call, 64x32x4 (32x32x2): big 62.0 ->
+// 52.5 (60.8 -> 51.9), mid 25.8 -> 25.9 (26.8 -> 21.9), lesson 18.9 -> 19.2 (19.8 -> 17.4).
 @compute @workgroup_size(THREADS)
-fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let hd = head(wg.y);
-    let q0 = wg.x * ROWS;
+fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    let hd = head(wg.x);
+    let q0 = (nwg.y - 1u - wg.y) * ROWS;
     let tx = lid % TX;
     let ty = lid / TX;
     for (var e = lid; e < ROWS * HS4; e = e + THREADS) {
