@@ -9,6 +9,22 @@ or as j (the SM is busy); past what fits it steps up a wave at a time.
 The question (session 15): the autotune takes split-K on the big model's K = 768 products (128x64x16/8x8 split2
 on 2048x2304x768), whose slices and finish cost memory traffic, which would only win if the unsplit grid left
 the SMs short of workgroups, or in a partial last wave.
+
+H200, session 15 (one call, 33 s; us per grid for j = 1..8, nn; bt within 2% but where noted):
+  128x128x16/8x8 vec4 db unpadded  87.3 172.3 264.1 349.1 433.6 518.4 603.5 690.8  (bt 86.0 .. 672.7)
+  128x128x16/8x8 vec4              99.3 201.9 334.3 437.3 536.7 643.7 741.9 838.4
+  128x64x16/8x8                    61.5  95.1 133.1 221.1 223.7 267.4 344.0 347.5
+  128x64x16/8x8 vec4 db            50.3  97.8 143.7 191.1 238.0 284.8 331.1 377.7  (bt 61.6 .. 534.3)
+  128x96x16/8x8 vec4               97.0 131.8 269.6 281.1 407.4 422.9 539.6 562.4
+  64x96x16/8x4 vec4 db             55.5  75.1 146.6 146.9 218.0 219.3 290.8 291.0
+  64x64x16/8x4                     44.8  62.8  81.7 103.1 126.3 171.8 190.5 217.3
+  64x64x16/8x4 vec4 db             40.9  58.8 112.9 114.5 167.8 171.2 229.8 241.3
+The 256-thread 128x128 blocks grow exactly as j: an SM gains nothing from a second one (it runs at 38.0 TFLOP/s
+from the first wave on). The others step a wave at a time past 2 (64x96, 128x96, 64x64 vec4 db) or 3 (128x64)
+resident workgroups, and each resident one adds work per microsecond up to there (1.4-1.8x j = 1's). Every
+configuration tops out at 37.5-38.3 TFLOP/s (128x64x16/8x8 at j = 3 and 8; 64x64x16/8x4 at 32.9): with enough
+workgroups the thread's 8x8 (or 8x4) inner loop is the ceiling, not the warps an SM holds, and 128x64 split2's 1152
+workgroups on 2048x2304x768 fill 2.9 waves of 396 where unsplit 576 leave 1.45.
 """
 import argparse
 import time
