@@ -21,10 +21,10 @@ H200, session 15 (one call, 33 s; us per grid for j = 1..8, nn; bt within 2% but
   64x64x16/8x4 vec4 db             40.9  58.8 112.9 114.5 167.8 171.2 229.8 241.3
 The 256-thread 128x128 blocks grow exactly as j: an SM gains nothing from a second one (it runs at 38.0 TFLOP/s
 from the first wave on). The others step a wave at a time past 2 (64x96, 128x96, 64x64 vec4 db) or 3 (128x64)
-resident workgroups, and each resident one adds work per microsecond up to there (1.4-1.8x j = 1's). Every
-configuration tops out at 37.5-38.3 TFLOP/s (128x64x16/8x8 at j = 3 and 8; 64x64x16/8x4 at 32.9): with enough
-workgroups the thread's 8x8 (or 8x4) inner loop is the ceiling, not the warps an SM holds, and 128x64 split2's 1152
-workgroups on 2048x2304x768 fill 2.9 waves of 396 where unsplit 576 leave 1.45.
+resident workgroups, and each resident one adds work per microsecond up to there (1.4-1.8x j = 1's). The best
+reach 38.0-38.3 TFLOP/s (128x128 db from j = 1, 128x64x16/8x8 at j = 3 and 8), the others 29-35 at j = 8: with
+enough workgroups the thread's inner loop is the ceiling, not the warps an SM holds (session 5: a pure FMA loop
+reaches 69). 128x64 split2's 1152 workgroups on 2048x2304x768 fill 2.9 waves of 396 where unsplit 576 leave 1.45.
 """
 import argparse
 import time
