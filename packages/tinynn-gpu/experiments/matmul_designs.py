@@ -3,7 +3,7 @@ generated kernel, or a text edit of one, checked against float64 and then timed 
 back dispatches in one pass) after 2 s of load (an idle H200 runs at 345 MHz).
 
     python packages/tinynn-gpu/experiments/matmul_designs.py [--check] [--quick]
-        [--anatomy | --pipeline | --waves [--big | --wgrad] | --threads | --lanes] [--budget SECONDS]
+        [--anatomy | --pipeline | --waves [--big | --wgrad] | --threads | --lanes | --wide] [--budget SECONDS]
 
 Designs (the default):
   checked  the kernel with bounds-checked loads (what shapes off the tile grid run)
@@ -167,6 +167,15 @@ inner loop? H200, session 14 (one call, 223 s; the harness above): no. The best 
 best shipped on the 22 shapes (0.989: 2048x768x2304 nn, 205.4 -> 203.1 us; 0.991-0.995 on four more; 1.03-1.04 on
 the weight gradients); per configuration, lanes over the same configuration's shipped layout, the geometric mean
 over the shapes 0.93-1.06 (0.93: 64x64x32/4x4, which no shape picks). Nothing was shipped.
+
+--wide: thread tiles of 8x16 and 16x8 (WIDE, WIDE_SPLIT: 128 results a thread, as cuBLAS's SIMT kernels keep:
+256x128x8 with 256 threads, 128x128x8 with 128), BK 8 (16 with 128x128 unpadded), against every shipped candidate
+on 4096^2 and big's nine heaviest training shapes. The question: would 64 more accumulators, against 4 more tile
+reads a k (6 tile reads for 128 FMAs instead of 4 for 64), raise the ~38 TFLOP/s that every 8x8 configuration tops
+out at (experiments/matmul_occupancy.py)? H200, session 15 (one call, 127 s, the harness above): no. The best new
+design per shape was 1.02-1.58x the best shipped (1.018: 2304x768x2048 A^T, 204.6 -> 208.1 us, 128x128x8/8x16
+split2 vec4 db; 1.047 at 4096^2, 3562 -> 3728 with 128x64x8/8x16 vec4 db; 1.22-1.58 on the other eight); per
+design 1.05-3.1x. Nothing was shipped (session 8's 8x16 and 16x8 lost 30-45% too).
 
 --stores (session 14, commit 5d7c001, since removed): every unsplit shipped candidate with each thread's quad of a
 row stored as one vec4 (vstore) and with no stores at all (nostore), against the shipped 4 scalar stores, on nine
@@ -483,6 +492,21 @@ def lanes_entries(m, n, k, check):
             if lanes(blocked.generate(c, False, False), 8 if edit == "lanes8" else 4) is not None]
 
 
+# --wide (session 15): 128 results a thread, on 4096^2 and big's heaviest shapes
+WIDE = [C(128, 128, 8, 8, 16), C(128, 128, 8, 8, 16, vec4=True), C(128, 128, 8, 8, 16, **DB),
+        C(128, 128, 16, 8, 16, **DB, pad=False), C(128, 128, 8, 16, 8, **DB), C(128, 128, 8, 16, 8, vec4=True),
+        C(256, 128, 8, 16, 8, **DB), C(128, 256, 8, 8, 16, **DB), C(128, 64, 8, 8, 16, **DB),
+        C(64, 128, 8, 8, 16, **DB)]
+WIDE_SPLIT = [C(128, 128, 8, 8, 16, splits=2, **DB), C(128, 128, 8, 16, 8, splits=2, **DB)]
+WIDE_SHAPES = [(4096, 4096, 4096, False, False, ())] + BIG_SHAPES[:9]
+
+
+def wide_entries(m, n, k, check):
+    """--wide's blocks for one shape: those that tile it whole (all under --check), split-K where K >= 1024."""
+    return [(c, None) for c in WIDE + WIDE_SPLIT * (k >= 1024 or check)
+            if check or (m % c.bm == 0 and n % c.bn == 0)]
+
+
 def workgroups(config, m, n, k):
     return -(-m // config.bm) * -(-n // config.bn) * max(1, min(config.splits, -(-k // config.bk)))
 
@@ -614,6 +638,9 @@ def main():
                         budget=240.0)
     if "--lanes" in sys.argv:
         return pipeline(gpu, lanes_entries, BIG_SHAPES + PIPELINE_SHAPES[:10], budget=330.0)
+    if "--wide" in sys.argv:
+        return pipeline(gpu, wide_entries, WIDE_SHAPES, [(256, 256, 64, ta, tb, ()) for ta in (0, 1) for tb in (0, 1)],
+                        budget=210.0)
     if "--waves" in sys.argv and "--wgrad" in sys.argv:
         return pipeline(gpu, wgrad_entries, WGRAD_SHAPES, WGRAD_CHECK_SHAPES, budget=200.0)
     if "--waves" in sys.argv and "--big" in sys.argv:
