@@ -1,0 +1,144 @@
+"""The machine code the NVIDIA Vulkan driver made of blocked-matmul configurations: per configuration its
+instruction mix, the highest register it uses (how many threads an SM can hold) and any spills to local memory.
+
+    python packages/tinynn-gpu/experiments/driver_sass.py "128x128x16/8x8 vec4 db unpadded" ... [--layout nn|bt|tn]
+        [--sm SM90] [--out DIR]
+
+Needs an NVIDIA GPU, `nvdisasm` (CUDA's; /usr/local/cuda/bin on the H200 machine) and the `zstandard` package.
+With `__GL_SHADER_DISK_CACHE_PATH` set before the driver loads, the driver keeps each compiled pipeline in its disk
+cache: zstd frames, some of which hold an `NVuc` blob with the raw instructions. This script compiles one
+configuration at a time (a 1024^2 product, aligned, no epilogue) into a fresh cache directory, decompresses the
+blobs it finds there, and disassembles each from its last EXIT back, 4 KiB at a time while `nvdisasm -b SM90` reads
+it (the blob's code starts at an unknown offset before that). The largest blob of a configuration's cache is its
+matmul (the finish and the stand-ins' fills are small); its SASS is written to DIR.
+
+H200, session 15 (driver 580; nn): 128x128x16/8x8 vec4 db unpadded: a BK step ~1240 instructions, 1024 of them FFMA
+(83%), 64 LDS.128, 64 MOVs; loads and stores carry the driver's bounds checks (robust buffer access). The highest
+register per configuration, and so the workgroups an SM holds (64 Ki registers; what matmul_occupancy.py measured):
+  128x128x16/8x8 vec4 db unpadded  R176  1 of 256 threads       128x64x16/8x8          R156  3 of 128
+  128x128x16/8x8 vec4              R144  1                      64x96x16/8x4 vec4 db   R142  2 of 192
+  128x128x8/8x8 vec4               R132  1 (R127 would fit 2)   128x192x16/8x12        R174  1 of 256
+  128x128x8/8x16 vec4 db           R221  2 of 128               128x128x8/8x16         R243  2
+None spills to local memory: the 8x16 tiles' 1.2-2.2x losses (matmul_designs.py --wide) are not spills.
+"""
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+EXIT = bytes.fromhex("4d79000000000000")  # the low half of SM90's EXIT (opcode 0x94d, no predicate)
+
+
+def blobs(cache: Path) -> list[bytes]:
+    """Every zstd frame's content in the cache's files that is an NVuc blob (the driver's code containers)."""
+    import zstandard
+    found = []
+    for path in sorted(p for p in cache.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        at = data.find(ZSTD_MAGIC)
+        while at >= 0:
+            try:
+                raw = zstandard.ZstdDecompressor().decompressobj().decompress(data[at:])  # stops at the frame's end
+                if raw.startswith(b"NVDANVVMNVuc"):
+                    found.append(raw)
+            except zstandard.ZstdError:
+                pass
+            at = data.find(ZSTD_MAGIC, at + 4)
+    return found
+
+
+def disassemble(blob: bytes, nvdisasm: str, sm: str) -> str:
+    """The longest stretch before (and with) the blob's last EXIT that nvdisasm reads, as SASS text; "" if none."""
+    end = blob.rfind(EXIT)
+    if end < 0:
+        return ""
+    end += 16
+    best = ""
+    with tempfile.TemporaryDirectory() as tmp:
+        code = Path(tmp) / "code.bin"
+        for pages in range(1, end // 4096 + 2):
+            start = max(end % 16, end - 4096 * pages)  # instructions are 16 bytes, aligned as the EXIT is
+            code.write_bytes(blob[start:end])
+            run = subprocess.run([nvdisasm, "-b", sm, str(code)], capture_output=True, text=True)
+            if run.returncode:
+                break
+            best = run.stdout
+    return best
+
+
+def summary(sass: str) -> str:
+    ops = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    registers = max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=-1) + 1
+    spills = ops["STL"] + ops["LDL"]
+    top = ", ".join(f"{op} {n}" for op, n in ops.most_common(8))
+    return f"{sum(ops.values())} instructions ({top}); registers R0-R{registers - 1}; {spills} spill loads/stores"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("configs", nargs="*", help="BlockConfig names, e.g. '128x128x16/8x8 vec4 db unpadded'")
+    parser.add_argument("--layout", default="nn", choices=("nn", "bt", "tn"))
+    parser.add_argument("--sm", default="SM90")
+    parser.add_argument("--nvdisasm", default="/usr/local/cuda/bin/nvdisasm")
+    parser.add_argument("--out", default="sass")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: compile this configuration alone
+    args = parser.parse_args()
+    if args.one:
+        return compile_one(args.one, args.layout)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.configs:
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, __GL_SHADER_DISK_CACHE="1", __GL_SHADER_DISK_CACHE_PATH=cache,
+                       __GL_SHADER_DISK_CACHE_SKIP_CLEANUP="1")
+            # a process of its own: the driver reads the cache settings when it loads, and writes as it compiles
+            subprocess.run([sys.executable, __file__, "--one", name, "--layout", args.layout], env=env, check=True)
+            found = sorted(blobs(Path(cache)), key=len)
+        if not found:
+            print(f"{name}: nothing in the driver's cache")
+            continue
+        sass = disassemble(found[-1], args.nvdisasm, args.sm)
+        path = out / (re.sub(r"[^\w.]+", "_", name) + f"_{args.layout}.sass")
+        path.write_text(sass)
+        print(f"{name} ({args.layout}): {summary(sass)} -> {path}", flush=True)
+
+
+def compile_one(name: str, layout: str):
+    import numpy as np
+
+    from tinynn import backends
+    from tinynn_gpu.matmul import BLOCK_CONFIGS
+    from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul
+    configs = {c.name: c for c in BLOCK_CONFIGS}
+    if name in configs:
+        config = configs[name]
+    else:  # a configuration of the generator that no candidate uses: "BMxBNxBK/TMxTN" and the flags of its name
+        m = re.match(r"(\d+)x(\d+)x(\d+)/(\d+)x(\d+)((?: \w+)*)$", name)
+        if not m:
+            raise SystemExit(f"{name!r} is not a block configuration's name")
+        flags = m.group(6).split()
+        number = {f.rstrip("0123456789"): int(f[len(f.rstrip("0123456789")):]) for f in flags if f[-1].isdigit()}
+        config = BlockConfig(*map(int, m.groups()[:5]), splits=number.get("split", 1), vec4="vec4" in flags,
+                             double="db" in flags, pad="unpadded" not in flags, ahead=number.get("ahead", 1),
+                             spread="spread" in flags)
+    gpu = backends.select("gpu")
+    rt = gpu.rt
+    ta, tb = layout == "tn", layout == "bt"
+    n = 1024
+    a, b = (gpu.from_numpy(np.ones((n, n), np.float32)) for _ in range(2))
+    out = rt.empty((n, n))
+    BlockedMatmul(rt, config).record(a.buffer, b.buffer, out, 1, n, n, n, ta, tb, True)
+    rt.sync()
+
+
+if __name__ == "__main__":
+    main()
