@@ -102,6 +102,7 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
     assert gpu_step["peak_memory_bytes"] > 0
     rt = backends.select("gpu").rt  # the backend the command used (an earlier test may have reset discovery)
     assert (gpu_step["record_thread_us_per_dispatch"] is None) == (rt.recorder is None)
+    assert (gpu_step["record_wait_us_per_step"] is None) == (rt.recorder is None)
     calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
     rt.use_native(calls, reason, threaded=True)
     try:  # a worker thread's busy time is reported beside the caller's
@@ -110,7 +111,9 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
         rt.use_native(calls, reason, threaded)
     report = json.loads(capsys.readouterr().out)
     assert list(report["backends"]) == ["gpu"]
-    assert report["backends"]["gpu"]["train_step"]["record_thread_us_per_dispatch"] > 0
+    threaded_step = report["backends"]["gpu"]["train_step"]
+    assert threaded_step["record_thread_us_per_dispatch"] > 0
+    assert 0 <= threaded_step["record_wait_us_per_step"] < 1e3 * threaded_step["host_ms_per_step"]
     backends.reset_discovery()
 
 

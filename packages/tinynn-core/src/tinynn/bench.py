@@ -114,6 +114,9 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
             # None when no thread worked in these steps (its counter outlives a thread that was closed)
             "record_thread_us_per_dispatch": per_step["record_thread_us"] / dispatches
             if dispatches and per_step.get("record_thread_us") else None,
+            # and how long the caller waited for that thread's recording, per step (part of host_ms_per_step)
+            "record_wait_us_per_step": per_step.get("record_wait_us", 0.0)
+            if dispatches and per_step.get("record_thread_us") else None,
             "host_us_per_eager_dispatch": eager_dispatch_us(backend, train_step.model, x) if backend.is_gpu else None,
             "peak_memory_bytes": backend.memory_stats()["peak_bytes"], "fallbacks": dict(backend.fallbacks),
             "config": {k: getattr(cfg, k) for k in LESSON}}
@@ -190,8 +193,10 @@ def print_entry(be, entry) -> None:
           f"of it recording on the host), {t['tokens_per_s']:,.0f} tokens/s{extra}")
     if t["host_us_per_replayed_dispatch"] is not None:
         worker = t["record_thread_us_per_dispatch"]
+        wait = t["record_wait_us_per_step"]
         print(f"  host per dispatch: {t['host_us_per_replayed_dispatch']:.1f} us replayed"
-              + ("" if worker is None else f" (and {worker:.1f} us on the recording thread)")
+              + ("" if worker is None else f" (and {worker:.1f} us on the recording thread, waited for "
+                 f"{wait:.0f} us a step)")
               + f", {t['host_us_per_eager_dispatch']:.1f} us eager; peak memory {t['peak_memory_bytes'] / 2**20:.1f} MiB")
     if t["fallbacks"]:
         print(f"  NumPy fallbacks: {t['fallbacks']}")

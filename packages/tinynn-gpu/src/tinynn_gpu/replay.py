@@ -136,7 +136,14 @@ class Replaying:
         self.early_read = None  # this step runs after the last one's result: a read-back of that waits for it too
         self._release_orphans()
         ahead, tape.ahead = tape.ahead, None
-        ahead = None if ahead is None else ahead.result()  # waits for the recording thread; raises its error
+        if ahead is not None:
+            if not ahead.done():  # the recording thread is still at it: the caller's wait, part of its host time
+                # (where the thread records slower than the GPU runs the step up to the loss's read-back, the GPU
+                # waits too; `tinynn bench` reports it)
+                t0 = time.perf_counter()
+                ahead.exception()
+                self.counters["record_wait_us"] += 1e6 * (time.perf_counter() - t0)
+            ahead = ahead.result()  # raises the recording's error
         inputs = []  # the staged writes' copies (source, offset, destination, offset, bytes)
         if direct and self.encoder is None and self.staged_copies and program and program[0][0] == "dispatches":
             # only staged writes are waiting (a step's inputs): they ride in the first command buffer
