@@ -1,10 +1,10 @@
 """How many workgroups of a blocked-matmul configuration an SM runs at once, and what each more brings: per
 configuration, grids of 132 * j workgroups (11 j block-rows x 12 block-columns, K = 768, whole tiles, no
-epilogue) for j = 1..8, timed back to back (`Runtime.time_pass`) after 2 s of load. On a GPU of 132 SMs a grid
-of j workgroups an SM runs in one wave while j fit: its time then grows less than j (more warps hide latency)
-or as j (the SM is busy); past what fits it steps up a wave at a time.
+epilogue) for j = 1..8, timed back to back (`Runtime.time_pass`) after 2 s of load (0.5 s before each further
+configuration). On a GPU of 132 SMs a grid of j workgroups an SM runs in one wave while j fit: its time then grows
+less than j (more warps hide latency) or as j (the SM is busy); past what fits it steps up a wave at a time.
 
-    python packages/tinynn-gpu/experiments/matmul_occupancy.py [--k 768] [--layouts nn,bt]
+    python packages/tinynn-gpu/experiments/matmul_occupancy.py [--k 768] [--layouts nn,bt] [--waves 8]
 
 The question (session 15): the autotune takes split-K on the big model's K = 768 products (128x64x16/8x8 split2
 on 2048x2304x768), whose slices and finish cost memory traffic, which would only win if the unsplit grid left
@@ -19,12 +19,13 @@ H200, session 15 (one call, 33 s; us per grid for j = 1..8, nn; bt within 2% but
   64x96x16/8x4 vec4 db             55.5  75.1 146.6 146.9 218.0 219.3 290.8 291.0
   64x64x16/8x4                     44.8  62.8  81.7 103.1 126.3 171.8 190.5 217.3
   64x64x16/8x4 vec4 db             40.9  58.8 112.9 114.5 167.8 171.2 229.8 241.3
-The 256-thread 128x128 blocks grow exactly as j: an SM gains nothing from a second one (it runs at 38.0 TFLOP/s
-from the first wave on). The others step a wave at a time past 2 (64x96, 128x96, 64x64 vec4 db) or 3 (128x64)
-resident workgroups, and each resident one adds work per microsecond up to there (1.4-1.8x j = 1's). The best
-reach 38.0-38.3 TFLOP/s (128x128 db from j = 1, 128x64x16/8x8 at j = 3 and 8), the others 29-35 at j = 8: with
-enough workgroups the thread's inner loop is the ceiling, not the warps an SM holds (session 5: a pure FMA loop
-reaches 69). 128x64 split2's 1152 workgroups on 2048x2304x768 fill 2.9 waves of 396 where unsplit 576 leave 1.45.
+The 256-thread 128x128 blocks grow exactly as j: an SM gains nothing from a second one (the db one runs at
+37.7-38.6 TFLOP/s from the first wave on). The others step a wave at a time past 2 (64x96, 128x96, 64x64 vec4 db)
+or 3 (128x64) resident workgroups, and each resident one adds work per microsecond up to there (1.4-1.8x j = 1's).
+The best reach 37.4-38.6 TFLOP/s (128x128 db at every j, 128x64x16/8x8 at j = 3 and 8: 37.4, 38.2), the other six
+27.5-35.4 at j = 8 (2 * 132 j * BM * BN * K flops over the times above): with enough workgroups the thread's inner
+loop is the ceiling, not the warps an SM holds (session 5: a pure FMA loop reaches 69). 128x64 split2's 1152
+workgroups on 2048x2304x768 fill 2.9 waves of 396 where unsplit 576 leave 1.45.
 """
 import argparse
 import time
