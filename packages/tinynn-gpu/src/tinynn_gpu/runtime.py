@@ -136,8 +136,8 @@ class Runtime(Replaying, BufferPool):
             self.recorder.shutdown()  # after the recording it has: a tape still collects its result
             self.recorder = None
         if calls and threaded and self.recorder is None:
-            self.counters["record_thread_us"] += 0  # the keys exist before the thread adds to them
-            self.counters["record_wait_us"] += 0
+            self.counters["record_thread_us"] += 0  # the key exists before the thread adds to it
+            self.counters["record_wait_us"] += 0  # the caller's (replay.py), 0 until it first waits for the thread
             self.recorder = ThreadPoolExecutor(1, thread_name_prefix="tinynn-record")
             # the thread does not outlive its runtime
             self._stop_recorder = weakref.finalize(self, self.recorder.shutdown, False)
