@@ -5,6 +5,7 @@ import gc
 import importlib.util
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -466,6 +467,46 @@ def test_a_recording_ahead_that_fails_raises_in_the_next_replay(gpu, monkeypatch
         step()
     gpu.write_(x.data, np.full(4, 5.0, np.float32))
     assert step().numpy().tolist() == [15.0] * 4  # and the step goes on: recorded anew
+
+
+def test_a_replay_counts_its_wait_for_the_recording_thread_and_still_raises_its_error(gpu, monkeypatch):
+    """A replay whose step the recording thread is still recording waits for it: the wait counts in record_wait_us
+    (`tinynn bench`'s record_wait_us_per_step), and the recording's error raises as it did before it was timed."""
+    rt = gpu.rt
+    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
+    rt.use_native(calls, reason, threaded=True)
+    gate, init, failures = threading.Event(), replay.Ahead.__init__, []
+
+    def held(self, *args):  # the thread records once the caller waits for it, and takes 20 ms more
+        if threading.current_thread().name.startswith("tinynn-record"):
+            assert gate.wait(timeout=30)
+            gate.clear()
+            time.sleep(0.02)
+            if failures:
+                raise failures.pop()
+        init(self, *args)
+
+    def opens_the_gate(future):  # when the caller starts waiting for it
+        exception = future.exception
+        future.exception = lambda timeout=None: (gate.set(), exception(timeout))[1]
+    monkeypatch.setattr(replay.Ahead, "__init__", held)
+    try:
+        x, step = doubling_step(gpu)
+        step()  # the first replay: the thread records the next
+        opens_the_gate(step.tape.ahead)
+        waited = rt.counters["record_wait_us"]
+        gpu.write_(x.data, np.full(4, 7.0, np.float32))
+        assert step().numpy().tolist() == [21.0] * 4
+        assert rt.counters["record_wait_us"] - waited >= 2e4
+        failures.append(RuntimeError("recording failed in the test"))
+        opens_the_gate(step.tape.ahead)
+        with pytest.raises(RuntimeError, match="recording failed in the test"):
+            step()
+        gpu.write_(x.data, np.full(4, 5.0, np.float32))
+        assert step().numpy().tolist() == [15.0] * 4  # and the step goes on: recorded anew
+    finally:
+        gate.set()
+        rt.use_native(calls, reason, threaded)
 
 
 @pytest.fixture(params=["direct", "methods"])
