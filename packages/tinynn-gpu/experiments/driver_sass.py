@@ -1,5 +1,6 @@
 """The machine code the NVIDIA Vulkan driver made of blocked-matmul configurations: per configuration its
-instruction mix, the highest register it uses (how many threads an SM can hold) and any spills to local memory.
+instruction mix, the highest register it uses (how many threads an SM can hold), any spills to local memory, and its
+main loop's mix (the loop with the most FFMA: the BK loop).
 
     python packages/tinynn-gpu/experiments/driver_sass.py "128x128x16/8x8 vec4 db unpadded" ... [--layout nn|bt|tn]
         [--sm SM90] [--out DIR]
@@ -12,15 +13,21 @@ blobs it finds there, and disassembles each from its last EXIT back, 4 KiB at a 
 it (the blob's code starts at an unknown offset before that). The largest blob of a configuration's cache is its
 matmul (the finish and the stand-ins' fills are small); its SASS is written to DIR.
 
-H200, session 15 (driver 580; nn): 128x128x16/8x8 vec4 db unpadded: a BK step ~1240 instructions, 1024 of them FFMA
-(83%), 64 LDS.128, 64 MOVs; loads and stores carry the driver's bounds checks (robust buffer access). The highest
-register per configuration, and so the workgroups an SM holds (64 Ki registers; what matmul_occupancy.py measured):
-  128x128x16/8x8 vec4 db unpadded  R176  1 of 256 threads       128x64x16/8x8          R156  3 of 128
-  128x128x16/8x8 vec4              R144  1                      64x96x16/8x4 vec4 db   R142  2 of 192
-  128x128x8/8x8 vec4               R132  1 (R127 would fit 2)   128x192x16/8x12        R174  1 of 256
-  128x128x8/8x16 vec4 db           R221  2 of 128               128x128x8/8x16         R243  2
+H200, session 15 (driver 580; nn; the loop figures from that run's SASS files): loads and stores carry the driver's
+bounds checks (robust buffer access). The highest register, the workgroups an SM holds (64 Ki registers; as
+matmul_occupancy.py measured them where it did), and the main loop (instructions, of them FFMA, LDS, MOV; the loop's
+LDS count includes the 16 of the guarded row sums, run by one block-column only):
+  128x128x16/8x8 vec4 db unpadded  R176  1 of 256 threads     1323: 1024 (77%), 80, 64
+  128x128x16/8x8 vec4              R144  1                    1320: 1024 (78%), 80, 35
+  128x128x8/8x8 vec4               R132  1 (R127 would fit 2)  705:  512 (73%), 40, 33
+  128x64x16/8x8                    R156  3 of 128             1342: 1024 (76%), 80, 33
+  64x96x16/8x4 vec4 db             R142  2 of 192              851:  512 (60%), 64, 97
+  128x192x16/8x12                  R174  1 of 256             1987: 1536 (77%), 96, 70
+  128x128x8/8x16 vec4 db           R221  2 of 128             1313: 1024 (78%), 56, 99
+  128x128x8/8x16                   R243  2 of 128             1357: 1024 (75%), 56, 117
 None spills to local memory: the 8x16 tiles' losses (matmul_designs.py --wide: 128x128x8/8x16 vec4 db took
-1.18-2.21x the best shipped candidate's time on its ten shapes) are not spills.
+1.18-2.21x the best shipped candidate's time on its ten shapes) are not spills, and their loops are as dense as the
+8x8 ones with fewer shared-memory reads per FFMA, at the same 8 warps an SM: why they lose is open.
 """
 import argparse
 import collections
@@ -72,16 +79,38 @@ def disassemble(blob: bytes, nvdisasm: str, sm: str) -> str:
     return best
 
 
-def summary(sass: str) -> str:
-    ops = collections.Counter()
+def instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, the line) of each instruction, predicates left out of the opcode."""
+    found = []
     for line in sass.splitlines():
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
         if m:
-            ops[m.group(1)] += 1
+            found.append((int(m.group(1), 16), m.group(2), line))
+    return found
+
+
+def main_loop(code: list) -> list:
+    """The instructions of the loop with the most FFMA (a backward branch's target up to the branch): a matmul's
+    BK loop."""
+    loops = []
+    for at, op, line in code:
+        target = re.search(r"BRA (0x[0-9a-f]+)", line) if op == "BRA" else None
+        if target and int(target.group(1), 16) < at:
+            loops.append([i for i in code if int(target.group(1), 16) <= i[0] <= at])
+    return max(loops, key=lambda body: sum(op == "FFMA" for _, op, _ in body), default=[])
+
+
+def summary(sass: str) -> str:
+    code = instructions(sass)
+    ops = collections.Counter(op for _, op, _ in code)
     registers = max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=-1) + 1
     spills = ops["STL"] + ops["LDL"]
     top = ", ".join(f"{op} {n}" for op, n in ops.most_common(8))
-    return f"{sum(ops.values())} instructions ({top}); registers R0-R{registers - 1}; {spills} spill loads/stores"
+    loop = collections.Counter(op for _, op, _ in main_loop(code))
+    body = sum(loop.values())
+    inner = (f"; its main loop {body} instructions: FFMA {loop['FFMA']} ({loop['FFMA'] / body:.0%}), "
+             f"LDS {loop['LDS']}, MOV {loop['MOV']}, BAR {loop['BAR']}" if body else "")
+    return (f"{len(code)} instructions ({top}); registers R0-R{registers - 1}; {spills} spill loads/stores{inner}")
 
 
 def main():
