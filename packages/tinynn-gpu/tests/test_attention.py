@@ -160,9 +160,11 @@ def test_every_tile(subgroup_path, monkeypatch, tile, batch, seq, n_head, head_s
 
 
 def test_tile_choice(monkeypatch):
-    """The first tile of TILES that fits the workgroup memory; none: the per-row forward."""
+    """The first tile of TILES that fits the workgroup memory, passed over where another pads the head's vec4
+    columns less (a row of 16 threads over head size 32's 8 columns); none: the per-row forward."""
     assert choose_tile(64, 49152) == TILES[0] and choose_tile(128, 49152) == Tile(32, 32, 2)
     assert choose_tile(128, 32768) == Tile(16, 32, 2) and choose_tile(64, 16384) is None
+    assert choose_tile(32, 49152) == choose_tile(16, 49152) == Tile(64, 32, 4)  # 8 threads a row, not 16
     monkeypatch.setenv("TINYNN_ATTENTION_TILE", "32x32")
     with pytest.raises(TinynnError, match="TINYNN_ATTENTION_TILE"):
         choose_tile(64, 49152)

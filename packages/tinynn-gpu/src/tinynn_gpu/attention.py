@@ -116,14 +116,16 @@ class Tile(NamedTuple):
 
 # the tiled forward's tiles, fastest first, as timed on an H200 (experiments/attention_tiles.py, us a call, session
 # 15, query blocks in the grid's y, the last first): 32x32x2 17.4 lesson, 21.9 mid, 51.9 big, 55.3 at head size 128
-# (64x32x4 19.3, 25.9, 52.4; 64x32x2 19.4, 27.0, 59.1); at head size 32 64x32x4 19.1 and 32x32x2 20.5. 16x32x2 fits
-# head size 128 in 32 KiB (lavapipe): 98.2 on the H200. The per-row forward took 1.3-1.8x 64x32x4's time (session 7).
+# (64x32x4 19.3, 25.9, 52.4; 64x32x2 19.4, 27.0, 59.1). 16x32x2 fits head size 128 in 32 KiB (lavapipe): 98.2 on the
+# H200. The per-row forward took 1.3-1.8x 64x32x4's time (session 7). `choose_tile` passes over a tile whose row of
+# TX threads pads the head's vec4 columns where another pads fewer: at head size 32 (8 columns) 32x32x2's 16 threads
+# a row took 20.5 us, 64x32x4's 8 took 19.1.
 TILES = (Tile(32, 32, 2), Tile(64, 32, 4), Tile(16, 32, 2))
 
 
-def _choose(variable: str, make, tiles: tuple, example: str, head_size: int, max_bytes: int):
-    """The first of `tiles` that runs the head size here, or None; `variable` forces one (written like
-    `example`), or none with 0."""
+def _choose(variable: str, make, tiles: tuple, example: str, head_size: int, max_bytes: int, waste=None):
+    """The first of `tiles` that runs the head size here, or None; with `waste` (a tile -> a number), the first of
+    those with the least. `variable` forces one (written like `example`), or none with 0."""
     forced = os.environ.get(variable)
     if forced == "0":
         return None
@@ -136,12 +138,17 @@ def _choose(variable: str, make, tiles: tuple, example: str, head_size: int, max
         if why:
             raise TinynnError(f"{variable}={forced}: {why}")
         return tile
-    return next((tile for tile in tiles if not tile.check(head_size, max_bytes)), None)
+    runs = [tile for tile in tiles if not tile.check(head_size, max_bytes)]
+    if not runs:
+        return None
+    return runs[0] if waste is None else min(runs, key=waste)  # min keeps the first of equals
 
 
 def choose_tile(head_size: int, max_bytes: int) -> Tile | None:
-    """The tiled forward's tile, or None for the per-row kernel."""
-    return _choose(FORWARD_TILE, Tile, TILES, "64x32x2 (rows, keys, keys a thread)", head_size, max_bytes)
+    """The tiled forward's tile, or None for the per-row kernel: of TILES that fit, the first whose threads sharing
+    a query row pad the head's vec4 columns least (see TILES)."""
+    return _choose(FORWARD_TILE, Tile, TILES, "64x32x2 (rows, keys, keys a thread)", head_size, max_bytes,
+                   waste=lambda tile: tile.columns(head_size))
 
 
 def tiled_source(head_size: int, tile: Tile) -> str:
