@@ -38,13 +38,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+try:
+    import zstandard  # the driver's cache is zstd frames
+except ImportError:
+    zstandard = None
+
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 EXIT = bytes.fromhex("4d79000000000000")  # the low half of SM90's EXIT (opcode 0x94d, no predicate)
 
 
 def blobs(cache: Path) -> list[bytes]:
     """Every zstd frame's content in the cache's files that is an NVuc blob (the driver's code containers)."""
-    import zstandard
     found = []
     for path in sorted(p for p in cache.rglob("*") if p.is_file()):
         data = path.read_bytes()
@@ -124,10 +128,8 @@ def main():
     args = parser.parse_args()
     if args.one:
         return compile_one(args.one, args.layout)
-    try:  # here, not after the first configuration's compile
-        import zstandard  # noqa: F401  (blobs reads the cache with it)
-    except ImportError:
-        raise SystemExit("driver_sass.py needs the zstandard package: the driver's cache is zstd frames") from None
+    if zstandard is None:  # said before the first configuration's compile, not after it
+        raise SystemExit("driver_sass.py needs the zstandard package: the driver's cache is zstd frames")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in args.configs:

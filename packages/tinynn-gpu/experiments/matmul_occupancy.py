@@ -40,7 +40,6 @@ DB = dict(vec4=True, double=True)
 CONFIGS = [C(128, 128, 16, 8, 8, **DB, pad=False), C(128, 128, 16, 8, 8, vec4=True), C(128, 64, 16, 8, 8),
            C(128, 64, 16, 8, 8, **DB), C(128, 96, 16, 8, 8, vec4=True), C(64, 96, 16, 8, 4, **DB),
            C(64, 64, 16, 8, 4), C(64, 64, 16, 8, 4, **DB)]
-SMS = 132
 
 
 def main():

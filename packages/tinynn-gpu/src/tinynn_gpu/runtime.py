@@ -137,7 +137,6 @@ class Runtime(Replaying, BufferPool):
             self.recorder = None
         if calls and threaded and self.recorder is None:
             self.counters["record_thread_us"] += 0  # the key exists before the thread adds to it
-            self.counters["record_wait_us"] += 0  # the caller's (replay.py), 0 until it first waits for the thread
             self.recorder = ThreadPoolExecutor(1, thread_name_prefix="tinynn-record")
             # the thread does not outlive its runtime
             self._stop_recorder = weakref.finalize(self, self.recorder.shutdown, False)
