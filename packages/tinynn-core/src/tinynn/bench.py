@@ -87,12 +87,15 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
         loss = train_step(x, x, 3e-4)
         recording.append(time.perf_counter() - t0)  # the host's share: the GPU may still be running
         return loss.item()  # one host sync per step, like a logging loop
-    # warm-up: autotuning, caches, capture; on a GPU also the load that raises its clocks (GPU_WARMUP_SECONDS)
+    # warm-up: autotuning, caches, capture; on a GPU then GPU_WARMUP_SECONDS of steps as timed, the load that raises
+    # its clocks (counted from the first steps' end: on the H200 their compiles and tuning can outlast it, and a
+    # warm-up that counted them left the first config's timed steps at up to 2.5x their time)
     warm_steps, warm_seconds = (6, GPU_WARMUP_SECONDS) if backend.is_gpu else (1, 0.0)
-    t0, done = time.perf_counter(), 0
-    while done < warm_steps or time.perf_counter() - t0 < warm_seconds:
+    for _ in range(warm_steps):
         step()
-        done += 1
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warm_seconds:
+        step()
     counters = getattr(backend, "counters", {})
     before = dict(counters)
     recording.clear()
