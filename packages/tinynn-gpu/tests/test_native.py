@@ -337,8 +337,8 @@ def doubling_step(gpu):
 
 
 def test_a_replay_submits_the_step_recorded_ahead_for_the_inputs_written_since(gpu, monkeypatch, ahead_path):
-    """Each replay records the next one (on the worker thread when there is one), and the next replay submits
-    it, with the inputs written in between: a replay's result is that call's, not the one before's."""
+    """Each replay records the ones `RECORDED_AHEAD` after it (on the worker thread when there is one), and those
+    replays submit them, with the inputs written in between: a replay's result is that call's, not an earlier's."""
     made, released = counted_aheads(monkeypatch, gpu.rt)
     x, step = doubling_step(gpu)
     results = []
@@ -346,29 +346,33 @@ def test_a_replay_submits_the_step_recorded_ahead_for_the_inputs_written_since(g
         gpu.write_(x.data, np.full(4, value, np.float32))
         results.append(step())  # kept: each call's result is an array of its own
     assert [r.numpy().tolist() for r in results] == [[30.0] * 4, [60.0] * 4, [90.0] * 4]
-    wait([step.tape.ahead])
+    wait(list(step.tape.aheads))
     worker = "MainThread" if ahead_path == "inline" else "tinynn-record_0"
-    assert made == ["MainThread"] + [worker] * 3  # the first replay records its own; each records the next
+    # the first replay records its own and the next RECORDED_AHEAD; each later one, one more
+    assert made == ["MainThread"] + [worker] * (replay.RECORDED_AHEAD + 2)
     assert released == []
     del step
     gc.collect()
     gpu.sync()  # the runtime's next submission releases what a dropped tape had recorded ahead
-    assert len(released) == 1
+    assert len(released) == replay.RECORDED_AHEAD
 
 
 def test_a_step_recorded_for_other_inputs_is_recorded_again(gpu, monkeypatch, ahead_path):
     """A large write is no staged input: it goes to the queue at once, and the replay's inputs differ from those
-    the step was recorded ahead with (and back again), so that recording is dropped and the step recorded anew."""
+    the step was recorded ahead with (and back again), so those recordings are dropped and the step recorded anew."""
     made, released = counted_aheads(monkeypatch, gpu.rt)
     x, step = doubling_step(gpu)
     for value, staged in ((10.0, True), (20.0, False), (30.0, True), (40.0, True)):
         monkeypatch.setattr(runtime, "STAGED_WRITE_BYTES", 1 << 20 if staged else 0)
         gpu.write_(x.data, np.full(4, value, np.float32))
         assert step().numpy().tolist() == [3.0 * value] * 4
-    wait([step.tape.ahead])
-    # each replay records the next; the first three also their own: none before, then 20's and 30's dropped
-    assert made.count("MainThread") == (7 if ahead_path == "inline" else 3) and len(made) == 7
-    assert len(released) == 2
+    wait(list(step.tape.aheads) + list(gpu.rt.orphaned_aheads))
+    gpu.rt.flush()  # releases the recordings dropped while still recording
+    # the first three record their own: none before, then those for 20's and 30's inputs dropped; the first three
+    # then record RECORDED_AHEAD ahead, the fourth one more
+    ahead = replay.RECORDED_AHEAD
+    assert made.count("MainThread") == (4 + 3 * ahead if ahead_path == "inline" else 3) and len(made) == 4 + 3 * ahead
+    assert len(released) == 2 * ahead
 
 
 def test_a_step_ending_in_a_write_still_returns_its_result(gpu, ahead_path):
@@ -417,16 +421,17 @@ def test_a_tape_dropped_while_its_next_step_records_is_released_after(gpu, monke
         x, step = doubling_step(gpu)
         gpu.write_(x.data, np.full(4, 7.0, np.float32))
         assert step().numpy().tolist() == [21.0] * 4
-        pending = step.tape.ahead
+        pending = list(step.tape.aheads)
         del step
         gc.collect()
         rt.bind_groups.clear()
         gc.collect()
         gate.set()
-        wait([pending])
-        assert len(made) == 2 and released == []  # recorded, not yet released: that is the runtime's thread's
+        wait(pending)
+        # recorded, not yet released: that is the runtime's thread's
+        assert len(made) == 1 + replay.RECORDED_AHEAD and released == []
         gpu.sync()
-        assert len(released) == 1 and not rt.orphaned_aheads
+        assert len(released) == replay.RECORDED_AHEAD and not rt.orphaned_aheads
     finally:
         gate.set()
         rt.use_native(calls, reason, threaded)
@@ -437,15 +442,16 @@ def test_a_step_recorded_through_other_calls_is_recorded_again(gpu, monkeypatch,
     made, released = counted_aheads(monkeypatch, gpu.rt)
     x, step = doubling_step(gpu)
     step()
-    wait([step.tape.ahead])
+    wait(list(step.tape.aheads))
     calls, reason = rt.native, rt.native_reason
     other, _ = native.probe(rt.device)
     rt.use_native(other, reason, ahead_path == "threaded")
     try:
         gpu.write_(x.data, np.full(4, 9.0, np.float32))
         assert step().numpy().tolist() == [27.0] * 4
-        wait([step.tape.ahead])
-        assert len(released) == 1 and made[-2] == "MainThread"  # dropped, recorded anew through `other`
+        wait(list(step.tape.aheads))
+        # dropped (those after it once recorded), recorded anew through `other`
+        assert len(released) == 1 and made[-1 - replay.RECORDED_AHEAD] == "MainThread"
     finally:
         rt.use_native(calls, reason, ahead_path == "threaded")
 
@@ -453,16 +459,18 @@ def test_a_step_recorded_through_other_calls_is_recorded_again(gpu, monkeypatch,
 def test_a_recording_ahead_that_fails_raises_in_the_next_replay(gpu, monkeypatch, ahead_path):
     x, step = doubling_step(gpu)
     step()
-    step.tape.ahead.result()  # recorded before finish fails
+    wait(list(step.tape.aheads))  # recorded before finish fails
     finish = native.NativeCalls.finish
 
     def failing(self, *args):
         self.release([finish(self, *args)])
         raise wgpu.GPUError("finish failed in the test")
     monkeypatch.setattr(native.NativeCalls, "finish", failing)
-    step()  # submits what was recorded before; its recording of the next fails
-    wait([step.tape.ahead])
+    step()  # submits what was recorded before; its recording of one more fails
+    wait(list(step.tape.aheads))
     monkeypatch.setattr(native.NativeCalls, "finish", finish)
+    for _ in range(replay.RECORDED_AHEAD - 1):  # those recorded before it
+        step()
     with pytest.raises(wgpu.GPUError, match="finish failed in the test"):
         step()
     gpu.write_(x.data, np.full(4, 5.0, np.float32))
@@ -492,16 +500,19 @@ def test_a_replay_counts_its_wait_for_the_recording_thread_and_still_raises_its_
     monkeypatch.setattr(replay.Ahead, "__init__", held)
     try:
         x, step = doubling_step(gpu)
-        step()  # the first replay: the thread records the next
-        opens_the_gate(step.tape.ahead)
+        gpu.write_(x.data, np.full(4, 1.0, np.float32))  # staged, as for the replays after it
+        step()  # the first replay: the thread records the next ones
+        opens_the_gate(step.tape.aheads[0])
         waited = rt.counters["record_wait_us"]
         gpu.write_(x.data, np.full(4, 7.0, np.float32))
         assert step().numpy().tolist() == [21.0] * 4
         assert rt.counters["record_wait_us"] - waited >= 2e4
         failures.append(RuntimeError("recording failed in the test"))
-        opens_the_gate(step.tape.ahead)
+        opens_the_gate(step.tape.aheads[0])
         with pytest.raises(RuntimeError, match="recording failed in the test"):
             step()
+        monkeypatch.setattr(replay.Ahead, "__init__", init)  # the thread's later recordings go on at once
+        gate.set()
         gpu.write_(x.data, np.full(4, 5.0, np.float32))
         assert step().numpy().tolist() == [15.0] * 4  # and the step goes on: recorded anew
     finally:

@@ -24,6 +24,7 @@ key changes, with the reason kept in `CapturedStep.eager_reason`.
 from __future__ import annotations
 
 import weakref
+from collections import deque
 
 from tinynn.tensor import Tensor
 from tinynn_gpu.pool import GpuArray
@@ -40,7 +41,7 @@ class Tape:
         self.claimed = []  # buffers taken out of the pool for the tape; they go back with it
         self.broken = None  # why this step cannot be replayed
         self.programs = {}  # the events compiled for replay (replay.compile_program), per recording path
-        self.ahead = None  # a Future of the next replay's replay.Ahead, recorded while the GPU runs this one
+        self.aheads = deque()  # Futures of the next replays' replay.Ahead, in order, recorded while the GPU runs
         self.dispatches = 0
         self.last_use = {}  # buffer -> the index of the last event that binds or writes it
         self.result_event = None  # the last event that uses the step's result (replay.compile_program)
@@ -71,8 +72,8 @@ class Tape:
         self.dispatches = sum(event[0] == "dispatch" for event in self.events)
 
     def __del__(self):
-        if self.ahead is not None:  # never submitted: the runtime releases it (once recorded, if still recording)
-            self.runtime.orphaned_aheads.append(self.ahead)
+        # never submitted: the runtime releases them (once recorded, where still recording)
+        self.runtime.orphaned_aheads.extend(self.aheads)
         for buffer in self.claimed:
             self.runtime._give_back(buffer.size, buffer)
 

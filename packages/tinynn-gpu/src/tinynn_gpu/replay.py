@@ -3,11 +3,13 @@ recording calls take (`compile_program`), then recorded anew for every step, ahe
 
 A WebGPU command buffer runs once: a step cannot be submitted twice the way a CUDA graph is replayed. But
 its commands never change, only the values in its arrays (capture.py). So each replay submits command
-buffers recorded and finished while the GPU ran the step before (an `Ahead`), and then starts recording
-the next step's: on a worker thread where the machine has the cores (the caller returns at once), else
-before returning. Either way the recording overlaps the GPU's work, and a synced step's critical path, from
-the host's read-back to the GPU's next start, is the step's Python, its inputs' queue write and the first
-submit; and that read-back returns before the step's end (below), so the path is hidden behind the GPU's work.
+buffers recorded and finished while the GPU ran the steps before (an `Ahead`), and then starts recording
+the one `RECORDED_AHEAD` steps after it: on a worker thread where the machine has the cores (the caller returns
+at once), else before returning. Either way the recording overlaps the GPU's work, and a synced step's critical
+path, from the host's read-back to the GPU's next start, is the step's Python, its inputs' queue write and the
+first submit; and that read-back returns before the step's end (below), so the path is hidden behind the GPU's
+work. Two ahead, not one: with the next step's recording alone, the caller waited for the thread in one of three
+lesson runs on the H200 (226 us a step, `record_wait_us`; its thread took 8-12 us a dispatch, sharing the GIL).
 H200 (a prototype of this, in one call against the replay before it, which submitted a first chunk of 16
 dispatches at once and handed the rest to a thread): lesson 3.36-3.46 ms per step against 3.52-3.62, mid
 7.70-7.75 against 7.80-7.89; the caller's host time per step 0.25-0.33 ms (lesson) against 0.54-0.75.
@@ -50,6 +52,8 @@ from tinynn_gpu.pool import GpuArray, _round4
 FIRST_CHUNK = 16  # dispatches in a step's first command buffer
 CHUNK_GROWTH = 2  # each later one holds this many times as many as the one before
 LAST_CHUNK = 16  # dispatches in its last: what is cleaned up after the GPU's end (NativeCalls.read)
+RECORDED_AHEAD = 2  # replays recorded before their turn
+READ_TURNS = RECORDED_AHEAD + 1  # read-back buffers per tape: one for the host, one for each replay recorded ahead
 
 
 class Ahead:
@@ -135,15 +139,7 @@ class Replaying:
         program, result_at = compiled
         self.early_read = None  # this step runs after the last one's result: a read-back of that waits for it too
         self._release_orphans()
-        ahead, tape.ahead = tape.ahead, None
-        if ahead is not None:
-            if not ahead.done():  # the recording thread is still at it: the caller's wait, part of its host time
-                # (where the thread records slower than the GPU runs the step up to the loss's read-back, the GPU
-                # waits too; `tinynn bench` reports it)
-                t0 = time.perf_counter()
-                ahead.exception()
-                self.counters["record_wait_us"] += 1e6 * (time.perf_counter() - t0)
-            ahead = ahead.result()  # raises the recording's error
+        ahead = self._recorded(tape.aheads.popleft()) if tape.aheads else None  # raises the recording's error
         inputs = []  # the staged writes' copies (source, offset, destination, offset, bytes)
         if direct and self.encoder is None and self.staged_copies and program and program[0][0] == "dispatches":
             # only staged writes are waiting (a step's inputs): they ride in the first command buffer
@@ -153,10 +149,12 @@ class Replaying:
             self._upload_staged()
         else:
             self.flush()
-        read = self._read_buffer(tape, result) if direct else None
+        read = self._read_buffer(tape, result, tape.turn) if direct else None
         if ahead is not None and not ahead.fits(self.native, inputs, result, read):
-            ahead.release()  # recorded for other inputs (or the other path): recorded again below
+            ahead.release()  # recorded for other inputs (or the other path, or turn): recorded again below
             ahead = None
+            self.orphaned_aheads.extend(tape.aheads)  # and so were those after it: released once recorded
+            tape.aheads.clear()
         if not direct:
             out = self._replay_methods(program, result)
             submissions = sum(kind == "dispatches" for kind, _ in program)
@@ -171,8 +169,11 @@ class Replaying:
             self.step_submissions = indices[:-1]  # the next read-back waits for these first (NativeCalls.read)
             if read is not None:
                 self.early_read = (weakref.ref(out._owner), read, indices[ahead.read_number])
-            tape.turn ^= 1
-            tape.ahead = self._record_ahead(program, inputs, result, keep, result_at, self._read_buffer(tape, result))
+            tape.turn = (tape.turn + 1) % READ_TURNS
+            while len(tape.aheads) < RECORDED_AHEAD:
+                turn = (tape.turn + len(tape.aheads)) % READ_TURNS
+                tape.aheads.append(self._record_ahead(program, inputs, result, keep, result_at,
+                                                      self._read_buffer(tape, result, turn)))
         self.counters["dispatches"] += tape.dispatches
         self.counters["submissions"] += submissions
         self.counters["queue_writes"] += sum(kind == "write" for kind, _ in program)
@@ -182,16 +183,25 @@ class Replaying:
     def _result_array(self, result: GpuArray | None) -> GpuArray | None:
         return None if result is None else self.empty(result.shape, result.dtype)
 
-    def _read_buffer(self, tape, result: GpuArray | None) -> tuple | None:
-        """(MAP_READ buffer, byte offset of the error flags in it, the error-flags buffer) that the replay of this
-        turn copies its result and the flags into for the host: two buffers per tape, taken in turns, so that the
-        recording thread records the next replay's copies into one while the host reads the other."""
+    def _read_buffer(self, tape, result: GpuArray | None, turn: int) -> tuple | None:
+        """(MAP_READ buffer, byte offset of the error flags in it, the error-flags buffer) that the replay of a
+        turn copies its result and the flags into for the host: `READ_TURNS` buffers per tape, taken in turns, so
+        that the replays recorded ahead copy into the others while the host reads one."""
         if result is None:
             return None
         flags_at = _round4(result.nbytes)
         if not tape.read_buffers:
-            tape.read_buffers[:] = [self.read_back_buffer(flags_at + 4) for _ in range(2)]
-        return tape.read_buffers[tape.turn], flags_at, self.error_flags
+            tape.read_buffers[:] = [self.read_back_buffer(flags_at + 4) for _ in range(READ_TURNS)]
+        return tape.read_buffers[turn], flags_at, self.error_flags
+
+    def _recorded(self, future: Future) -> Ahead:
+        """The replay a future recorded, its recording's error raised. Where the recording thread is still at it,
+        the caller's wait counts in `record_wait_us` (part of its host time, which `tinynn bench` reports)."""
+        if not future.done():
+            t0 = time.perf_counter()
+            future.exception()
+            self.counters["record_wait_us"] += 1e6 * (time.perf_counter() - t0)
+        return future.result()
 
     def _record_ahead(self, program, inputs, result, keep, result_at, read) -> Future:
         """The next replay's `Ahead`, recorded on the worker thread (`recorder`), else here. Either way its
