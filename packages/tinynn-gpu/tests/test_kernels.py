@@ -11,6 +11,7 @@ from tinynn_gpu import add_data, matmul_data, relu_data, scale_data
 from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, LessonMatmul, MatmulSelector
 from tinynn.numpy_backend import NUMPY
 from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue
+from tinynn_gpu.matmul_paired import PairedMatmul
 
 RTOL = 1e-5
 
@@ -91,13 +92,15 @@ def epilogue_for(case, gpu):
     return epilogue, expected
 
 
-# the generator's other designs (BlockConfig.ahead, .spread) for experiments/matmul_designs.py, beyond the one
-# shipped candidate with ahead = 2; each within the 32 KB of workgroup memory lavapipe offers
+# the generator's other designs (BlockConfig.ahead, .spread, row sums summed by BM / 4 threads) for
+# experiments/matmul_designs.py, beyond the one shipped candidate with ahead = 2; each within the 32 KB of workgroup
+# memory lavapipe offers
 DESIGN_CONFIGS = (BlockConfig(64, 64, 16, 8, 4, vec4=True, double=True, ahead=2),
                   BlockConfig(64, 64, 8, 8, 4, vec4=True, double=True, ahead=2, spread=True),
                   BlockConfig(32, 64, 16, 4, 4, splits=4, vec4=True, double=True, ahead=2, spread=True),
                   BlockConfig(32, 32, 16, 4, 4, double=True, ahead=2),
-                  BlockConfig(64, 32, 16, 4, 4, vec4=True, spread=True))
+                  BlockConfig(64, 32, 16, 4, 4, vec4=True, spread=True),
+                  BlockConfig(32, 96, 16, 4, 4))  # more threads than A-tile vec4s: its row sums take one quad each
 
 
 @pytest.mark.parametrize("config", BLOCK_CONFIGS + DESIGN_CONFIGS, ids=lambda c: c.name)
@@ -179,6 +182,40 @@ def test_aligned_tiles_load_unchecked(poisoned, config, case):
     assert matmul.record(da, db, out, batch, m, n, k, ta, tb, shared, epilogue)
     assert [layout[3] for layout, _ in matmul.modules] == [True]
     assert_matmul_result(poisoned, out, epilogue, expected, a, b, ta, tb)
+
+
+# a pair's module shares the row sums among the block's threads (matmul_blocked._row_sums): each form of that code,
+# (THREADS / (BM / 4) groups of k dividing BK, not dividing it, more than BK; unpadded tiles; the first BM / 4
+# threads instead), in blocks that lavapipe compiles quickly but the H200's own
+SHARED_ROW_SUMS = (BlockConfig(32, 64, 16, 4, 4), BlockConfig(64, 64, 16, 8, 4),
+                   BlockConfig(64, 96, 16, 8, 4, vec4=True, double=True), BlockConfig(32, 64, 8, 4, 4, double=True),
+                   BlockConfig(128, 128, 16, 8, 8, vec4=True, double=True, pad=False), BlockConfig(32, 96, 16, 4, 4))
+
+
+@pytest.mark.parametrize("config, transpose_a, paired",
+                         [(c, ta, False) for c in BLOCK_CONFIGS + DESIGN_CONFIGS for ta in (True, False)]
+                         + [(c, True, True) for c in SHARED_ROW_SUMS], ids=lambda v: v.name if isinstance(v, BlockConfig) else str(v))
+def test_row_sums(poisoned, rng, config, transpose_a, paired):
+    """The row sums (a weight gradient's bias gradient: A transposed) over several tiles of k, K not a multiple of
+    BK, and rows past one block: summed by the first BM / 4 threads, or in a pair's module (the second problem,
+    after a small first one) shared by the block's threads, whose partial sums meet after the loop."""
+    m, n, k = config.bm + 3, 5, 3 * config.bk * config.splits + 5
+    a = rng.standard_normal((k, m) if transpose_a else (m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    out, row_sums = poisoned.rt.empty((1, m, n)), poisoned.rt.empty((1, m))
+    problem = (1, m, n, k, transpose_a, False, False, Epilogue(row_sums=row_sums))
+    arrays = (poisoned.from_numpy(a), poisoned.from_numpy(b), out, Epilogue(row_sums=row_sums))
+    if paired:
+        a1, b1 = (rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2))
+        out1 = poisoned.rt.empty((1, 2, 2))
+        PairedMatmul(poisoned.rt, config, (1, config.splits)).plan((1, 2, 2, 3, False, True, False, Epilogue()),
+                                                                   problem)(
+            poisoned.from_numpy(a1), poisoned.from_numpy(b1), out1, Epilogue(), *arrays)
+        assert rel_err(poisoned.to_numpy(out1)[0], reference(a1, b1, False, True)) <= RTOL
+    else:
+        BlockedMatmul(poisoned.rt, config).record(*arrays[:3], *problem[:7], arrays[3])
+    assert rel_err(poisoned.to_numpy(out)[0], reference(a, b, transpose_a, False)) <= RTOL
+    assert rel_err(poisoned.to_numpy(row_sums)[0], a.astype(np.float64).sum(0 if transpose_a else 1)) <= RTOL
 
 
 @pytest.mark.parametrize("config", [BlockConfig(64, 64, 16, 4, 4, ahead=2),

@@ -199,7 +199,7 @@ def _module(cfg: BlockConfig, layouts: list, quads: bool) -> str:
     module, pair, problem_part, product_part = _template()
     problems, products = [], []
     for i, layout in enumerate(layouts):
-        fills = _problem_fills(cfg, *layout, "2" if i else "", 10 * (i > 0), quads)
+        fills = _problem_fills(cfg, *layout, "2" if i else "", 10 * (i > 0), quads, len(layouts) == 2)
         problems.append(fill(problem_part, fills))
         products.append(fill(product_part, fills))
     text = module.replace("{{PAIR}}", pair if len(layouts) == 2 else "")
@@ -217,7 +217,7 @@ def _module(cfg: BlockConfig, layouts: list, quads: bool) -> str:
 
 
 def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool, aligned: bool, p: str,
-                   binding: int, quads: bool) -> dict:
+                   binding: int, quads: bool, shared_sums: bool) -> dict:
     """The template's `problem` and `product` fills for one problem: names suffixed by p, its own bindings from
     `binding` on (a, b, out, params: 0-3 for the first problem, 10-13 for a pair's second); `quads`: the module's
     (`generate`)."""
@@ -269,7 +269,7 @@ def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4:
                   for q in range(qn)]
         inner += [f"        acc_{i}_{q} = acc_{i}_{q} + a{kk}_{i // 4}.{XYZW[i % 4]} * b{kk}_{q};"
                   for i in range(cfg.tm) for q in range(qn)]
-    row_sum = [f"            row_sum = row_sum + a_tile[buf][{kk}u][lid];" for kk in range(cfg.bk)]
+    row_sum, row_sum_store = _row_sums(cfg, shared_sums)
     store = [f"    store{p}(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
              f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, raw);" for i in range(cfg.tm) for q in range(qn)]
     zero = "vec4<f32>(0.0)" if vec4 else "0.0"
@@ -290,9 +290,45 @@ def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4:
         "A_INDEX": f"base + k * params{p}.m + m" if transpose_a else f"base + m * params{p}.k + k",
         "B_INDEX": f"base + n * params{p}.k + k" if transpose_b else f"base + k * params{p}.n + n",
         "DECLARE": "\n".join(declare), "PROLOGUE": "\n".join(prologue), "FETCH": "\n".join(fetch_next),
-        "INNER": "\n".join(inner), "ROW_SUM": "\n".join(row_sum), "STASH": "\n".join(stash_next),
+        "INNER": "\n".join(inner), "ROW_SUM": "\n".join(row_sum), "ROW_SUM_STORE": "\n".join(row_sum_store),
+        "STASH": "\n".join(stash_next),
         "STORE": "\n".join(store), "STORE_VALUES": "\n".join(store_values),
     }
+
+
+def _row_sums(cfg: BlockConfig, shared: bool) -> tuple[list[str], list[str]]:
+    """The row sums' lines (the template's ROW_SUM, in the loop, and ROW_SUM_STORE, after the stores). Shared (a
+    pair's module): thread `lid` sums the quad of rows `lid % (BM / 4)` over the tile's k = lid / (BM / 4) + j *
+    groups, then the groups' partial sums meet in the A tiles. Else, and where the threads are no whole number of
+    groups or more than the A tiles' vec4s (some of the experiments' blocks), the first BM / 4 threads sum every k.
+
+    Why only pairs (H200, session 16, `.device/s16/ab4.sh`, us a call, first BM / 4 -> shared): the backward's
+    pairs, where a weight gradient's row sums run, 396 -> 387, 142 -> 140, 527 -> 535, 546 -> 536 (big's four
+    linear layers); but the forward's single matmuls, which sum no rows, compiled slower with the shared form
+    (208 -> 214, 258 -> 271), though with fewer registers and a shorter loop (`experiments/driver_sass.py`)."""
+    quads, stride = cfg.bm // 4, cfg.bm // 4 + cfg.pad
+    groups, tile = cfg.threads // quads, stride * cfg.bk  # tile: the vec4s in one buffer of the A tiles
+    store = ["        for (var c = 0u; c < 4u; c = c + 1u) {",
+             "            let m = row0 + 4u * lid + c;",
+             "            if (m < m_dim) { row_sums[z * m_dim + m] = row_sum[c]; }",
+             "        }"]
+    if not shared or cfg.threads % quads or cfg.threads > cfg.buffers * tile:
+        return (["        if (sum_rows && lid < BM / 4u) {"]
+                + [f"            row_sum = row_sum + a_tile[buf][{k}u][lid];" for k in range(cfg.bk)] + ["        }"],
+                ["    if (sum_rows && lid < BM / 4u) {"] + store + ["    }"])
+    summed = ["        if (sum_rows) {"]
+    for k in range(0, cfg.bk, groups):
+        line = f"row_sum = row_sum + a_tile[buf][lid / {quads}u + {k}u][lid % {quads}u];"
+        summed.append(f"            {line}" if k + groups <= cfg.bk else
+                      f"            if (lid / {quads}u + {k}u < BK) {{ {line} }}")
+    summed.append("        }")
+    return summed, ["    if (sum_rows) {  // the loop's last barrier has passed: the A tiles are free",
+                    f"        a_tile[lid / {tile}u][lid / {stride}u % BK][lid % {stride}u] = row_sum;",
+                    "        workgroupBarrier();",
+                    f"        if (lid < {quads}u) {{",
+                    f"            for (var i = lid + {quads}u; i < THREADS; i = i + {quads}u) {{",
+                    f"                row_sum = row_sum + a_tile[i / {tile}u][i / {stride}u % BK][i % {stride}u];",
+                    "            }"] + ["    " + line for line in store] + ["        }", "    }"]
 
 
 class BlockedMatmul:

@@ -48,7 +48,10 @@
 //   activation_grad: 1 = times GELU's derivative at pre[i], first (the backward: a matmul computing the
 //                 gradient of a GELU's output stores its input's gradient instead)
 // row_sums: sum over k of op(a)[m, k] into row_sums[batch, m], from the A tiles already in workgroup
-// memory: for the weight gradient g^T @ x this is the bias gradient, at no extra pass over g.
+// memory: for the weight gradient g^T @ x this is the bias gradient, at no extra pass over g. In a pair's module
+// the block's threads share the sums, each a quad of rows over every (THREADS / (BM / 4))-th k, and add their
+// partial sums up in the A tiles after the loop (summed by the first BM / 4 threads alone, their warp does ~7% more
+// work than the others at 128x128x16, and every warp waits for it at each barrier); see `_row_sums`.
 //
 // Pairs: matmul_pair_main runs two independent matmuls of one block configuration in one dispatch (a linear
 // layer's input and weight gradients, which both read its output's gradient): the first problem's workgroups,
@@ -243,9 +246,7 @@ fn store{{P}}(base: u32, m: u32, n: u32, acc: vec4<f32>, raw: bool) {
     for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
 {{FETCH}}
 {{INNER}}
-        if (sum_rows && lid < BM / 4u) {
 {{ROW_SUM}}
-        }
 {{STASH}}
         workgroupBarrier();
         buf = (buf + 1u) % BUFFERS;
@@ -253,9 +254,4 @@ fn store{{P}}(base: u32, m: u32, n: u32, acc: vec4<f32>, raw: bool) {
     let raw = params{{P}}.splits > 1u;  // a split's partial sum: matmul_finish_main applies the epilogue
     let out_base = z * m_dim * n_dim;  // with splits: this split's own slice
 {{STORE}}
-    if (sum_rows && lid < BM / 4u) {
-        for (var c = 0u; c < 4u; c = c + 1u) {
-            let m = row0 + 4u * lid + c;
-            if (m < m_dim) { row_sums[z * m_dim + m] = row_sum[c]; }
-        }
-    }
+{{ROW_SUM_STORE}}
