@@ -28,7 +28,7 @@ from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.matmul_blocked import ACTIVATIONS, Epilogue
 from tinynn_gpu.multi_tensor import MultiTensor
 from tinynn_gpu.packing import Packing
-from tinynn_gpu.pool import bindable
+from tinynn_gpu.pool import bindable, bindable_any
 from tinynn_gpu.runtime import GpuArray, OnCpu, Runtime, TooLarge, _trim, groups
 from tinynn_gpu.step_ops import StepOps
 
@@ -155,14 +155,14 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
     def _gather(self, a, offset, shape, strides):
         out = self._empty(shape, a.dtype)
         merged, (view_strides,) = merge_dims(shape, strides)
-        self.rt.dispatch("strided", "gather_main", groups(out.size), {0: bindable(a), 2: out},
+        self.rt.dispatch("strided", "gather_main", groups(out.size), {0: bindable_any(a), 2: out},
                          {"n": out.size, "ndim": len(merged), "offset": offset, "shape": merged,
                           "strides": view_strides})
         return out
 
     def _scatter(self, src, dst, offset, shape, strides):
         merged, (view_strides,) = merge_dims(shape, strides)
-        self.rt.dispatch("strided", "scatter_main", groups(src.size), {0: bindable(src), 2: bindable(dst)},
+        self.rt.dispatch("strided", "scatter_main", groups(src.size), {0: bindable_any(src), 2: bindable_any(dst)},
                          {"n": src.size, "ndim": len(merged), "offset": offset, "shape": merged,
                           "strides": view_strides})
 
@@ -211,7 +211,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
             if op not in INT_UNARY:
                 raise OnCpu(f"{op} of int32")
             out = self._empty(a.shape, a.dtype)
-            self.rt.dispatch("elementwise", "unary_int_main", groups(a.size), {5: bindable(a), 7: out},
+            self.rt.dispatch("elementwise", "unary_int_main", groups(a.size), {5: bindable_any(a), 7: out},
                              {"n": a.size, "op": code})
             return out
         out = self._empty(a.shape)
@@ -241,7 +241,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         params = {"n": out.size, "op": code, "ndim": len(merged), "shape": merged, "a_strides": sa, "b_strides": sb}
         if is_int:
             self.rt.dispatch("elementwise", "binary_int_main", groups(out.size),
-                             {5: bindable(a), 6: bindable(b), 7: out}, params)
+                             {5: bindable_any(a), 6: bindable_any(b), 7: out}, params)
         else:
             self.rt.dispatch("elementwise", "binary_main", groups(out.size),
                              {0: bindable(a), 1: bindable(b), 2: out}, params)
@@ -253,7 +253,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
             if op not in INT_SCALAR or not isinstance(s, numbers.Integral) or not -2**31 <= s < 2**31:
                 raise OnCpu(f"int32 {op} {s!r}")  # NumPy's answer is float, or an int64
             out = self._empty(a.shape, a.dtype)
-            self.rt.dispatch("elementwise", "scalar_int_main", groups(a.size), {5: bindable(a), 7: out},
+            self.rt.dispatch("elementwise", "scalar_int_main", groups(a.size), {5: bindable_any(a), 7: out},
                              {"n": a.size, "op": code, "int_value": int(s)})
             return out
         out = self._empty(a.shape)
@@ -314,14 +314,20 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         return self._reduce(a, axes, keepdims, 1)
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
-        return self._matmul(a, b, transpose_a, transpose_b, NO_EPILOGUE)
+        try:
+            return self._matmul(a, b, transpose_a, transpose_b, NO_EPILOGUE)
+        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
+            return fallback.on_cpu(self, "matmul", e, a, b, transpose_a, transpose_b)
 
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}")
-        pre = self._for_backward((x.shape[0], weight.shape[0]), for_backward) if activation else None
-        y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation, pre,
-                                                          None if residual is None else bindable(residual)))
+        try:
+            pre = self._for_backward((x.shape[0], weight.shape[0]), for_backward) if activation else None
+            y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation,
+                                                              pre, None if residual is None else bindable(residual)))
+        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
+            return fallback.on_cpu(self, "linear_forward", e, x, weight, bias, residual, activation, for_backward)
         return y, (pre if for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
@@ -400,6 +406,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         into an empty output."""
         m, n, _, _, batch_shape = _matmul_dims(a, b, transpose_a, transpose_b)
         if 0 in batch_shape + (m, n):
+            bindable(a), bindable(b)  # refused as `_matmul` refuses them: NumPy's empty int32 product is int32
             if epilogue.row_sums is not None:
                 self._fill(epilogue.row_sums, 0.0)
             return self._empty(batch_shape + (m, n))
@@ -454,16 +461,20 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
     def layernorm_forward(self, x, weight, bias, eps, for_backward=True):
         c, lead = x.shape[-1], x.shape[:-1]
         rows = math.prod(lead)
-        y = self._empty(x.shape)
-        mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
-        w = weight if weight is not None else self._constant(1.0, c)
-        b = bias if bias is not None else self._constant(0.0, c)
+        try:
+            w = weight if weight is not None else self._constant(1.0, c)
+            b = bias if bias is not None else self._constant(0.0, c)
+            operands = bindable(x), bindable(w), bindable(b)
+            y = self._empty(x.shape)
+            mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
+        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
+            return fallback.on_cpu(self, "layernorm_forward", e, x, weight, bias, eps, for_backward)
         rt, shader = self.rt, group_sum.shader(self.rt, "layernorm")
         key = ("layernorm_forward", shader, rows, c, eps)
         launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
             shader, "layernorm_forward_main", -(-rows // group_sum.TEAM_ROWS), (0, 1, 2, 4, 5, 6),
             {"rows": rows, "cols": c, "eps": eps}))
-        rt.launch(launch, (bindable(x), bindable(w), bindable(b), y, mean, rstd))
+        rt.launch(launch, (*operands, y, mean, rstd))
         return (y, mean, rstd) if for_backward else (y, None, None)
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
@@ -489,14 +500,18 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         return gx, (gw if weight is not None else None), (gb if has_bias else None)
 
     def cross_entropy_forward(self, logits, targets, ignore_index, for_backward=True):
-        _check_dtypes("cross_entropy_forward", logits, targets)
         n, c = logits.shape
-        rows, loss = self._empty((n, 2)), self._empty(())
-        probs, count = self._for_backward((n, c), for_backward), self._for_backward((), for_backward, 1)
+        try:
+            _check_dtypes("cross_entropy_forward", logits, targets)
+            operands = bindable(logits), bindable_any(targets)
+            rows, loss = self._empty((n, 2)), self._empty(())
+            probs, count = self._for_backward((n, c), for_backward), self._for_backward((), for_backward, 1)
+        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
+            return fallback.on_cpu(self, "cross_entropy_forward", e, logits, targets, ignore_index, for_backward)
         rt, shader = self.rt, group_sum.shader(self.rt, "cross_entropy")
         key = ("cross_entropy_forward", shader, n, c, int(ignore_index))
         launches = rt.launches.get(key) or rt.keep(key, self._cross_entropy_forward_launches(shader, n, c, ignore_index))
-        rt.launch(launches[0], (bindable(logits), bindable(targets), probs, rows, rt.error_flags))
+        rt.launch(launches[0], (*operands, probs, rows, rt.error_flags))
         rt.launch(launches[1], (rows, loss, count))
         return (loss, probs, count) if for_backward else (loss, None, None)
 
@@ -517,10 +532,10 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         if count is None:
             count = self._empty(())
             self.rt.dispatch(shader, "cross_entropy_count_main", 1,
-                             {1: bindable(targets), 9: count}, params)
+                             {1: bindable_any(targets), 9: count}, params)
         self.rt.dispatch(shader, "cross_entropy_backward_main", groups(n * c),
-                         {1: bindable(targets), 2: bindable(probs), 9: bindable(count), 6: bindable(g_loss), 7: grad,
-                          8: self.rt.error_flags}, params)
+                         {1: bindable_any(targets), 2: bindable(probs), 9: bindable(count), 6: bindable(g_loss),
+                          7: grad, 8: self.rt.error_flags}, params)
         return grad
 
     def embedding_forward(self, weight, idx):
@@ -528,7 +543,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         v, c = weight.shape
         out = self._empty(idx.shape + (c,))
         self.rt.dispatch("embedding", "embedding_forward_main", groups(out.size),
-                         {0: bindable(weight), 1: bindable(idx), 2: out, 8: self.rt.error_flags},
+                         {0: bindable(weight), 1: bindable_any(idx), 2: out, 8: self.rt.error_flags},
                          {"total": out.size, "cols": c, "rows": v})
         return out
 
@@ -540,22 +555,26 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         chunks = -(-n // chunk)
         partial = self._empty((chunks * table,))
         self.rt.dispatch("embedding", "embedding_backward_main", groups(partial.size),
-                         {1: bindable(idx), 4: bindable(g), 2: partial, 8: self.rt.error_flags},
+                         {1: bindable_any(idx), 4: bindable(g), 2: partial, 8: self.rt.error_flags},
                          {"total": table, "cols": c, "rows": num_embeddings, "positions": n, "chunk": chunk,
                           "chunks": chunks})
         out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
         return out.view((num_embeddings, c))
 
     def embedding_with_positions_forward(self, wte, wpe, idx):
-        _check_dtypes("embedding_with_positions_forward", wte, wpe, idx)
         v, c = wte.shape
-        out, rt = self._empty(idx.shape + (c,)), self.rt
+        try:
+            _check_dtypes("embedding_with_positions_forward", wte, wpe, idx)
+            operands = bindable(wte), bindable(wpe), bindable_any(idx)
+            out, rt = self._empty(idx.shape + (c,)), self.rt
+        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
+            return fallback.on_cpu(self, "embedding_with_positions_forward", e, wte, wpe, idx)
         total = out.size
         key = ("embedding_with_positions_forward", total, c, v, idx.shape[-1])
         launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
             "embedding", "embedding_with_positions_forward_main", groups(total), (0, 5, 1, 2, 8),
             {"total": total, "cols": c, "rows": v, "positions": idx.shape[-1]}))
-        rt.launch(launch, (bindable(wte), bindable(wpe), bindable(idx), out, rt.error_flags))
+        rt.launch(launch, (*operands, out, rt.error_flags))
         return out
 
     def embedding_with_positions_backward(self, g, idx, num_embeddings, num_positions):
@@ -567,19 +586,23 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         block_cols = 32 * -(-c // (32 * blocks))
         self.rt.dispatch("embedding", "embedding_with_positions_backward_main",
                          num_embeddings * blocks + -(-g_wpe.size // 256),
-                         {1: bindable(idx), 4: bindable(g), 7: g_wte, 2: g_wpe, 8: self.rt.error_flags},
+                         {1: bindable_any(idx), 4: bindable(g), 7: g_wte, 2: g_wpe, 8: self.rt.error_flags},
                          {"total": g_wpe.size, "cols": c, "rows": num_embeddings, "positions": t,
                           "batch": g.size // max(1, t * c), "blocks": blocks, "block_cols": block_cols})
         return g_wte, g_wpe
 
     def attention_forward(self, qkv, n_head, scale, for_backward=True):
-        why = unsupported(qkv.shape, n_head)
-        if why:
-            raise OnCpu(why)
-        batch, seq, c3 = qkv.shape
-        y = self._empty((batch, seq, c3 // 3))
-        lse = self._for_backward((batch, n_head, seq), for_backward)
-        self.attention.forward(bindable(qkv), y, lse, n_head, scale)
+        try:
+            why = unsupported(qkv.shape, n_head)
+            if why:
+                raise OnCpu(why)
+            batch, seq, c3 = qkv.shape
+            operand = bindable(qkv)
+            y = self._empty((batch, seq, c3 // 3))
+            lse = self._for_backward((batch, n_head, seq), for_backward)
+        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
+            return fallback.on_cpu(self, "attention_forward", e, qkv, n_head, scale, for_backward)
+        self.attention.forward(operand, y, lse, n_head, scale)
         return y, (lse if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):

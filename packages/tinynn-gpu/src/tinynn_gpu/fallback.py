@@ -3,26 +3,33 @@ allow, and otherwise the reference `Backend` provides under the same name (count
 before the op records any dispatch. Operands that send an op to the CPU: an array too large for one storage
 binding (it lives on the host), an int32 array where no int32 kernel exists; an op may also refuse by
 raising OnCpu (a head size no kernel takes, say). A captured step that falls back is not replayed.
-`reshape` is not wrapped: it only relabels an array (a host-resident one's host copy with it), whatever
-its operand, and an eager forward calls it about once per dispatch.
+
+How the refusal is found is decided per op, once, here:
+- `reshape` is not wrapped: it only relabels an array (a host-resident one's host copy with it), whatever
+  its operand.
+- The eager forward's ops (REFUSE_IN_OP) are not wrapped either: every operand passes `bindable` (float32 on
+  the GPU) or a dtype check before the op writes anything but arrays of its own, and the op catches the
+  refusal itself (`on_cpu`); a wrapper's call cost ~0.5 us of an eager dispatch's ~6 (2-core machine).
+- Every other op is wrapped by `with_cpu_fallback`, which checks its operands before it runs: in-place and
+  list-taking ops must not stop half-way through their arrays.
 """
 from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 from tinynn.backends import Backend
+from tinynn_gpu.pool import FLOAT32
 from tinynn_gpu.runtime import GpuArray, OnCpu, TooLarge
 
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
 INT_AWARE = {"full", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
-             "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_forward",
-             "cross_entropy_backward", "embedding_with_positions_forward", "embedding_with_positions_backward",
-             "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
+             "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_backward",
+             "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
              "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
-FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
 VIEWS = {"reshape"}  # ops every operand can take on the GPU: no check, no fallback
+# ops that refuse unfit operands themselves (see above): each catches TooLarge and OnCpu and returns `on_cpu`
+REFUSE_IN_OP = {"matmul", "linear_forward", "layernorm_forward", "attention_forward",
+                "embedding_with_positions_forward", "cross_entropy_forward"}
 
 
 def cpu_reason(int_aware: bool, operands) -> str | None:
@@ -55,7 +62,7 @@ def with_cpu_fallback(cls, name):
     Every eager op passes here, so the common case (positional operands, each a float32 array on the GPU, or
     not an array) is checked inline: plain loop, classes compared rather than isinstance (GpuArray has no
     subclasses), the dtype by identity first (np.dtype's == converts its operand)."""
-    gpu_op, cpu_op = getattr(cls, name), getattr(Backend, name)
+    gpu_op = getattr(cls, name)
     int_aware = name in INT_AWARE
 
     @functools.wraps(gpu_op)
@@ -72,15 +79,21 @@ def with_cpu_fallback(cls, name):
             try:
                 return gpu_op(self, *args, **kwargs)
             except (TooLarge, OnCpu) as e:  # an in-place op raises these before it dispatches anything
-                reason = str(e)
-        if self.rt.tape is not None:
-            self.rt.tape.broken = f"{name} ran on the CPU ({reason})"
-        return cpu_op(self, *args, **kwargs)
+                reason = e
+        return on_cpu(self, name, reason, *args, **kwargs)
     return op
 
 
+def on_cpu(backend, name: str, reason, *args, **kwargs):
+    """The NumPy reference's answer to op `name` (counted in `fallbacks`), where the GPU refused its operands for
+    `reason` (a string, or the TooLarge or OnCpu raised); a step being captured is then not replayed."""
+    if backend.rt.tape is not None:
+        backend.rt.tape.broken = f"{name} ran on the CPU ({reason})"
+    return getattr(Backend, name)(backend, *args, **kwargs)
+
+
 def install(cls) -> None:
-    """Every op of the backend interface on cls but VIEWS, wrapped by with_cpu_fallback."""
+    """Every op of the backend interface on cls but VIEWS and REFUSE_IN_OP, wrapped by with_cpu_fallback."""
     for name in Backend.ops():
-        if name not in VIEWS:
+        if name not in VIEWS and name not in REFUSE_IN_OP:
             setattr(cls, name, with_cpu_fallback(cls, name))

@@ -21,10 +21,17 @@ import wgpu
 from tinynn.errors import TinynnError
 
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
 
 
 class TooLarge(Exception):
     """An array exceeds the device's storage-binding limit: the backend computes that op on the CPU."""
+
+
+class OnCpu(Exception):
+    """These operands need the NumPy reference (an int32 array where a kernel reads float32, mixed dtypes, a
+    head size no kernel takes): raised before the op records a dispatch, so the fallback never repeats part
+    of the work."""
 
 
 class GpuArray:
@@ -224,7 +231,17 @@ class BufferPool:
 
 
 def bindable(a: GpuArray) -> GpuArray:
-    """An array a kernel can bind; a host-resident one raises TooLarge so the op runs on the CPU instead."""
+    """An array a float32 kernel can bind; a host-resident one raises TooLarge, any other dtype OnCpu, so the op
+    runs on the CPU instead (the dtype by identity first: np.dtype's == converts its operand)."""
+    if a.buffer is None:
+        raise TooLarge("array lives on the host")
+    if a.dtype is not FLOAT32 and a.dtype != FLOAT32:
+        raise OnCpu(f"no {a.dtype} kernel")
+    return a
+
+
+def bindable_any(a: GpuArray) -> GpuArray:
+    """`bindable` for a kernel that reads int32 arrays too (an index, a layout copy): the op checks dtypes."""
     if a.buffer is None:
         raise TooLarge("array lives on the host")
     return a

@@ -36,7 +36,8 @@ from tinynn.numpy_backend import EMBEDDING_RANGE, TARGET_RANGE
 from tinynn_gpu import native
 from tinynn_gpu.group_sum import uses_subgroups
 from tinynn_gpu.params import ParamsLayout
-from tinynn_gpu.pool import STORAGE_USAGE, BufferPool, GpuArray, TooLarge, _bucket, _round4  # noqa: F401 (re-exported)
+from tinynn_gpu.pool import (STORAGE_USAGE, BufferPool, GpuArray, OnCpu, TooLarge, _bucket,  # noqa: F401 (re-exported)
+                             _round4)
 from tinynn_gpu.replay import Replaying
 
 MAX_GROUPS = 65535  # per dispatch dimension
@@ -79,12 +80,6 @@ class Launch:
     def __init__(self, shader: Shader, entry: str, pipeline, slots: tuple, uniforms: tuple, groups: tuple):
         self.shader, self.entry, self.pipeline = shader, entry, pipeline
         self.slots, self.uniforms, self.groups = slots, uniforms, groups
-
-
-class OnCpu(Exception):
-    """These operands need the NumPy reference (an int32 array where a kernel reads float32, mixed dtypes, a
-    head size no kernel takes): raised before the op records a dispatch, so the fallback never repeats part
-    of the work."""
 
 
 class Runtime(Replaying, BufferPool):

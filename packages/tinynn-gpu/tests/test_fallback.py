@@ -1,0 +1,60 @@
+"""fallback.py: the ops that refuse unfit operands themselves (REFUSE_IN_OP, unwrapped) fall back to the NumPy
+reference exactly as a wrapped op does, for every operand that may send them there."""
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from tinynn import backends
+from tinynn.backends import Backend
+from tinynn_gpu import fallback
+from tinynn_gpu.backend import WgpuBackend
+from tinynn_gpu.runtime import GpuArray
+
+
+def operands(name, rng):
+    """(arguments of op `name`, the positions of its float32 arrays, of its int32 arrays)."""
+    def floats(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+    if name == "matmul":
+        return [floats(3, 4), floats(4, 5), False, False], (0, 1), ()
+    if name == "linear_forward":
+        return [floats(3, 4), floats(5, 4), floats(5), floats(3, 5), "gelu", True], (0, 1, 2, 3), ()
+    if name == "layernorm_forward":
+        return [floats(3, 8), floats(8), floats(8), 1e-5, True], (0, 1, 2), ()
+    if name == "attention_forward":
+        return [floats(2, 4, 24), 2, 0.5, True], (0,), ()
+    if name == "embedding_with_positions_forward":
+        return [floats(7, 8), floats(6, 8), rng.integers(0, 7, (2, 4)).astype(np.int32)], (0, 1), (2,)
+    assert name == "cross_entropy_forward"
+    return [floats(6, 7), rng.integers(0, 7, 6).astype(np.int32), -100, True], (0,), (1,)
+
+
+def test_the_ops_that_refuse_in_op_are_the_unwrapped_ones():
+    for name in Backend.ops():
+        wrapped = hasattr(WgpuBackend.__dict__.get(name), "__wrapped__")
+        assert wrapped == (name not in fallback.REFUSE_IN_OP | fallback.VIEWS), name
+
+
+@pytest.mark.parametrize("name", sorted(fallback.REFUSE_IN_OP))
+@pytest.mark.parametrize("refused", ["on the host", "int32"])
+def test_an_op_refusing_in_op_falls_back_for_each_operand(gpu, monkeypatch, rng, name, refused):
+    """Each array operand in turn lives on the host (too large to bind), or, where the kernel reads float32, is an
+    int32 array: the answer is the reference's, counted in `fallbacks`; with every operand fit, the GPU's."""
+    args, float_at, int_at = operands(name, rng)
+    at = (*float_at, *int_at) if refused == "on the host" else float_at
+    for i in (None, *at):
+        cpu_args = list(args)
+        if i is not None and refused == "int32":
+            cpu_args[i] = rng.integers(-3, 4, args[i].shape).astype(np.int32)
+        ours = [gpu.from_numpy(a) if isinstance(a, np.ndarray) else a for a in cpu_args]
+        if i is not None and refused == "on the host":
+            ours[i] = GpuArray(None, args[i].shape, args[i].dtype, host=args[i].copy())
+        monkeypatch.setattr(gpu, "fallbacks", Counter())
+        got = getattr(gpu, name)(*ours)
+        want = getattr(backends.reference(), name)(*cpu_args)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert (g is None) == (w is None)
+            if w is not None:
+                np.testing.assert_allclose(gpu.to_numpy(g), w, rtol=1e-4, atol=1e-5, err_msg=f"operand {i}")
+        assert gpu.fallbacks == (Counter() if i is None else Counter({name: 1})), f"operand {i}"
