@@ -9,7 +9,8 @@ How the refusal is found is decided per op, once, here:
   its operand.
 - The eager forward's ops (REFUSE_IN_OP) are not wrapped either: every operand passes `bindable` (float32 on
   the GPU) or a dtype check before the op writes anything but arrays of its own, and the op catches the
-  refusal itself (`on_cpu`); a wrapper's call cost ~0.5 us of an eager dispatch's ~6 (2-core machine).
+  refusal itself (`on_cpu`): the wrapper cost 0.6 us of an eager dispatch's 6.2 (2-core machine,
+  experiments/eager_host_cost.py --recorded, minimum).
 - Every other op is wrapped by `with_cpu_fallback`, which checks its operands before it runs: in-place and
   list-taking ops must not stop half-way through their arrays.
 """
@@ -24,8 +25,8 @@ from tinynn_gpu.runtime import GpuArray, OnCpu, TooLarge
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
 INT_AWARE = {"full", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
              "binary", "scalar", "embedding_forward", "embedding_backward", "cross_entropy_backward",
-             "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode", "sample_tokens_",
-             "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
+             "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode",
+             "sample_tokens_", "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
 VIEWS = {"reshape"}  # ops every operand can take on the GPU: no check, no fallback
 # ops that refuse unfit operands themselves (see above): each catches TooLarge and OnCpu and returns `on_cpu`
 REFUSE_IN_OP = {"matmul", "linear_forward", "layernorm_forward", "attention_forward",
@@ -59,8 +60,8 @@ def _why(a: GpuArray) -> str:
 def with_cpu_fallback(cls, name):
     """cls's op `name` wrapped: run on the GPU when its operands allow, else (or when the op raises OnCpu or
     TooLarge before dispatching) the NumPy reference that `Backend` provides under the same name.
-    Every eager op passes here, so the common case (positional operands, each a float32 array on the GPU, or
-    not an array) is checked inline: plain loop, classes compared rather than isinstance (GpuArray has no
+    Most ops pass here (the eager forward's do not: REFUSE_IN_OP), so the common case (positional operands, each
+    a float32 array on the GPU, or not an array) is checked inline: plain loop, classes compared rather than isinstance (GpuArray has no
     subclasses), the dtype by identity first (np.dtype's == converts its operand)."""
     gpu_op = getattr(cls, name)
     int_aware = name in INT_AWARE
