@@ -194,7 +194,8 @@ SHARED_ROW_SUMS = (BlockConfig(32, 64, 16, 4, 4), BlockConfig(64, 64, 16, 8, 4),
 
 @pytest.mark.parametrize("config, transpose_a, paired",
                          [(c, ta, False) for c in BLOCK_CONFIGS + DESIGN_CONFIGS for ta in (True, False)]
-                         + [(c, True, True) for c in SHARED_ROW_SUMS], ids=lambda v: v.name if isinstance(v, BlockConfig) else str(v))
+                         + [(c, True, True) for c in SHARED_ROW_SUMS],
+                         ids=lambda v: v.name if isinstance(v, BlockConfig) else str(v))
 def test_row_sums(poisoned, rng, config, transpose_a, paired):
     """The row sums (a weight gradient's bias gradient: A transposed) over several tiles of k, K not a multiple of
     BK, and rows past one block: summed by the first BM / 4 threads, or in a pair's module (the second problem,

@@ -1,6 +1,6 @@
 """The direct wgpu-native calls: the start-up probe refuses a path that does not work, a validation error
 still raises through them (from the recording thread too), a replay's program is laid out as intended, and
-each replay submits the step recorded ahead of it, for the inputs written since, and records the next."""
+each replay submits the step recorded ahead of it, for the inputs written since, and records a later one."""
 import gc
 import importlib.util
 import sys
@@ -294,7 +294,7 @@ def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
 
 @pytest.fixture(params=["inline", "threaded"])
 def ahead_path(request, gpu):
-    """The next replay recorded before the call returns, then on the worker thread."""
+    """Later replays recorded before the call returns, then on the worker thread."""
     rt = gpu.rt
     calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
     assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"

@@ -204,7 +204,7 @@ class Replaying:
         return future.result()
 
     def _record_ahead(self, program, inputs, result, keep, result_at, read) -> Future:
-        """The next replay's `Ahead`, recorded on the worker thread (`recorder`), else here. Either way its
+        """A later replay's `Ahead`, recorded on the worker thread (`recorder`), else here. Either way its
         error, if any, raises in the replay that would use it, not in this one, whose step is submitted."""
         try:
             out = self._result_array(result)  # the pool is not the thread's to use

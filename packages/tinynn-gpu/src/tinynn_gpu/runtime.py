@@ -52,7 +52,7 @@ KERNEL_ERRORS = {1: EMBEDDING_RANGE, 2: TARGET_RANGE}
 # values then cost one queue write, not three (each ~26 us of host time on the H200: wgpu-native makes a
 # staging buffer per write)
 STAGED_WRITE_BYTES = 1 << 20
-# cores from which a replay records the next one on a worker thread (replay.py); on 2 cores the worker would
+# cores from which a replay records a later one on a worker thread (replay.py); on 2 cores the worker would
 # only compete with the caller's thread
 RECORD_THREAD_CPUS = 4
 
@@ -121,7 +121,7 @@ class Runtime(Replaying, BufferPool):
     def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
         """Record through wgpu-native's C functions (`calls`), or through wgpu-py's methods when calls is None
         (then `reason` says why). With `threaded` (default: with RECORD_THREAD_CPUS cores or more), a replay
-        records the next one on a worker thread (replay.py). Tests switch paths with it."""
+        records a later one on a worker thread (replay.py). Tests switch paths with it."""
         self.flush()
         self.native, self.native_reason, self.early_read = calls, reason, None
         if threaded is None:
