@@ -357,6 +357,22 @@ def test_a_replay_submits_the_step_recorded_ahead_for_the_inputs_written_since(g
     assert len(released) == replay.RECORDED_AHEAD
 
 
+def test_the_replays_recorded_ahead_copy_into_read_buffers_of_their_own(gpu, ahead_path):
+    """While the host reads a replay's result, the replays recorded ahead copy theirs into the tape's other read
+    buffers, one each, never into the one the host maps (`READ_TURNS`); each later replay, into the next."""
+    x, step = doubling_step(gpu)
+    for value in range(2 * replay.READ_TURNS):
+        gpu.write_(x.data, np.full(4, value, np.float32))
+        result = step()
+        aheads = [future.result() for future in step.tape.aheads]
+        (lease, (read, _, _), _) = gpu.rt.early_read
+        assert lease() is result.data._owner and len(aheads) == replay.RECORDED_AHEAD
+        turns = [step.tape.read_buffers.index(buffer) for buffer in [read] + [a.read[0] for a in aheads]]
+        assert len(set(turns)) == len(turns), turns  # the host's buffer and each recording's apart
+        assert turns == [(value + i) % replay.READ_TURNS for i in range(replay.RECORDED_AHEAD + 1)]
+        assert result.numpy().tolist() == [3.0 * value] * 4
+
+
 def test_a_step_recorded_for_other_inputs_is_recorded_again(gpu, monkeypatch, ahead_path):
     """A large write is no staged input: it goes to the queue at once, and the replay's inputs differ from those
     the step was recorded ahead with (and back again), so those recordings are dropped and the step recorded anew."""
