@@ -7,7 +7,8 @@ import pytest
 
 from tinynn import backends
 from tinynn.backends import Backend
-from tinynn_gpu import fallback
+from tinynn.tensor import Tensor
+from tinynn_gpu import capture, fallback
 from tinynn_gpu.backend import WgpuBackend
 from tinynn_gpu.runtime import GpuArray
 
@@ -58,3 +59,20 @@ def test_an_op_refusing_in_op_falls_back_for_each_operand(gpu, monkeypatch, rng,
             if w is not None:
                 np.testing.assert_allclose(gpu.to_numpy(g), w, rtol=1e-4, atol=1e-5, err_msg=f"operand {i}")
         assert gpu.fallbacks == (Counter() if i is None else Counter({name: 1})), f"operand {i}"
+
+
+@pytest.mark.parametrize("name", ["matmul", "binary"])
+def test_a_step_that_falls_back_while_captured_stays_eager(gpu, name):
+    """An op that falls back inside a captured step (one refusing in op, one wrapped) leaves the step eager, also
+    where it reads nothing back from the GPU (its operands live on the host): a replay would skip the NumPy
+    reference's work and return the result of the capture's inputs."""
+    rng = np.random.default_rng(0)
+    x, w = (GpuArray(None, (4, 4), np.dtype(np.float32), host=np.zeros((4, 4), np.float32)) for _ in range(2))
+    op = (lambda: gpu.matmul(x, w)) if name == "matmul" else (lambda: gpu.binary("add", x, w))
+    step = gpu.capture(lambda: Tensor(op(), gpu))
+    for _ in range(capture.EAGER_CALLS + 3):  # eager calls, the capture, then what would be replays
+        xs, ws = rng.standard_normal((2, 4, 4)).astype(np.float32)
+        gpu.write_(x, xs)
+        gpu.write_(w, ws)
+        np.testing.assert_allclose(step().numpy(), xs @ ws if name == "matmul" else xs + ws, rtol=1e-5, atol=1e-6)
+    assert step.tape is None and f"{name} ran on the CPU" in step.eager_reason
