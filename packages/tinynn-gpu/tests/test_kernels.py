@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tinynn_gpu import add_data, matmul_data, relu_data, scale_data
 from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, LessonMatmul, MatmulSelector
 from tinynn.numpy_backend import NUMPY
-from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue
+from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue, generate, generate_pair, problem_plan
 from tinynn_gpu.matmul_paired import PairedMatmul
 
 RTOL = 1e-5
@@ -185,31 +185,53 @@ def test_aligned_tiles_load_unchecked(poisoned, config, case):
 
 
 # a pair's module shares the row sums among the block's threads (matmul_blocked._row_sums): each form of that code,
-# (THREADS / (BM / 4) groups of k dividing BK, not dividing it, more than BK; unpadded tiles; the first BM / 4
-# threads instead), in blocks that lavapipe compiles quickly but the H200's own
+# (THREADS / (BM / 4) groups of k dividing BK, not dividing it, more than BK; unpadded tiles; split-K; the first
+# BM / 4 threads instead), in blocks that lavapipe compiles quickly but the H200's own
 SHARED_ROW_SUMS = (BlockConfig(32, 64, 16, 4, 4), BlockConfig(64, 64, 16, 8, 4),
                    BlockConfig(64, 96, 16, 8, 4, vec4=True, double=True), BlockConfig(32, 64, 8, 4, 4, double=True),
-                   BlockConfig(128, 128, 16, 8, 8, vec4=True, double=True, pad=False), BlockConfig(32, 96, 16, 4, 4))
+                   BlockConfig(128, 128, 16, 8, 8, vec4=True, double=True, pad=False),
+                   BlockConfig(32, 64, 16, 4, 4, splits=4, double=True), BlockConfig(32, 96, 16, 4, 4))
+SHARED_FORM = "the loop's last barrier has passed"  # the comment on the shared form's reduction after the loop
 
 
-@pytest.mark.parametrize("config, transpose_a, paired",
-                         [(c, ta, False) for c in BLOCK_CONFIGS + DESIGN_CONFIGS for ta in (True, False)]
-                         + [(c, True, True) for c in SHARED_ROW_SUMS],
+def test_only_pairs_share_the_row_sums_and_only_where_the_block_allows():
+    """test_row_sums passes with either form: here each block gets the one meant for it."""
+    layout = (True, False, False, False)  # A transposed, as a weight gradient's
+    for config in SHARED_ROW_SUMS + BLOCK_CONFIGS:
+        fits = config.threads % (config.bm // 4) == 0 and \
+            config.threads <= config.buffers * config.bk * (config.bm // 4 + config.pad)  # the A tiles' vec4s
+        assert (SHARED_FORM in generate_pair(config, layout, layout)) == fits, config.name
+        assert SHARED_FORM not in generate(config, *layout), config.name
+    assert SHARED_FORM not in generate_pair(SHARED_ROW_SUMS[-1], layout, layout)  # more threads than A-tile vec4s
+
+
+@pytest.mark.parametrize("config, transpose_a, paired, empty_split",
+                         [(c, ta, None, False) for c in BLOCK_CONFIGS + DESIGN_CONFIGS for ta in (True, False)]
+                         + [(c, True, "first", False) for c in SHARED_ROW_SUMS]
+                         + [(c, True, "second", False) for c in SHARED_ROW_SUMS[:2]]
+                         + [(c, True, paired, True) for c in SHARED_ROW_SUMS + BLOCK_CONFIGS if c.splits > 2
+                            for paired in (None, "first")],
                          ids=lambda v: v.name if isinstance(v, BlockConfig) else str(v))
-def test_row_sums(poisoned, rng, config, transpose_a, paired):
+def test_row_sums(poisoned, rng, config, transpose_a, paired, empty_split):
     """The row sums (a weight gradient's bias gradient: A transposed) over several tiles of k, K not a multiple of
-    BK, and rows past one block: summed by the first BM / 4 threads, or in a pair's module (the second problem,
-    after a small first one) shared by the block's threads, whose partial sums meet after the loop."""
-    m, n, k = config.bm + 3, 5, 3 * config.bk * config.splits + 5
+    BK, and rows past one block: summed by the first BM / 4 threads, or in a pair's module (either problem: the one
+    with the longer K chunk goes first) shared by the block's threads, whose partial sums meet after the loop. With
+    `empty_split`, K leaves the last split of split-K no tile: its loop runs no iteration, its row sums are zeros."""
+    m, n = config.bm + 3, 5
+    k = (config.splits + 1) * config.bk if empty_split else 3 * config.bk * config.splits + 5
+    if empty_split:  # (the other K leaves one empty too where splits reach 6)
+        splits, _, params = problem_plan(config, config.splits, 1, m, n, k, transpose_a, False, False, Epilogue())
+        assert (splits - 1) * params["k_chunk"] >= k
     a = rng.standard_normal((k, m) if transpose_a else (m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     out, row_sums = poisoned.rt.empty((1, m, n)), poisoned.rt.empty((1, m))
     problem = (1, m, n, k, transpose_a, False, False, Epilogue(row_sums=row_sums))
     arrays = (poisoned.from_numpy(a), poisoned.from_numpy(b), out, Epilogue(row_sums=row_sums))
     if paired:
-        a1, b1 = (rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2))
+        k1 = 3 if paired == "first" else 2 * k  # the other problem's K chunk: shorter, or longer than ours
+        a1, b1 = (rng.standard_normal((2, k1)).astype(np.float32) for _ in range(2))
         out1 = poisoned.rt.empty((1, 2, 2))
-        PairedMatmul(poisoned.rt, config, (1, config.splits)).plan((1, 2, 2, 3, False, True, False, Epilogue()),
+        PairedMatmul(poisoned.rt, config, (1, config.splits)).plan((1, 2, 2, k1, False, True, False, Epilogue()),
                                                                    problem)(
             poisoned.from_numpy(a1), poisoned.from_numpy(b1), out1, Epilogue(), *arrays)
         assert rel_err(poisoned.to_numpy(out1)[0], reference(a1, b1, False, True)) <= RTOL
