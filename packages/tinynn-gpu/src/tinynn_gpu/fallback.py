@@ -61,8 +61,8 @@ def with_cpu_fallback(cls, name):
     """cls's op `name` wrapped: run on the GPU when its operands allow, else (or when the op raises OnCpu or
     TooLarge before dispatching) the NumPy reference that `Backend` provides under the same name.
     Most ops pass here (the eager forward's do not: REFUSE_IN_OP), so the common case (positional operands, each
-    a float32 array on the GPU, or not an array) is checked inline: plain loop, classes compared rather than isinstance (GpuArray has no
-    subclasses), the dtype by identity first (np.dtype's == converts its operand)."""
+    a float32 array on the GPU, or not an array) is checked inline: plain loop, classes compared rather than
+    isinstance (GpuArray has no subclasses), the dtype by identity first (np.dtype's == converts its operand)."""
     gpu_op = getattr(cls, name)
     int_aware = name in INT_AWARE
 
