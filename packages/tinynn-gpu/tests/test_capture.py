@@ -52,7 +52,7 @@ def weights(model):
 
 @pytest.fixture(params=["direct", "threaded", "methods"])
 def path(request, gpu):
-    """Each test with direct wgpu-native calls (the next replay recorded inline, and on the worker thread) and
+    """Each test with direct wgpu-native calls (later replays recorded inline, and on the worker thread) and
     through wgpu-py's methods."""
     rt = gpu.rt
     calls, reason, threaded, before = rt.native, rt.native_reason, rt.recorder is not None, rt.recorder

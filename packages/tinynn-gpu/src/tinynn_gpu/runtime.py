@@ -110,7 +110,7 @@ class Runtime(Replaying, BufferPool):
         self.scratches = {}  # `scratch`'s arrays: i -> (array, its size)
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
         self.native, self.native_reason, self.recorder, self._stop_recorder = None, "", None, None
-        self.orphaned_aheads = deque()  # dropped tapes' recordings ahead, released by the next replay
+        self.orphaned_aheads = deque()  # dropped recordings ahead, released by the next replay or flush
         self.step_submissions = []  # the last replay's submissions but its last: a read-back waits for them first
         # the last replay's result, copied for the host by the command buffer that made it: (a weak reference to
         # its array's lease, replay.Ahead's `read`, that submission's index), or None once
