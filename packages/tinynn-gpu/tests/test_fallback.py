@@ -61,6 +61,14 @@ def test_an_op_refusing_in_op_falls_back_for_each_operand(gpu, monkeypatch, rng,
         assert gpu.fallbacks == (Counter() if i is None else Counter({name: 1})), f"operand {i}"
 
 
+def test_an_empty_product_of_int32_arrays_is_the_references(gpu, monkeypatch):
+    """An empty output needs no kernel, but int32 operands still go to the reference: its product is int32."""
+    a, b = np.zeros((0, 4), np.int32), np.ones((4, 5), np.int32)
+    monkeypatch.setattr(gpu, "fallbacks", Counter())
+    got = gpu.matmul(gpu.from_numpy(a), gpu.from_numpy(b))
+    assert (got.shape, got.dtype, gpu.fallbacks) == ((0, 5), np.int32, Counter({"matmul": 1}))
+
+
 @pytest.mark.parametrize("name", ["matmul", "binary"])
 def test_a_step_that_falls_back_while_captured_stays_eager(gpu, name):
     """An op that falls back inside a captured step (one refusing in op, one wrapped) leaves the step eager, also
