@@ -1,5 +1,6 @@
-"""fallback.py: the ops that refuse unfit operands themselves (REFUSE_IN_OP, unwrapped) fall back to the NumPy
-reference exactly as a wrapped op does, for every operand that may send them there."""
+"""fallback.py: the ops that refuse unfit operands themselves (REFUSE_IN_OP, whose wrapper checks no operand) fall
+back to the NumPy reference exactly as an op whose wrapper checks them does, for every operand that may send them
+there."""
 from collections import Counter
 
 import numpy as np
@@ -31,10 +32,14 @@ def operands(name, rng):
     return [floats(6, 7), rng.integers(0, 7, 6).astype(np.int32), -100, True], (0,), (1,)
 
 
-def test_the_ops_that_refuse_in_op_are_the_unwrapped_ones():
+def test_each_op_has_the_wrapper_its_kind_takes():
+    """REFUSE_IN_OP's ops are wrapped by refused_in_op, VIEWS not at all, every other op by with_cpu_fallback."""
+    kinds = {"refused_in_op": fallback.REFUSE_IN_OP, "with_cpu_fallback": set(Backend.ops()) - fallback.REFUSE_IN_OP
+             - fallback.VIEWS}
     for name in Backend.ops():
-        wrapped = hasattr(WgpuBackend.__dict__.get(name), "__wrapped__")
-        assert wrapped == (name not in fallback.REFUSE_IN_OP | fallback.VIEWS), name
+        op = WgpuBackend.__dict__.get(name)
+        kind = op.__code__.co_qualname.split(".")[0] if hasattr(op, "__wrapped__") else None
+        assert name in kinds.get(kind, fallback.VIEWS), (name, kind)
 
 
 @pytest.mark.parametrize("name", sorted(fallback.REFUSE_IN_OP))

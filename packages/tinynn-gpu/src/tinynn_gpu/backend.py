@@ -314,20 +314,14 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         return self._reduce(a, axes, keepdims, 1)
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
-        try:
-            return self._matmul(a, b, transpose_a, transpose_b, NO_EPILOGUE)
-        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
-            return fallback.on_cpu(self, "matmul", e, a, b, transpose_a, transpose_b)
+        return self._matmul(a, b, transpose_a, transpose_b, NO_EPILOGUE)
 
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}")
-        try:
-            pre = self._for_backward((x.shape[0], weight.shape[0]), for_backward) if activation else None
-            y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation,
-                                                              pre, None if residual is None else bindable(residual)))
-        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
-            return fallback.on_cpu(self, "linear_forward", e, x, weight, bias, residual, activation, for_backward)
+        pre = self._for_backward((x.shape[0], weight.shape[0]), for_backward) if activation else None
+        y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation, pre,
+                                                          None if residual is None else bindable(residual)))
         return y, (pre if for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
@@ -461,14 +455,11 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
     def layernorm_forward(self, x, weight, bias, eps, for_backward=True):
         c, lead = x.shape[-1], x.shape[:-1]
         rows = math.prod(lead)
-        try:
-            w = weight if weight is not None else self._constant(1.0, c)
-            b = bias if bias is not None else self._constant(0.0, c)
-            operands = bindable(x), bindable(w), bindable(b)
-            y = self._empty(x.shape)
-            mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
-        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
-            return fallback.on_cpu(self, "layernorm_forward", e, x, weight, bias, eps, for_backward)
+        w = weight if weight is not None else self._constant(1.0, c)
+        b = bias if bias is not None else self._constant(0.0, c)
+        operands = bindable(x), bindable(w), bindable(b)
+        y = self._empty(x.shape)
+        mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
         rt, shader = self.rt, group_sum.shader(self.rt, "layernorm")
         key = ("layernorm_forward", shader, rows, c, eps)
         launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
@@ -501,13 +492,10 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
 
     def cross_entropy_forward(self, logits, targets, ignore_index, for_backward=True):
         n, c = logits.shape
-        try:
-            _check_dtypes("cross_entropy_forward", logits, targets)
-            operands = bindable(logits), bindable_any(targets)
-            rows, loss = self._empty((n, 2)), self._empty(())
-            probs, count = self._for_backward((n, c), for_backward), self._for_backward((), for_backward, 1)
-        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
-            return fallback.on_cpu(self, "cross_entropy_forward", e, logits, targets, ignore_index, for_backward)
+        _check_dtypes("cross_entropy_forward", logits, targets)
+        operands = bindable(logits), bindable_any(targets)
+        rows, loss = self._empty((n, 2)), self._empty(())
+        probs, count = self._for_backward((n, c), for_backward), self._for_backward((), for_backward, 1)
         rt, shader = self.rt, group_sum.shader(self.rt, "cross_entropy")
         key = ("cross_entropy_forward", shader, n, c, int(ignore_index))
         launches = rt.launches.get(key) or rt.keep(key, self._cross_entropy_forward_launches(shader, n, c, ignore_index))
@@ -563,12 +551,9 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
 
     def embedding_with_positions_forward(self, wte, wpe, idx):
         v, c = wte.shape
-        try:
-            _check_dtypes("embedding_with_positions_forward", wte, wpe, idx)
-            operands = bindable(wte), bindable(wpe), bindable_any(idx)
-            out, rt = self._empty(idx.shape + (c,)), self.rt
-        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
-            return fallback.on_cpu(self, "embedding_with_positions_forward", e, wte, wpe, idx)
+        _check_dtypes("embedding_with_positions_forward", wte, wpe, idx)
+        operands = bindable(wte), bindable(wpe), bindable_any(idx)
+        out, rt = self._empty(idx.shape + (c,)), self.rt
         total = out.size
         key = ("embedding_with_positions_forward", total, c, v, idx.shape[-1])
         launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
@@ -592,16 +577,13 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         return g_wte, g_wpe
 
     def attention_forward(self, qkv, n_head, scale, for_backward=True):
-        try:
-            why = unsupported(qkv.shape, n_head)
-            if why:
-                raise OnCpu(why)
-            batch, seq, c3 = qkv.shape
-            operand = bindable(qkv)
-            y = self._empty((batch, seq, c3 // 3))
-            lse = self._for_backward((batch, n_head, seq), for_backward)
-        except (TooLarge, OnCpu) as e:  # refused before it wrote anything: see fallback.py
-            return fallback.on_cpu(self, "attention_forward", e, qkv, n_head, scale, for_backward)
+        why = unsupported(qkv.shape, n_head)
+        if why:
+            raise OnCpu(why)
+        batch, seq, c3 = qkv.shape
+        operand = bindable(qkv)
+        y = self._empty((batch, seq, c3 // 3))
+        lse = self._for_backward((batch, n_head, seq), for_backward)
         self.attention.forward(operand, y, lse, n_head, scale)
         return y, (lse if for_backward else None)
 

@@ -7,10 +7,10 @@ raising OnCpu (a head size no kernel takes, say). A captured step that falls bac
 How the refusal is found is decided per op, once, here:
 - `reshape` is not wrapped: it only relabels an array (a host-resident one's host copy with it), whatever
   its operand.
-- The eager forward's ops (REFUSE_IN_OP) are not wrapped either: every operand passes `bindable` (float32 on
-  the GPU) or a dtype check before the op writes anything but arrays of its own, and the op catches the
-  refusal itself (`on_cpu`): the wrapper cost 0.6 us of an eager dispatch's 6.2 (2-core machine,
-  experiments/eager_host_cost.py --recorded, minimum).
+- The eager forward's ops (REFUSE_IN_OP) pass every operand through `bindable` (float32 on the GPU) or a dtype
+  check before they write anything but arrays of their own, so their wrapper (`refused_in_op`) only catches the
+  refusal (2-core machine, experiments/eager_host_cost.py --recorded 30, minimum: 5.83-5.86 us an eager dispatch
+  against 6.04-6.22 with the operand check; catching in each op's body, with no wrapper, 5.63-5.68).
 - Every other op is wrapped by `with_cpu_fallback`, which checks its operands before it runs: in-place and
   list-taking ops must not stop half-way through their arrays.
 """
@@ -28,7 +28,7 @@ INT_AWARE = {"full", "permute", "broadcast_to", "getitem", "getitem_backward", "
              "embedding_with_positions_backward", "embed_window", "kv_cache_write_", "attention_decode",
              "sample_tokens_", "advance_"}  # generation's token ring, length and ids are int32 by design (decode.py)
 VIEWS = {"reshape"}  # ops every operand can take on the GPU: no check, no fallback
-# ops that refuse unfit operands themselves (see above): each catches TooLarge and OnCpu and returns `on_cpu`
+# ops that refuse unfit operands themselves, raising TooLarge or OnCpu before they dispatch (see above)
 REFUSE_IN_OP = {"matmul", "linear_forward", "layernorm_forward", "attention_forward",
                 "embedding_with_positions_forward", "cross_entropy_forward"}
 
@@ -93,8 +93,22 @@ def on_cpu(backend, name: str, reason, *args, **kwargs):
     return getattr(Backend, name)(backend, *args, **kwargs)
 
 
+def refused_in_op(cls, name):
+    """cls's op `name` (one of REFUSE_IN_OP) wrapped: the NumPy reference's answer where it refuses its operands."""
+    gpu_op = getattr(cls, name)
+
+    @functools.wraps(gpu_op)
+    def op(self, *args, **kwargs):
+        try:
+            return gpu_op(self, *args, **kwargs)
+        except (TooLarge, OnCpu) as e:
+            return on_cpu(self, name, e, *args, **kwargs)
+    return op
+
+
 def install(cls) -> None:
-    """Every op of the backend interface on cls but VIEWS and REFUSE_IN_OP, wrapped by with_cpu_fallback."""
+    """Every op of the backend interface on cls but VIEWS wrapped: REFUSE_IN_OP's by refused_in_op, the others by
+    with_cpu_fallback."""
     for name in Backend.ops():
-        if name not in VIEWS and name not in REFUSE_IN_OP:
-            setattr(cls, name, with_cpu_fallback(cls, name))
+        if name not in VIEWS:
+            setattr(cls, name, (refused_in_op if name in REFUSE_IN_OP else with_cpu_fallback)(cls, name))
