@@ -202,7 +202,6 @@ def test_only_pairs_share_the_row_sums_and_only_where_the_block_allows():
             config.threads <= config.buffers * config.bk * (config.bm // 4 + config.pad)  # the A tiles' vec4s
         assert (SHARED_FORM in generate_pair(config, layout, layout)) == fits, config.name
         assert SHARED_FORM not in generate(config, *layout), config.name
-        assert SHARED_FORM not in generate_pair(config, layout, layout, share_row_sums=False), config.name
     assert SHARED_FORM not in generate_pair(SHARED_ROW_SUMS[-1], layout, layout)  # more threads than A-tile vec4s
 
 
@@ -210,15 +209,13 @@ def test_only_pairs_share_the_row_sums_and_only_where_the_block_allows():
                          [(c, ta, None, False) for c in BLOCK_CONFIGS + DESIGN_CONFIGS for ta in (True, False)]
                          + [(c, True, "first", False) for c in SHARED_ROW_SUMS]
                          + [(c, True, "second", False) for c in SHARED_ROW_SUMS[:2]]
-                         + [(c, True, "unshared", False) for c in SHARED_ROW_SUMS[:2]]
                          + [(c, True, paired, True) for c in SHARED_ROW_SUMS + BLOCK_CONFIGS if c.splits > 2
                             for paired in (None, "first")],
                          ids=lambda v: v.name if isinstance(v, BlockConfig) else str(v))
 def test_row_sums(poisoned, rng, config, transpose_a, paired, empty_split):
     """The row sums (a weight gradient's bias gradient: A transposed) over several tiles of k, K not a multiple of
     BK, and rows past one block: summed by the first BM / 4 threads, or in a pair's module (either problem: the one
-    with the longer K chunk goes first) shared by the block's threads, whose partial sums meet after the loop, or
-    (`unshared`) summed by its first threads as in a single module. With
+    with the longer K chunk goes first) shared by the block's threads, whose partial sums meet after the loop. With
     `empty_split`, K leaves the last split of split-K no tile: its loop runs no iteration, its row sums are zeros."""
     m, n = config.bm + 3, 5
     k = (config.splits + 1) * config.bk if empty_split else 3 * config.bk * config.splits + 5
@@ -231,10 +228,10 @@ def test_row_sums(poisoned, rng, config, transpose_a, paired, empty_split):
     problem = (1, m, n, k, transpose_a, False, False, Epilogue(row_sums=row_sums))
     arrays = (poisoned.from_numpy(a), poisoned.from_numpy(b), out, Epilogue(row_sums=row_sums))
     if paired:
-        k1 = 2 * k if paired == "second" else 3  # the other problem's K chunk: longer than ours, or shorter
+        k1 = 3 if paired == "first" else 2 * k  # the other problem's K chunk: shorter, or longer than ours
         a1, b1 = (rng.standard_normal((2, k1)).astype(np.float32) for _ in range(2))
         out1 = poisoned.rt.empty((1, 2, 2))
-        PairedMatmul(poisoned.rt, config, (1, config.splits), paired != "unshared").plan((1, 2, 2, k1, False, True, False, Epilogue()),
+        PairedMatmul(poisoned.rt, config, (1, config.splits)).plan((1, 2, 2, k1, False, True, False, Epilogue()),
                                                                    problem)(
             poisoned.from_numpy(a1), poisoned.from_numpy(b1), out1, Epilogue(), *arrays)
         assert rel_err(poisoned.to_numpy(out1)[0], reference(a1, b1, False, True)) <= RTOL

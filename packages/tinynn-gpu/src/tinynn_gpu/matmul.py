@@ -15,8 +15,7 @@ adapter and wgpu version (TINYNN_CACHE_DIR, default
 
 Two independent matmuls (a linear layer's input and weight gradients) can also run as one dispatch
 (`plan_pair`, matmul_paired.py): tuning times every block configuration with a split count each
-against the two one after the other, and keeps whichever is faster under the pair's own key (a winning pair
-that sums rows, its weight gradient's bias gradient, is timed again with those sums' other form). Without tuning
+against the two one after the other, and keeps whichever is faster under the pair's own key. Without tuning
 (a software adapter) they stay apart. On the H200 the pairs took the lesson step from 2.69 to 2.51 ms and mid's
 from 6.75 to 6.33 (BENCHMARKS.md, session 13).
 """
@@ -32,7 +31,7 @@ import wgpu
 
 from tinynn_gpu.context import kernel_source
 from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue
-from tinynn_gpu.matmul_paired import UNSHARED_ROW_SUMS, PairedMatmul
+from tinynn_gpu.matmul_paired import PairedMatmul
 from tinynn_gpu.matmul_rows import RowsMatmul
 
 LESSON_TILES = (8, 16, 32)
@@ -95,8 +94,8 @@ BLOCK_CONFIGS = (
 # 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
 # 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3);
 # 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db); 10: quad stores (every ranking
-# moved), a 128x64 vec4 db candidate; 11: a pair's winner timed again with its row sums' other form
-CACHE_VERSION = 11
+# moved), a 128x64 vec4 db candidate
+CACHE_VERSION = 10
 PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls
 SEPARATE = "separate"  # plan_pair's choice where two matmuls run faster one after the other
 
@@ -154,11 +153,8 @@ class MatmulSelector:
         self.candidates = [f"blocked {c.name}" for c in BLOCK_CONFIGS]  # what tuning tries: never a lesson tile
         # two independent matmuls in one dispatch (plan_pair): every block of BLOCK_CONFIGS, a split count each
         tiles = dict.fromkeys(dataclasses.replace(c, splits=1) for c in BLOCK_CONFIGS)
-        self.pair_candidates = {f"paired {tile.name} {s}+{s2}": (tile, (s, s2), True)
+        self.pair_candidates = {f"paired {tile.name} {s}+{s2}": (tile, (s, s2))
                                 for tile in tiles for s in PAIR_SPLITS for s2 in PAIR_SPLITS}
-        # and each with the row sums' other form, which tuning times against its winner alone (_tune_pair)
-        self.pair_variants = {**self.pair_candidates, **{f"{name} {UNSHARED_ROW_SUMS}": (tile, splits, False)
-                                                         for name, (tile, splits, _) in self.pair_candidates.items()}}
         self._built = {}
         self.choices: dict[str, str] = {}  # exact shape key -> variant name
         checks = "unchecked" if runtime.ctx.unchecked else "checked"  # the checks change what is fastest
@@ -216,7 +212,7 @@ class MatmulSelector:
             return None
         key = "pair " + " + ".join(_shape_key(*p[3:10]) for p in (first, second))
         name = self.choices.get(key)
-        if name != SEPARATE and name not in self.pair_variants:
+        if name != SEPARATE and name not in self.pair_candidates:
             worth_tuning = sum(p[3] * p[4] * p[5] * p[6] for p in (first, second)) >= self.tune_min_macs
             if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:
                 name = self._tune_pair(key, first, second)
@@ -236,32 +232,24 @@ class MatmulSelector:
 
     def pair_variant(self, name: str) -> PairedMatmul:
         if name not in self._built:
-            tile, splits, share_row_sums = self.pair_variants[name]
-            self._built[name] = PairedMatmul(self.rt, tile, splits, share_row_sums)
+            tile, splits = self.pair_candidates[name]
+            self._built[name] = PairedMatmul(self.rt, tile, splits)
         return self._built[name]
 
-    def time_pair(self, first: tuple, second: tuple, names=None, reps=8, rounds=2) -> dict[str, float]:
+    def time_pair(self, first: tuple, second: tuple, reps=8, rounds=2) -> dict[str, float]:
         """Milliseconds per call (as `time_variants`) of the two matmuls one after the other, each with its own
-        choice (SEPARATE), and of every pair candidate that fits; or of the pair variants `names` alone.
-        `plan_pair`'s arguments."""
-        runs = {}
-        if names is None:
-            alone = [self.plan(*p) for p in (first, second)]
-            runs[SEPARATE] = lambda: [record(p[0], p[1], p[2], p[10]) for record, p in zip(alone, (first, second))]
-        for name in names or self.pair_candidates:
-            if self._fits_config(self.pair_variants[name][0]):
+        choice (SEPARATE), and of every pair candidate that fits; `plan_pair`'s arguments."""
+        alone = [self.plan(*p) for p in (first, second)]
+        runs = {SEPARATE: lambda: [record(p[0], p[1], p[2], p[10]) for record, p in zip(alone, (first, second))]}
+        for name, (tile, _) in self.pair_candidates.items():
+            if self._fits_config(tile):
                 record = self.pair_variant(name).plan(first[3:], second[3:])
                 runs[name] = lambda record=record: record(*first[:3], first[10], *second[:3], second[10])
         return self._time_runs(runs, reps, rounds)
 
     def _tune_pair(self, key, first, second) -> str:
         times = self.time_pair(first, second)
-        best = min(times, key=times.get)
-        if best != SEPARATE and any(p[10].row_sums is not None for p in (first, second)):
-            # the winner with the row sums' other form: the driver compiles some pairs faster with it (_row_sums)
-            times = self.time_pair(first, second, [best, f"{best} {UNSHARED_ROW_SUMS}"])
-            best = min(times, key=times.get)
-        return self._keep(key, best)
+        return self._keep(key, min(times, key=times.get))
 
     def plan(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
         """This shape's variant (chosen, and tuned on these operands where that is worth it) made ready for the

@@ -174,13 +174,11 @@ def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool 
     return _module(cfg, [(bool(transpose_a), bool(transpose_b), vec4, aligned)], quads)
 
 
-def generate_pair(cfg: BlockConfig, first: Layout, second: Layout, quads: bool = False,
-                  share_row_sums: bool = True) -> str:
+def generate_pair(cfg: BlockConfig, first: Layout, second: Layout, quads: bool = False) -> str:
     """The WGSL of one configuration with two problems (each a `Layout`): matmul_pair_main runs both in one
     dispatch, matmul_main and matmul_finish_main the first alone (a pair's finishes take either's params).
-    quads: as `generate`'s, for both (each N a multiple of 4); share_row_sums: the row sums shared by the block's
-    threads where it allows, else summed by the first BM / 4 threads (`_row_sums`)."""
-    return _module(cfg, [first, second], quads, share_row_sums)
+    quads: as `generate`'s, for both (each N a multiple of 4)."""
+    return _module(cfg, [first, second], quads)
 
 
 def stores_quads(*ns: int) -> bool:
@@ -197,11 +195,11 @@ def _template() -> tuple[str, str, str, str]:
     return module, pair, problem, product
 
 
-def _module(cfg: BlockConfig, layouts: list, quads: bool, share_row_sums: bool = False) -> str:
+def _module(cfg: BlockConfig, layouts: list, quads: bool) -> str:
     module, pair, problem_part, product_part = _template()
     problems, products = [], []
     for i, layout in enumerate(layouts):
-        fills = _problem_fills(cfg, *layout, "2" if i else "", 10 * (i > 0), quads, share_row_sums)
+        fills = _problem_fills(cfg, *layout, "2" if i else "", 10 * (i > 0), quads, len(layouts) == 2)
         problems.append(fill(problem_part, fills))
         products.append(fill(product_part, fills))
     text = module.replace("{{PAIR}}", pair if len(layouts) == 2 else "")
@@ -307,9 +305,7 @@ def _row_sums(cfg: BlockConfig, shared: bool) -> tuple[list[str], list[str]]:
     Why only pairs (H200, session 16, `.device/s16/ab4.sh`, us a call, first BM / 4 -> shared): the backward's
     pairs, where a weight gradient's row sums run, 396 -> 387, 142 -> 140, 527 -> 535, 546 -> 536 (big's four
     linear layers); but the forward's single matmuls, which sum no rows, compiled slower with the shared form
-    (208 -> 214, 258 -> 271), though with fewer registers and a shorter loop (`experiments/driver_sass.py`). And
-    one pair lost (527 -> 535): a pair's tuning also times its winner with the first threads' sums
-    (`MatmulSelector._tune_pair`)."""
+    (208 -> 214, 258 -> 271), though with fewer registers and a shorter loop (`experiments/driver_sass.py`)."""
     quads, stride = cfg.bm // 4, cfg.bm // 4 + cfg.pad
     groups, tile = cfg.threads // quads, stride * cfg.bk  # tile: the vec4s in one buffer of the A tiles
     store = ["        for (var c = 0u; c < 4u; c = c + 1u) {",

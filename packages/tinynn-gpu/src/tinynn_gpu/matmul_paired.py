@@ -10,8 +10,6 @@ from tinynn_gpu.matmul_blocked import (BlockConfig, epilogue_parts, epilogue_slo
                                        generate_pair, problem_plan, split_targets, stores_quads)
 from tinynn_gpu.runtime import _trim, grid
 
-UNSHARED_ROW_SUMS = "rows summed by the first threads"  # a variant's name: the row sums' other form (_row_sums)
-
 
 class PairedMatmul:
     """Two independent matmuls in one dispatch (the template's matmul_pair_main): one block configuration, a
@@ -19,12 +17,11 @@ class PairedMatmul:
     epilogues may not use the same array (bias, residual, pre, row_sums), which the problems share. The problem
     with the longer K per split goes first, so that the blocks that take longest start first."""
 
-    def __init__(self, runtime, config: BlockConfig, splits: tuple[int, int], share_row_sums: bool = True):
+    def __init__(self, runtime, config: BlockConfig, splits: tuple[int, int]):
         config.check_device(runtime.ctx.limits)
-        self.rt, self.config, self.splits, self.share_row_sums = runtime, config, splits, share_row_sums
+        self.rt, self.config, self.splits = runtime, config, splits
         self.modules, self.plans = {}, {}
-        self.description = f"paired {config.name} splits {splits[0]}+{splits[1]}" + \
-            ("" if share_row_sums else f" {UNSHARED_ROW_SUMS}")
+        self.description = f"paired {config.name} splits {splits[0]}+{splits[1]}"
 
     def describe(self) -> str:
         return self.description
@@ -76,10 +73,8 @@ class PairedMatmul:
         if module is None:
             name = f"matmul pair {cfg.name} " + " + ".join(
                 f"ta={int(ta)} tb={int(tb)}{' vec4 loads' * vec4}{' aligned' * aligned}"
-                for ta, tb, vec4, aligned in layouts) + " quads" * quads + f" {UNSHARED_ROW_SUMS}" * (
-                not self.share_row_sums)
-            module = self.modules[layouts, quads] = self.rt.shader(
-                generate_pair(cfg, *layouts, quads, self.share_row_sums), name)
+                for ta, tb, vec4, aligned in layouts) + " quads" * quads
+            module = self.modules[layouts, quads] = self.rt.shader(generate_pair(cfg, *layouts, quads), name)
         workgroups = sum(-(-p["n"] // cfg.bn) * -(-p["m"] // cfg.bm) * p["batch"] * p["splits"]
                          for p in (params, params2))
         launch = self.rt.prepare(module, "matmul_pair_main", grid(workgroups), (0, 1, 2, 4, 5, 6, 7, 10, 11, 12),
