@@ -209,6 +209,10 @@ def test_attention_tiles_runs_the_path_it_names(gpu, monkeypatch, tmp_path):
     if "timestamp-query" not in gpu.ctx.features:
         pytest.skip("the script times kernels with timestamps")
     monkeypatch.setattr(script, "heat", lambda gpu, seconds: None)  # the timings are not the point here
+    # the script runs on the backend spied on below: after backends.reset_discovery (test_backend.py) its own
+    # backends.select("gpu") would make another
+    select = backends.select
+    monkeypatch.setattr(backends, "select", lambda device=None: gpu if device == "gpu" else select(device))
     monkeypatch.setattr(gpu.rt, "subgroups", gpu.rt.subgroups)  # the session's backend, as it was after
     attention, lanes, per_row_backward = gpu.attention, [], []
     shader, plan = attention._shader, attention._backward_plan
