@@ -57,6 +57,15 @@ def test_mlp_gradients(has_bias, has_residual, rng):
     gradcheck(fn, *arrays)
 
 
+@pytest.mark.parametrize("lead", [(2, 3, 5), (4,), ()])
+def test_linear_forward_takes_any_leading_axes(backend, lead, rng):
+    """x (..., in) -> y and pre (..., out), residual (..., out): no reshape to rows and back (interface 4)."""
+    n_in, n_out = 70, 19
+    x, w, bias, residual = randn(rng, *lead, n_in), randn(rng, n_out, n_in), randn(rng, n_out), randn(rng, *lead, n_out)
+    check(backend, "linear_forward", x, w, bias, residual, "gelu")
+    check(backend, "linear_forward", x, w)
+
+
 def test_linear_backward_through_the_previous_activation(backend, rng):
     """x_activation: g_x is the gradient of the GELU's input, its derivative applied in the same op."""
     n, n_in, n_out = 37, 70, 19

@@ -26,9 +26,10 @@ ENTRY_POINT_GROUP = "tinynn.backends"
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
-INTERFACE_VERSION = 3  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre,
+INTERFACE_VERSION = 4  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre,
 # embedding_with_positions, global_norm_and_clip (for clip_coefficient), cross_entropy's count, adamw_update_'s
-# weight decay per parameter; 3: the forwards' for_backward (linear, layernorm, cross_entropy, attention)
+# weight decay per parameter; 3: the forwards' for_backward (linear, layernorm, cross_entropy, attention);
+# 4: linear_forward's x of any leading axes (..., in), not only rows (N, in)
 DEVICES = ("auto", "cpu", "gpu")
 
 
@@ -191,17 +192,18 @@ class Backend:
 
     @reference_fallback
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
-        """A linear layer with its neighbours fused: y = activation(x @ weight.T + bias) + residual for x (N, in)
-        and weight (out, in); bias (out,), residual (N, out) and activation ("gelu") each optional.
-        -> (y, pre): pre is the activation's input, kept for the backward (None without an activation, or
-        without for_backward)."""
+        """A linear layer with its neighbours fused: y = activation(x @ weight.T + bias) + residual for x (..., in)
+        and weight (out, in); bias (out,), residual (..., out) and activation ("gelu") each optional.
+        -> (y, pre), both (..., out): pre is the activation's input, kept for the backward (None without an
+        activation, or without for_backward)."""
 
     @reference_fallback
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         """Gradients (g_x, g_weight, g_bias or None) of linear_forward given g = dL/dy (the residual's gradient
-        is g itself); `pre` and `activation` as the forward returned and took them. With x_activation, x is
-        x_activation(x_pre), the previous layer's fused activation (an MLP's GELU), and g_x is the gradient
-        of x_pre: the activation's derivative applied as g_x is computed, not by a pass of its own."""
+        is g itself), its arrays as rows: g (N, out), x and g_x (N, in), and `pre` (N, out), the forward's as
+        rows, with the `activation` it took. With x_activation, x is x_activation(x_pre), the previous layer's
+        fused activation (an MLP's GELU), and g_x is the gradient of x_pre: the activation's derivative applied
+        as g_x is computed, not by a pass of its own."""
 
     # --- fused neural-network ops (over the last axis) ---
     @reference_fallback

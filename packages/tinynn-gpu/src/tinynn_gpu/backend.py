@@ -47,7 +47,7 @@ NO_EPILOGUE = Epilogue()  # frozen: one for every plain matmul
 
 class WgpuBackend(StepOps, DecodeOps, Backend):
     name = "gpu"
-    interface_version = 3  # tinynn.backends.INTERFACE_VERSION when these ops were written
+    interface_version = 4  # tinynn.backends.INTERFACE_VERSION when these ops were written
     is_gpu = True
 
     def __init__(self, ctx):
@@ -319,7 +319,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}")
-        pre = self._for_backward((x.shape[0], weight.shape[0]), for_backward) if activation else None
+        pre = self._for_backward(x.shape[:-1] + weight.shape[:1], for_backward) if activation else None
         y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation, pre,
                                                           None if residual is None else bindable(residual)))
         return y, (pre if for_backward else None)
@@ -369,41 +369,41 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
                epilogue.residual is None, epilogue.row_sums is None, epilogue.activation_grad, self.mm.forced)
         plan = self.matmul_plans.get(key)
         if plan is None:
-            plan = self._plan_matmul(a, b, transpose_a, transpose_b, epilogue, key)
+            plan = self.matmul_plans[key] = self._plan_matmul(a, b, transpose_a, transpose_b, epilogue)
+            _trim(self.matmul_plans)
         out_shape, record = plan
         if record is None:  # operands to broadcast, or an empty output: the general path
-            return self._matmul_unplanned(a, b, transpose_a, transpose_b, epilogue)
+            return self._matmul_unplanned(a, b, transpose_a, transpose_b, epilogue, out_shape)
         a, b = bindable(a), bindable(b)
         out = self._empty(out_shape)
         if record(a, b, out, epilogue):
             return out
         return self._epilogue_after(a, out, transpose_a, epilogue)
 
-    def _plan_matmul(self, a, b, transpose_a, transpose_b, epilogue, key):
-        """(output shape, record(a, b, out, epilogue) -> applied?) of `_matmul`'s key, kept in matmul_plans; record
+    def _plan_matmul(self, a, b, transpose_a, transpose_b, epilogue) -> tuple:
+        """(output shape, record(a, b, out, epilogue) -> applied?) for `_matmul`, which keeps it per key; record
         None where the batch axes broadcast or the output is empty. Choosing the kernel may tune it on the real
         operands (`MatmulSelector.plan`), into an output made here."""
+        if b.ndim == 2 and a.ndim != 2 and not transpose_a:  # one weight for every row: a's leading axes fold into M
+            rows = a.view((math.prod(a.shape[:-1]), a.shape[-1]))  # (N, k): a linear layer's x (..., in)
+            out_shape, record = self._plan_matmul(rows, b, False, transpose_b, epilogue)  # record reads a's buffer
+            return a.shape[:-1] + out_shape[-1:], record
         m, n, k, shared_b, batch_shape = _matmul_dims(a, b, transpose_a, transpose_b)
         out_shape = batch_shape + (m, n)
         if (not shared_b and a.shape[:-2] != b.shape[:-2]) or 0 in out_shape:
-            plan = (out_shape, None)
-        else:
-            out = self._empty(out_shape)
-            plan = (out_shape, self.mm.plan(bindable(a), bindable(b), out, math.prod(batch_shape), m, n, k,
-                                            transpose_a, transpose_b, shared_b, epilogue))
-        self.matmul_plans[key] = plan
-        _trim(self.matmul_plans)
-        return plan
+            return out_shape, None
+        return out_shape, self.mm.plan(bindable(a), bindable(b), self._empty(out_shape), math.prod(batch_shape), m, n,
+                                       k, transpose_a, transpose_b, shared_b, epilogue)
 
-    def _matmul_unplanned(self, a, b, transpose_a, transpose_b, epilogue):
+    def _matmul_unplanned(self, a, b, transpose_a, transpose_b, epilogue, out_shape):
         """`_matmul` where the batch axes broadcast (each operand gathered to the common shape, then planned), or
-        into an empty output."""
-        m, n, _, _, batch_shape = _matmul_dims(a, b, transpose_a, transpose_b)
-        if 0 in batch_shape + (m, n):
+        into an empty output (of `out_shape`)."""
+        if 0 in out_shape:
             bindable(a), bindable(b)  # refused as `_matmul` refuses them: NumPy's empty int32 product is int32
             if epilogue.row_sums is not None:
                 self._fill(epilogue.row_sums, 0.0)
-            return self._empty(batch_shape + (m, n))
+            return self._empty(out_shape)
+        batch_shape = out_shape[:-2]
         return self._matmul(self.broadcast_to(a, batch_shape + a.shape[-2:]),
                             self.broadcast_to(b, batch_shape + b.shape[-2:]), transpose_a, transpose_b, epilogue)
 

@@ -396,7 +396,10 @@ class Runtime(Replaying, BufferPool):
         if launch is None:
             return
         pipe = launch.pipeline
-        key = (launch, *[a.buffer if a.__class__ is GpuArray else a for a in arrays])
+        key = [launch]
+        for a in arrays:  # a loop, not a comprehension: in Python 3.11 that is a function call of its own
+            key.append(a.buffer if a.__class__ is GpuArray else a)
+        key = tuple(key)
         # the cache's hit looked up here, not in a call of bind_group: that call cost 0.1-0.2 us of an eager
         # dispatch's ~6.1 (2-core machine, eager_host_cost.py --recorded, session 14)
         group = self.bind_groups.get(key) or self.bind_group(key)
