@@ -2,19 +2,15 @@
 still raises through them (from the recording thread too), a replay's program is laid out as intended, and
 each replay submits the step recorded ahead of it, for the inputs written since, and records a later one."""
 import gc
-import importlib.util
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from pathlib import Path
 
 import numpy as np
 import pytest
 import wgpu
 
 import tinynn
-from tinynn import backends, bench
 
 from tinynn_gpu import native, replay, runtime
 
@@ -126,61 +122,23 @@ class Handle:
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_a_replay_program_keeps_runs_of_one_pipeline_in_growing_chunks_between_its_writes(direct, monkeypatch):
-    monkeypatch.setattr(replay, "FIRST_CHUNK", 8)
-    monkeypatch.setattr(replay, "CHUNK_GROWTH", 2)
-    monkeypatch.setattr(replay, "LAST_CHUNK", 4)
+def test_a_replay_program_keeps_runs_of_one_pipeline_in_command_buffers_between_its_writes(direct):
     pipe, other, group, x, y = map(Handle, ("pipe", "other", "group", "x", "y"))
     dispatches = [("dispatch", other if i == 10 else pipe, group, (i + 1, 1, 1)) for i in range(35)]
     events = [("write", x, b"1", 0)] + dispatches[:30] + [("write", y, b"2", 8)] + dispatches[30:]
     program, result_at = replay.compile_program(events, direct)
     assert result_at is None
     name = (lambda h: h._internal) if direct else (lambda h: h)
-    assert [kind for kind, _ in program] == ["write", "dispatches", "dispatches", "dispatches", "write", "dispatches",
-                                             "dispatches"]
-    assert program[0][1] == (name(x), b"1", 0) and program[4][1] == (name(y), b"2", 8)
-    # command buffers end after dispatch 8 and 8 + 16 of the step, at each write, and before its last 4
+    assert [kind for kind, _ in program] == ["write", "dispatches", "write", "dispatches"]
+    assert program[0][1] == (name(x), b"1", 0) and program[2][1] == (name(y), b"2", 8)
     chunks = [[(p, len(d)) for p, d in runs] for kind, runs in program if kind == "dispatches"]
-    assert chunks == [[(name(pipe), 8)], [(name(pipe), 2), (name(other), 1), (name(pipe), 13)], [(name(pipe), 6)],
-                      [(name(pipe), 1)], [(name(pipe), 4)]]
-    assert program[6][1] == [(name(pipe), [(name(group), x, 1, 1) for x in range(32, 36)])]
+    assert chunks == [[(name(pipe), 10), (name(other), 1), (name(pipe), 19)], [(name(pipe), 5)]]
+    assert program[3][1] == [(name(pipe), [(name(group), x, 1, 1) for x in range(31, 36)])]
     # the result last used by the step's 13th dispatch (event 13): its command buffer ends there, and is named
     program, result_at = replay.compile_program(events, direct, result_event=13)
     chunks = [[(p, len(d)) for p, d in runs] for kind, runs in program if kind == "dispatches"]
-    assert chunks == [[(name(pipe), 8)], [(name(pipe), 2), (name(other), 1), (name(pipe), 2)],
-                      [(name(pipe), 11)], [(name(pipe), 6)], [(name(pipe), 1)], [(name(pipe), 4)]]
-    assert result_at == 2 and program[2][1][-1][1][-1] == (name(group), 13, 1, 1)
-
-
-def test_a_read_back_after_a_replay_first_waits_for_its_earlier_command_buffers(gpu, monkeypatch):
-    """A replay's submissions but its last are what the next read-back waits for first, one by one (so that
-    cleaning up after them overlaps the GPU's work on the rest); the read-back still returns the step's result."""
-    if gpu.rt.native is None:
-        pytest.fail(f"the direct path should work on {gpu.device_name}: {gpu.rt.native_reason}")
-    monkeypatch.setattr(replay, "FIRST_CHUNK", 2)
-    monkeypatch.setattr(replay, "LAST_CHUNK", 2)
-    waited, read = [], native.NativeCalls.read
-
-    def spy(calls, buffer, parts, first=(), until=None):
-        waited.append(list(first))
-        return read(calls, buffer, parts, first, until)
-    monkeypatch.setattr(native.NativeCalls, "read", spy)
-    x = tinynn.tensor(np.zeros(4), backend=gpu)
-
-    def chain():
-        y = x
-        for _ in range(6):
-            y = y * 2.0 + 1.0
-        return y
-    step = gpu.capture(chain)
-    for value in range(6):
-        gpu.write_(x.data, np.full(4, value, np.float32))
-        assert step().numpy().tolist() == [value * 64.0 + 63.0] * 4
-        assert gpu.rt.step_submissions == []
-    buffers = sum(kind == "dispatches" for kind, _ in step.tape.programs[True][0])
-    replayed = [w for w in waited if w]
-    assert buffers >= 3 and replayed
-    assert all(len(w) == buffers - 1 and w == sorted(w) for w in replayed)
+    assert chunks == [[(name(pipe), 10), (name(other), 1), (name(pipe), 2)], [(name(pipe), 17)], [(name(pipe), 5)]]
+    assert result_at == 1 and program[1][1][-1][1][-1] == (name(group), 13, 1, 1)
 
 
 def test_a_replayed_results_read_back_waits_for_the_command_buffer_that_made_it(gpu, monkeypatch, ahead_path):
@@ -188,14 +146,12 @@ def test_a_replayed_results_read_back_waits_for_the_command_buffer_that_made_it(
     command buffer of its last use, and its read-back waits for that submission, not the step's later ones: the
     host has the value while the GPU runs the rest. Anything recorded between the replay and the read-back sends
     it the usual way (a copy after everything), with the same value."""
-    monkeypatch.setattr(replay, "FIRST_CHUNK", 2)
-    monkeypatch.setattr(replay, "LAST_CHUNK", 2)
     reads, read = [], native.NativeCalls.read
     submitted, submit = [], native.NativeCalls.submit
 
-    def read_spy(calls, buffer, parts, first=(), until=None):
-        reads.append((list(first), until))
-        return read(calls, buffer, parts, first, until)
+    def read_spy(calls, buffer, parts, until=None):
+        reads.append(until)
+        return read(calls, buffer, parts, until)
 
     def submit_spy(calls, command_buffers):
         submitted.append(submit(calls, command_buffers))
@@ -221,18 +177,17 @@ def test_a_replayed_results_read_back_waits_for_the_command_buffer_that_made_it(
     program, result_at = step.tape.programs[True]
     assert result_at is not None
     result_number = sum(kind == "dispatches" for kind, _ in program[:result_at])
-    (first, until), _ = reads  # the loss's, then the kept array's (the usual way)
+    until, _ = reads  # the loss's, then the kept array's (the usual way)
     assert until == submitted[result_number] and result_number < sum(kind == "dispatches" for kind, _ in program) - 1
-    assert first == submitted[:result_number]
     # a command between the replay and the read-back: the read-back copies after it, as any other does
     reads.clear()
     gpu.write_(x.data, np.full(4, 10.0, np.float32))
     loss = step()
     gpu.full((3,), 1.0)
-    assert loss.item() == 80.0 and reads[0][1] is None
+    assert loss.item() == 80.0 and reads[0] is None
     loss = step()  # and a write into the result itself: read as written
     gpu.write_(loss.data, np.array(5.0, np.float32))
-    assert loss.item() == 5.0 and reads[1][1] is None
+    assert loss.item() == 5.0 and reads[1] is None
 
 
 def test_a_replay_between_a_replayed_result_and_its_read_back_sends_the_read_back_after_it(gpu, ahead_path):
@@ -255,27 +210,6 @@ def test_a_replay_between_a_replayed_result_and_its_read_back_sends_the_read_bac
         loss.item()
     gpu.write_(ids, np.zeros(4, np.int32))
     assert first().item() == 0.0  # raised once
-
-
-def test_replay_chunks_times_its_settings(gpu, monkeypatch, tmp_path, capsys):
-    """experiments/replay_chunks.py wraps NativeCalls.read to switch its `first` waits off: the wrapper takes
-    what Runtime.read passes (`until` too), and the script times each setting it is given."""
-    path = Path(__file__).parents[1] / "experiments" / "replay_chunks.py"
-    spec = importlib.util.spec_from_file_location("replay_chunks", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    # what the script replaces for good, restored after the test
-    for obj, name in ((replay.Ahead, "submit"), (native.NativeCalls, "read"), (replay, "FIRST_CHUNK"),
-                      (replay, "CHUNK_GROWTH"), (replay, "LAST_CHUNK"), (backends, "_default")):
-        monkeypatch.setattr(obj, name, getattr(obj, name))
-    monkeypatch.setattr(bench, "GPU_WARMUP_SECONDS", 0.0)  # the timings are not the point here
-    cfg = tmp_path / "tiny.json"
-    cfg.write_text('{"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 8, "batch_size": 2}')
-    monkeypatch.setattr(sys, "argv", [str(path), str(cfg), "--settings", "whole,16x2/16", "--rounds", "1",
-                                      "--steps", "2"])
-    script.main()
-    out = capsys.readouterr().out
-    assert "whole" in out and "16x2/16" in out
 
 
 def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):

@@ -134,7 +134,7 @@ class NativeCalls:
         view = self._ffi.from_buffer(data)
         self._checked.wgpuQueueWriteBuffer(self._queue, buffer, offset, view, len(view))
 
-    def read(self, buffer, parts, first=(), until=None) -> None:
+    def read(self, buffer, parts, until=None) -> None:
         """Copy bytes of a MAP_READ buffer handle into host arrays once everything submitted before has run (see
         `until`):
         `parts` is [(byte offset, writable contiguous array), ...], each array filled from its offset. Map, copy,
@@ -143,16 +143,9 @@ class NativeCalls:
         190-320 us that way, 87-93 us this way (a polling loop in place of the blocking poll: 84-87), and the
         lesson step 4.09 -> 3.65 ms.
 
-        `first`: submission indices to wait for one by one before that. The poll that finds a submission done
-        also cleans up after it, and for a step's command buffers that takes a while (the H200: ~155 us for a
-        lesson or mid step, against ~1 us for a poll with nothing done); waiting for a step's earlier command
-        buffers first cleans up after them while the GPU runs the later ones, instead of after the GPU's last.
-
         `until`: the index of the last submission that writes the buffer, where later ones may still run (a
         replay's result, copied out by the command buffer that made it): the map waits for that one alone."""
         ffi, lib, status = self._ffi, self._lib, self._map_status
-        for index in first:
-            lib.wgpuDevicePoll(self._device, 1, ffi.new("WGPUSubmissionIndex *", index))
         views = [(offset, ffi.from_buffer(into, require_writable=True)) for offset, into in parts]
         size = max(offset + len(view) for offset, view in views)
         status[0] = 0

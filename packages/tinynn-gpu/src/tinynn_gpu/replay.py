@@ -14,16 +14,14 @@ H200 (a prototype of this, in one call against the replay before it, which submi
 dispatches at once and handed the rest to a thread): lesson 3.36-3.46 ms per step against 3.52-3.62, mid
 7.70-7.75 against 7.80-7.89; the caller's host time per step 0.25-0.33 ms (lesson) against 0.54-0.75.
 
-The step's dispatches go in command buffers of growing size, each submitted on its own (`FIRST_CHUNK`,
-`CHUNK_GROWTH`), so that the GPU starts once the first, small, one is submitted and runs it while the host
-submits the rest: a submission costs the H200's host ~30 us plus ~1 us per dispatch. The last `LAST_CHUNK`
-dispatches get one of their own, and the next read-back waits for the step's other submissions first
-(`Runtime.step_submissions`, NativeCalls.read): wgpu cleans up after a finished submission in the poll that
-finds it done, ~155 us for a whole lesson or mid step on the H200, and that now runs while the GPU works on
-the last chunk instead of after it. Against whole-step command buffers (`experiments/replay_chunks.py`, H200,
-session 9's final call, alternated in one process, ms per step): lesson 2.977, 2.867 against 3.016, 3.032;
-mid 7.492, 7.588 against 7.721, 7.707; big 38.689 against 39.008. Chunks alone (16, 32, 64, ..., an earlier
-call) gained less: mid 7.86-7.89 against 7.98-8.02, lesson nothing; first chunks of 4 or 8 no more.
+A step's dispatches go in as few command buffers as its writes allow, each submitted on its own, and the one
+that makes the step's result ends there (below): a training step's two, its forward's and the rest. Submitting
+costs the host: ~30 us a submission on the H200, plus ~1 us a dispatch. Sessions 9 to 16 cut the step into
+command buffers of 16, 32, 64, ... dispatches and a last one of 16, so that the GPU could start on the first
+while the host recorded the rest, and clean-up after the earlier ones (~155 us a lesson step, in the poll that
+finds them done) could run while it worked on the last; since the replays are recorded ahead and the read-back
+returns after the forward, the GPU no longer waits for either, and the chunks only cost submissions. H200
+(session 17, `tinynn bench`, alternated in one call against that replay): see BENCHMARKS.md.
 
 A step's staged inputs (its token ids, targets and optimizer values, `Runtime.write`) go up in one queue
 write and are copied in at the start of its first command buffer, so an `Ahead` is used only by a replay
@@ -49,9 +47,6 @@ from concurrent.futures import Future
 
 from tinynn_gpu.pool import GpuArray, _round4
 
-FIRST_CHUNK = 16  # dispatches in a step's first command buffer
-CHUNK_GROWTH = 2  # each later one holds this many times as many as the one before
-LAST_CHUNK = 16  # dispatches in its last: what is cleaned up after the GPU's end (NativeCalls.read)
 RECORDED_AHEAD = 2  # replays recorded before their turn
 READ_TURNS = RECORDED_AHEAD + 1  # read-back buffers per tape: one for the host, one for each replay recorded ahead
 
@@ -166,7 +161,6 @@ class Replaying:
             out = ahead.out
             indices = ahead.submit()
             submissions = len(indices)
-            self.step_submissions = indices[:-1]  # the next read-back waits for these first (NativeCalls.read)
             if read is not None:
                 self.early_read = (weakref.ref(out._owner), read, indices[ahead.read_number])
             tape.turn = (tape.turn + 1) % READ_TURNS
@@ -261,28 +255,18 @@ class Replaying:
 def compile_program(events, direct: bool, result_event: int | None = None) -> tuple[list, int | None]:
     """A tape's events as the replay runs them: (program, result_at). The program is a list of ("write", (buffer,
     bytes, byte offset)) and ("dispatches", runs), the dispatches of one command buffer, a run being (pipeline,
-    [(bind group, x, y, z), ...]) under one pipeline. A command buffer ends at a write, where the step's dispatches
-    so far reach the end of a chunk (`FIRST_CHUNK`, growing by `CHUNK_GROWTH`), before the step's last `LAST_CHUNK`
-    dispatches, and after event `result_event` (the last to use the step's result: a training step's loss is
-    final after the forward, and its read-back need not wait for the backward). result_at: the program index of
+    [(bind group, x, y, z), ...]) under one pipeline. A command buffer ends at a write and after event
+    `result_event` (the last to use the step's result: a training step's loss is final after the forward, and its
+    read-back need not wait for the backward). result_at: the program index of
     that command buffer (None where result_event is None or no dispatch). Direct calls take native handles; the
     tape's events keep their objects (and so the handles) alive."""
     handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
     program, last, runs, result_at = [], None, None, None
-    count, chunk, chunk_end = 0, FIRST_CHUNK, FIRST_CHUNK
-    last_start = sum(event[0] != "write" for event in events) - LAST_CHUNK
     for i, event in enumerate(events):
         if event[0] == "write":
             program.append(("write", (handle(event[1]), event[2], event[3])))
             runs = None  # a write goes in before the dispatches after it: they go in a command buffer of their own
             continue
-        if count == chunk_end:
-            chunk *= CHUNK_GROWTH
-            chunk_end += chunk
-            runs = None
-        if count == last_start:
-            runs = None
-        count += 1
         _, pipe, group, (x, y, z) = event
         if runs is None:
             runs, last = [], None

@@ -111,7 +111,6 @@ class Runtime(Replaying, BufferPool):
         self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
         self.native, self.native_reason, self.recorder, self._stop_recorder = None, "", None, None
         self.orphaned_aheads = deque()  # dropped recordings ahead, released by the next replay or flush
-        self.step_submissions = []  # the last replay's submissions but its last: a read-back waits for them first
         # the last replay's result, copied for the host by the command buffer that made it: (a weak reference to
         # its array's lease, replay.Ahead's `read`, that submission's index), or None once
         # anything else is recorded or written (`read` reads it there when it is the next array read)
@@ -266,7 +265,6 @@ class Runtime(Replaying, BufferPool):
             # the result of the replay just submitted (nothing recorded since), which the step's command buffer
             # that made it copied for the host with the error flags: wait for that one, not the whole step
             (staging, flags_at, _), until = early[1], early[2]
-            first = [i for i in self.step_submissions if i < until]
         else:
             flags_at = _round4(nbytes)  # the kernels' error flags come back behind the data
             size = _bucket(flags_at + 4)
@@ -276,12 +274,11 @@ class Runtime(Replaying, BufferPool):
             self._copy(arr.buffer, start * arr.dtype.itemsize, staging, 0, flags_at)
             self._copy(self.error_flags, 0, staging, flags_at, 4)
             self.flush()
-            first, until = self.step_submissions, None
-        self.step_submissions = []
+            until = None
         if self.native is not None:  # the values straight into `out` where it is one block of memory
             flags_word = np.zeros(1, np.uint32)
             into = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-            self.native.read(staging._internal, [(0, into), (flags_at, flags_word)], first, until)
+            self.native.read(staging._internal, [(0, into), (flags_at, flags_word)], until)
             flags = int(flags_word[0])
             if into is not out:
                 out[...] = into
