@@ -111,7 +111,7 @@ def test_layernorm_backward(subgroup_path, monkeypatch, rows, cols, weight, bias
     the column sums' workgroups one column wide to 256."""
     gpu, g = subgroup_path, np.random.default_rng(seed)
     monkeypatch.setattr(gpu_backend, "LAYERNORM_SPLIT_ROWS", split_rows)
-    monkeypatch.setattr(gpu_backend, "LAYERNORM_GROUP_COLS", group_cols)
+    monkeypatch.setattr(gpu_backend, "LAYERNORM_GROUP_COLS", {0: group_cols})
     x, dy = (g.standard_normal((rows, cols)) * 2).astype(np.float32), g.standard_normal((rows, cols)).astype(np.float32)
     w = g.standard_normal(cols).astype(np.float32) if weight else None
     b = g.standard_normal(cols).astype(np.float32) if bias else None
@@ -131,6 +131,20 @@ def test_layernorm_backward(subgroup_path, monkeypatch, rows, cols, weight, bias
             np.linalg.norm(gpu.to_numpy(o) - t) <= 1e-5 * scale
     # g_x is a difference of terms of size rstd * dy * w that can cancel almost to nothing (2 columns: each
     # x is the mean +- one deviation); float32 then owes accuracy to those terms, not to the small result.
+
+
+@pytest.mark.parametrize("cols, group_cols", [(256, 4), (511, 4), (512, 8), (768, 8)])
+def test_layernorm_backward_column_groups_by_width(gpu, monkeypatch, cols, group_cols):
+    """The column workgroups' width comes from LAYERNORM_GROUP_COLS by C, and the gradients agree with it."""
+    seen, dispatch = [], gpu.rt.dispatch
+    monkeypatch.setattr(gpu.rt, "dispatch", lambda *args: (seen.append(args[1:5:3]), dispatch(*args))[1])
+    g = np.random.default_rng(cols)
+    x, dy, w = g.standard_normal((40, cols)), g.standard_normal((40, cols)), g.standard_normal(cols)
+    _, mean, rstd = REF.layernorm_forward(x, w, None, 1e-5)
+    ours = gpu.layernorm_backward(*(gpu.from_numpy(a.astype(np.float32)) for a in (dy, x, w, mean, rstd)))
+    assert [params["group_cols"] for entry, params in seen if entry == "layernorm_backward_main"] == [group_cols]
+    for o, t in zip(ours, REF.layernorm_backward(dy, x, w, mean, rstd)):
+        assert rel_err(gpu.to_numpy(o), t) <= 1e-4
 
 
 sizes = st.one_of(st.integers(1, 600), st.sampled_from([ADAMW_CHUNK - 1, ADAMW_CHUNK + 1, SQUARES_CHUNK + 3]))

@@ -39,9 +39,11 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 # rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
 # and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
 LAYERNORM_SPLIT_ROWS = 2048
-# columns per LayerNorm-backward column workgroup, C / 4 workgroups sharing the rows: 4 took 8.2 us at 2048 x 256
-# on an H200, 2 8.9 and 8 9.4 (experiments/row_kernels.py --group-cols)
-LAYERNORM_GROUP_COLS = 4
+# columns per LayerNorm-backward column workgroup, by the rows' width C (the entry of the widest C reached): C /
+# width workgroups share the rows. H200 (experiments/row_kernels.py --group-cols, us a backward): 2048 x 256, 4
+# columns 8.2, 2 8.9, 8 9.4 (session 10); 2048 x 768 (big), 8 columns 11.3 and 11.7, 4 13.9 and 14.1, 2 18.0
+# (session 17, two calls): a workgroup's row of 8 columns is one 32-byte sector
+LAYERNORM_GROUP_COLS = {0: 4, 512: 8}
 NO_EPILOGUE = Epilogue()  # frozen: one for every plain matmul
 
 
@@ -477,9 +479,10 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         splits = -(-rows // LAYERNORM_SPLIT_ROWS) if wanted else 1
         gw, gb = (self._empty((c,)), self._empty((c,))) if wanted else (self.rt.stand_in(1), self.rt.stand_in(2))
         partials = self._empty((2 * splits * c,)) if splits > 1 else self.rt.stand_in(3)
+        group_cols = LAYERNORM_GROUP_COLS[max(at for at in LAYERNORM_GROUP_COLS if at <= c)]
         params = {"rows": rows, "cols": c, "has_g_add": int(g_add is not None),
-                  "param_groups": -(-c // LAYERNORM_GROUP_COLS) * splits if wanted else 0,
-                  "group_cols": LAYERNORM_GROUP_COLS, "split_rows": LAYERNORM_SPLIT_ROWS, "splits": splits}
+                  "param_groups": -(-c // group_cols) * splits if wanted else 0,
+                  "group_cols": group_cols, "split_rows": LAYERNORM_SPLIT_ROWS, "splits": splits}
         shader = group_sum.shader(self.rt, "layernorm")
         added = self.rt.stand_in(0) if g_add is None else bindable(g_add)
         self.rt.dispatch(shader, "layernorm_backward_main", params["param_groups"] + -(-rows // group_sum.TEAM_ROWS),
