@@ -77,7 +77,8 @@ def main():
         for name, o, e in zip(("g_x", "g_weight", "g_bias"), got, expected):
             err = np.abs(gpu.to_numpy(o) - e).max() / max(np.abs(e).max(), 1e-30)
             if not err < 1e-4:
-                raise SystemExit(f"layernorm_backward with {width or 'the shipped'} columns a workgroup: {name} off by {err:.1e}")
+                raise SystemExit(f"layernorm_backward with {width or 'the shipped'} columns a workgroup: {name} "
+                                 f"off by {err:.1e}")
         row(f"layernorm_backward +g_add ({n}, {c}) cols/wg {width or 'shipped'}",
             lambda: gpu.layernorm_backward(gy, x, w, mean, rstd, True, g_add), 4 * (4 * n * c + 2 * n + 3 * c), 1)
 

@@ -214,6 +214,7 @@ def test_replayed_steps_sync_once_and_skip_python(gpu):
     assert gpu.counters.get("bind_groups_created", 0) == before.get("bind_groups_created", 0)
     program, _ = step._run.tape.programs[gpu.rt.native is not None]
     buffers = sum(kind == "dispatches" for kind, _ in program)  # a command buffer for each run between writes
+    assert buffers == 2  # no write inside the step: the forward's, up to the loss's last use, and the rest
     # the loss's read-back submits nothing where the step's own command buffer copied it out (the direct calls)
     read_backs = 0 if gpu.rt.native is not None else 1
     assert gpu.counters["submissions"] - before["submissions"] == 3 * (buffers + read_backs)

@@ -77,6 +77,21 @@ def test_linear_forward_and_backward(poisoned, n, n_in, n_out, has_bias, gelu, h
         assert count <= 2  # the matmul, and split-K's finish where the variant splits
 
 
+def test_a_linear_layer_of_any_leading_axes_plans_the_matmul_of_its_rows(gpu, monkeypatch):
+    """x (..., in) under a weight (out, in) is planned as x's rows (N, in) @ weight.T: the rows' kernel and tuning
+    key (batch 1, M = N), not a batch of the last leading axis's rows sharing the weight (interface 4)."""
+    g = np.random.default_rng(4)
+    lead, n_in, n_out = (3, 5, 2), 70, 19
+    x, w, bias = g.standard_normal(lead + (n_in,)), g.standard_normal((n_out, n_in)), g.standard_normal(n_out)
+    monkeypatch.setattr(gpu, "matmul_plans", {})  # planned afresh, whatever ran before
+    planned, plan = [], gpu.mm.plan
+    monkeypatch.setattr(gpu.mm, "plan", lambda *args: (planned.append(args[3:10]), plan(*args))[1])
+    y, pre = gpu.linear_forward(*(gpu.from_numpy(a.astype(np.float32)) for a in (x, w, bias)), activation="gelu")
+    assert planned == [(1, 30, n_out, n_in, False, True, False)]  # batch, m, n, k, transposes, b shared
+    want_y, want_pre = REF.linear_forward(x, w, bias, None, "gelu")
+    assert rel_err(gpu.to_numpy(y), want_y) <= 1e-4 and rel_err(gpu.to_numpy(pre), want_pre) <= 1e-4
+
+
 @FEW
 @given(shape=st.lists(st.one_of(st.integers(1, 5), st.sampled_from([33, 257, 3000])), min_size=1, max_size=3)
        .filter(lambda shape: np.prod(shape) <= 100_000),  # small enough for lavapipe, and bound on the GPU

@@ -102,7 +102,7 @@ class CapturedStep:
             return self.fn()
         if self.tape is None:
             return self._capture()
-        if self.result is not None and self.copy_result:  # the copy rides in the replay's last submission
+        if self.result is not None and self.copy_result:  # the copy rides in the replay's own command buffers
             return self._wrap(self.backend.rt.replay(self.tape, self.result))
         self.backend.rt.replay(self.tape)
         return self._wrap(self.result)

@@ -260,9 +260,9 @@ def compile_program(events, direct: bool, result_event: int | None = None) -> tu
     bytes, byte offset)) and ("dispatches", runs), the dispatches of one command buffer, a run being (pipeline,
     [(bind group, x, y, z), ...]) under one pipeline. A command buffer ends at a write and after event
     `result_event` (the last to use the step's result: a training step's loss is final after the forward, and its
-    read-back need not wait for the backward). result_at: the program index of
-    that command buffer (None where result_event is None or no dispatch). Direct calls take native handles; the
-    tape's events keep their objects (and so the handles) alive."""
+    read-back need not wait for the backward). result_at: the program index of that command buffer (None where
+    result_event is None or no dispatch). Direct calls take native handles; the tape's events keep their objects
+    (and so the handles) alive."""
     handle = (lambda obj: obj._internal) if direct else (lambda obj: obj)
     program, last, runs, result_at = [], None, None, None
     for i, event in enumerate(events):
