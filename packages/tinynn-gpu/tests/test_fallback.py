@@ -1,6 +1,7 @@
 """fallback.py: the ops that refuse unfit operands themselves (REFUSE_IN_OP, whose wrapper checks no operand) fall
 back to the NumPy reference exactly as an op whose wrapper checks them does, for every operand that may send them
 there."""
+import inspect
 from collections import Counter
 
 import numpy as np
@@ -41,6 +42,29 @@ def test_each_op_has_the_wrapper_its_kind_takes():
         op = WgpuBackend.__dict__.get(name)
         kind = op.__code__.co_qualname.split(".")[0] if hasattr(op, "__wrapped__") else None
         assert name in kinds.get(kind, fallback.VIEWS), (name, kind)
+
+
+@pytest.mark.parametrize("name", sorted(fallback.REFUSE_IN_OP))
+def test_an_op_refusing_in_op_is_wrapped_with_its_own_parameters(name):
+    """refused_in_op's wrapper takes the op's parameters, as Backend names them, and its defaults (not *args and
+    **kwargs, a slower call on every eager dispatch): a call by keyword or leaving a default reaches the op."""
+    op, gpu_op = WgpuBackend.__dict__[name], WgpuBackend.__dict__[name].__wrapped__
+    code = op.__code__
+    assert code.co_varnames[:code.co_argcount] == tuple(inspect.signature(getattr(Backend, name)).parameters)
+    assert not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    assert op.__defaults__ == gpu_op.__defaults__ and op.__name__ == name
+
+
+def test_a_wrapped_op_takes_keywords_and_defaults(gpu, rng):
+    """linear_forward by keyword, its for_backward left at its default (True: the GELU input is kept), on the GPU."""
+    x, w, bias = (rng.standard_normal(shape).astype(np.float32) for shape in ((3, 4), (5, 4), (5,)))
+    fallbacks = sum(gpu.fallbacks.values())
+    y, pre = gpu.linear_forward(gpu.from_numpy(x), weight=gpu.from_numpy(w), activation="gelu",
+                                bias=gpu.from_numpy(bias))
+    want_y, want_pre = backends.reference().linear_forward(x, w, bias, None, "gelu")
+    np.testing.assert_allclose(gpu.to_numpy(y), want_y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gpu.to_numpy(pre), want_pre, rtol=1e-4, atol=1e-5)
+    assert sum(gpu.fallbacks.values()) == fallbacks
 
 
 @pytest.mark.parametrize("name", sorted(fallback.REFUSE_IN_OP))

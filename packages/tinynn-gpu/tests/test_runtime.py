@@ -27,7 +27,10 @@ def test_memory_stats_count_arrays_in_use_pooled_and_the_peak(gpu):
     freed = gpu.memory_stats()
     assert freed["in_use_bytes"] == start["in_use_bytes"]
     assert freed["peak_bytes"] == held["in_use_bytes"]
-    assert freed["pooled_bytes"] >= 2 * 4096
+    assert freed["pooled_bytes"] - held["pooled_bytes"] == 2 * 4096  # exactly the two buffers given back
+    c = gpu.from_numpy(np.zeros(1000, np.float32))  # one of them taken again
+    assert gpu.memory_stats()["pooled_bytes"] == freed["pooled_bytes"] - 4096
+    del c
     gpu.empty_cache()
     assert gpu.memory_stats()["pooled_bytes"] == 0 and not any(rt.free.values())
     with pytest.raises(wgpu.GPUValidationError):  # the pool trimmed it: destroyed, not just forgotten

@@ -17,6 +17,7 @@ How the refusal is found is decided per op, once, here:
 from __future__ import annotations
 
 import functools
+import inspect
 
 from tinynn.backends import Backend
 from tinynn_gpu.pool import FLOAT32
@@ -94,16 +95,26 @@ def on_cpu(backend, name: str, reason, *args, **kwargs):
 
 
 def refused_in_op(cls, name):
-    """cls's op `name` (one of REFUSE_IN_OP) wrapped: the NumPy reference's answer where it refuses its operands."""
+    """cls's op `name` (one of REFUSE_IN_OP) wrapped: the NumPy reference's answer where it refuses its operands.
+    The wrapper takes the op's own parameters, not *args and **kwargs, which cost ~0.2 us more a call: ~3% of an
+    eager dispatch, each of which passes here (2-core machine, experiments/eager_host_cost.py --recorded 30). So
+    its source is written here from the op's signature (as dataclasses writes an __init__), once, at import."""
     gpu_op = getattr(cls, name)
-
-    @functools.wraps(gpu_op)
-    def op(self, *args, **kwargs):
-        try:
-            return gpu_op(self, *args, **kwargs)
-        except (TooLarge, OnCpu) as e:
-            return on_cpu(self, name, e, *args, **kwargs)
-    return op
+    params = list(inspect.signature(gpu_op).parameters)  # self and the op's arguments, named as Backend names them
+    assert params == list(inspect.signature(getattr(Backend, name)).parameters), name  # on_cpu passes them in order
+    args = ", ".join(params)
+    source = (f"def refused_in_op(gpu_op, on_cpu, refusals):\n"
+              f"    def op({args}):\n"
+              f"        try:\n"
+              f"            return gpu_op({args})\n"
+              f"        except refusals as e:\n"
+              f"            return on_cpu({params[0]}, {name!r}, e, {', '.join(params[1:])})\n"
+              f"    return op\n")
+    namespace = {}
+    exec(source, namespace)
+    op = namespace["refused_in_op"](gpu_op, on_cpu, (TooLarge, OnCpu))
+    op.__defaults__ = gpu_op.__defaults__  # the op's defaults, for its last parameters
+    return functools.wraps(gpu_op)(op)
 
 
 def install(cls) -> None:
