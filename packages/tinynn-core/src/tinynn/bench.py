@@ -200,7 +200,8 @@ def print_entry(be, entry) -> None:
         print(f"  host per dispatch: {t['host_us_per_replayed_dispatch']:.1f} us replayed"
               + ("" if worker is None else f" (and {worker:.1f} us on the recording thread, waited for "
                  f"{wait:.0f} us a step)")
-              + f", {t['host_us_per_eager_dispatch']:.1f} us eager; peak memory {t['peak_memory_bytes'] / 2**20:.1f} MiB")
+              + f", {t['host_us_per_eager_dispatch']:.1f} us eager; "
+                f"peak memory {t['peak_memory_bytes'] / 2**20:.1f} MiB")
     if t["fallbacks"]:
         print(f"  NumPy fallbacks: {t['fallbacks']}")
     for row in entry.get("profile", [])[:15]:

@@ -61,7 +61,8 @@ class TrainStep:
     def __init__(self, model: GPT, optimizer, batch_size: int, block_size: int, accum_steps: int = 1,
                  world: distributed.World | None = None):
         self.model, self.optimizer = model, optimizer
-        self.model_params = model.parameters()  # walked again only when a module's attribute is assigned (_backward_key)
+        # walked again only when a module's attribute is assigned (_backward_key)
+        self.model_params = model.parameters()
         self.model_structure = Module.structure_changes
         self.world = world if world is not None and world.size > 1 else None
         self.accum_steps = accum_steps
