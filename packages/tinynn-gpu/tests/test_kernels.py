@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinynn_gpu import add_data, matmul_data, relu_data, scale_data
+from tinynn_gpu import add_data, group_sum, matmul_data, relu_data, scale_data
 from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, LessonMatmul, MatmulSelector
 from tinynn.numpy_backend import NUMPY
 from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue, generate, generate_pair, problem_plan
@@ -415,6 +415,24 @@ def test_row_kernels_any_width(subgroup_path, rows, cols, seed):
     ref_loss, _, _ = ref.cross_entropy_forward(x.astype(np.float64), t, -100)
     # a loss near 0 (the target's probability near 1) is log(1 + d) in float32: accurate relative to 1, not d
     assert abs(gpu.to_numpy(loss) - ref_loss) <= RTOL * max(abs(ref_loss), 1.0)
+
+
+def test_row_kernels_keep_a_launch_per_path(subgroup_path, monkeypatch):
+    """LayerNorm's and cross entropy's forwards keep their launches under the path, not the shader (looked up
+    only on a miss): one shape on each path (the parameters before this one ran it too) runs that path's
+    kernels. Either kernel gives the right numbers, so only the shader shows a stale launch."""
+    gpu, used, launch = subgroup_path, {}, subgroup_path.rt.launch
+
+    def spy(prepared, arrays):  # entry point -> shader, of every launch (not only the op's)
+        used[prepared.entry] = prepared.shader
+        launch(prepared, arrays)
+    monkeypatch.setattr(gpu.rt, "launch", spy)
+    x = gpu.from_numpy(np.ones((3, 40), np.float32))
+    gpu.layernorm_forward(x, None, None, 1e-5)
+    gpu.cross_entropy_forward(x, gpu.from_numpy(np.zeros(3, np.int64)), -100)
+    assert used["layernorm_forward_main"] is group_sum.shader(gpu.rt, "layernorm")
+    for entry in ("cross_entropy_forward_rows_main", "cross_entropy_forward_mean_main"):
+        assert used[entry] is group_sum.shader(gpu.rt, "cross_entropy")
 
 
 @pytest.mark.parametrize("shape", [(1, 4096, 4096, 4096), (1, 1024, 1024, 1024), (1, 2048, 256, 256),

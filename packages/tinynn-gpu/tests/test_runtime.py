@@ -21,8 +21,11 @@ def test_memory_stats_count_arrays_in_use_pooled_and_the_peak(gpu):
     held = gpu.memory_stats()
     assert held["in_use_bytes"] - start["in_use_bytes"] == 2 * 4096
     assert held["peak_bytes"] >= held["in_use_bytes"]
-    buffer = a.buffer
-    del a, b
+    buffer, view = a.buffer, a.view((10, 100))
+    del a
+    gc.collect()
+    assert gpu.memory_stats()["in_use_bytes"] == held["in_use_bytes"]  # the view holds a's buffer
+    del view, b
     gc.collect()
     freed = gpu.memory_stats()
     assert freed["in_use_bytes"] == start["in_use_bytes"]

@@ -462,11 +462,12 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         operands = bindable(x), bindable(w), bindable(b)
         y = self._empty(x.shape)
         mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
-        rt, shader = self.rt, group_sum.shader(self.rt, "layernorm")
-        key = ("layernorm_forward", shader, rows, c, eps)
+        # keyed by what picks the shader (group_sum.shader's key), so a hit looks no shader up
+        rt = self.rt
+        key = ("layernorm_forward", rt.subgroups, group_sum.TEAM_WIDTH, rows, c, eps)
         launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
-            shader, "layernorm_forward_main", -(-rows // group_sum.TEAM_ROWS), (0, 1, 2, 4, 5, 6),
-            {"rows": rows, "cols": c, "eps": eps}))
+            group_sum.shader(rt, "layernorm"), "layernorm_forward_main", -(-rows // group_sum.TEAM_ROWS),
+            (0, 1, 2, 4, 5, 6), {"rows": rows, "cols": c, "eps": eps}))
         rt.launch(launch, (*operands, y, mean, rstd))
         return (y, mean, rstd) if for_backward else (y, None, None)
 
@@ -499,16 +500,17 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         operands = bindable(logits), bindable_any(targets)
         rows, loss = self._empty((n, 2)), self._empty(())
         probs, count = self._for_backward((n, c), for_backward), self._for_backward((), for_backward, 1)
-        rt, shader = self.rt, group_sum.shader(self.rt, "cross_entropy")
-        key = ("cross_entropy_forward", shader, n, c, int(ignore_index))
-        launches = rt.launches.get(key) or rt.keep(key, self._cross_entropy_forward_launches(shader, n, c, ignore_index))
+        rt = self.rt
+        key = ("cross_entropy_forward", rt.subgroups, group_sum.TEAM_WIDTH, n, c, int(ignore_index))  # as layernorm's
+        launches = rt.launches.get(key) or rt.keep(key, self._cross_entropy_forward_launches(n, c, ignore_index))
         rt.launch(launches[0], (*operands, probs, rows, rt.error_flags))
         rt.launch(launches[1], (rows, loss, count))
         return (loss, probs, count) if for_backward else (loss, None, None)
 
-    def _cross_entropy_forward_launches(self, shader, n, c, ignore_index) -> tuple:
+    def _cross_entropy_forward_launches(self, n, c, ignore_index) -> tuple:
         """The rows' dispatch (logits 0, targets 1, probs 2, rows 4, flags 8), then the mean's (rows 4, loss 5,
         count 9)."""
+        shader = group_sum.shader(self.rt, "cross_entropy")
         params = {"n": n, "cols": c, "ignore_index": int(ignore_index)}
         return (self.rt.prepare(shader, "cross_entropy_forward_rows_main", -(-n // group_sum.TEAM_ROWS),
                                 (0, 1, 2, 4, 8), params),
