@@ -462,9 +462,8 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         operands = bindable(x), bindable(w), bindable(b)
         y = self._empty(x.shape)
         mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
-        # keyed by what picks the shader (group_sum.shader's key), so a hit looks no shader up
         rt = self.rt
-        key = ("layernorm_forward", rt.subgroups, group_sum.TEAM_WIDTH, rows, c, eps)
+        key = ("layernorm_forward", *group_sum.variant(rt), rows, c, eps)
         launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
             group_sum.shader(rt, "layernorm"), "layernorm_forward_main", -(-rows // group_sum.TEAM_ROWS),
             (0, 1, 2, 4, 5, 6), {"rows": rows, "cols": c, "eps": eps}))
@@ -501,7 +500,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         rows, loss = self._empty((n, 2)), self._empty(())
         probs, count = self._for_backward((n, c), for_backward), self._for_backward((), for_backward, 1)
         rt = self.rt
-        key = ("cross_entropy_forward", rt.subgroups, group_sum.TEAM_WIDTH, n, c, int(ignore_index))  # as layernorm's
+        key = ("cross_entropy_forward", *group_sum.variant(rt), n, c, int(ignore_index))
         launches = rt.launches.get(key) or rt.keep(key, self._cross_entropy_forward_launches(n, c, ignore_index))
         rt.launch(launches[0], (*operands, probs, rows, rt.error_flags))
         rt.launch(launches[1], (rows, loss, count))

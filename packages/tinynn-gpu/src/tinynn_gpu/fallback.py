@@ -100,8 +100,10 @@ def refused_in_op(cls, name):
     eager dispatch, each of which passes here (2-core machine, experiments/eager_host_cost.py --recorded 30). So
     its source is written here from the op's signature (as dataclasses writes an __init__), once, at import."""
     gpu_op = getattr(cls, name)
-    params = list(inspect.signature(gpu_op).parameters)  # self and the op's arguments, named as Backend names them
+    signature = inspect.signature(gpu_op)
+    params = list(signature.parameters)  # self and the op's arguments, named as Backend names them
     assert params == list(inspect.signature(getattr(Backend, name)).parameters), name  # on_cpu passes them in order
+    assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values()), name  # no *, no **
     args = ", ".join(params)
     source = (f"def refused_in_op(gpu_op, on_cpu, refusals):\n"
               f"    def op({args}):\n"

@@ -35,10 +35,16 @@ def fills(subgroups: bool) -> dict:
     return {"GROUP_SUM": snippet(subgroups), "ROW_SUM": teams, "ROWS": TEAM_ROWS, "TEAM_WIDTH": TEAM_WIDTH}
 
 
+def variant(rt) -> tuple:
+    """What picks a template's compiled form on this runtime: subgroups or not, and the team width. An op that
+    caches its launches keys them with this, so that a hit needs no `shader` lookup."""
+    return rt.subgroups, TEAM_WIDTH
+
+
 def shader(rt, name: str):
     """kernels/<name>.wgsl with the runtime's group_sum or row teams, compiled on first use (a runtime Shader)."""
     subgroups = rt.subgroups
-    key = (name, subgroups, TEAM_WIDTH)
+    key = (name, *variant(rt))
     found = rt.kernels.get(key)
     if found is None:
         label = f"{name}[{'subgroup' if subgroups else f'workgroup x{TEAM_WIDTH}'}]"
