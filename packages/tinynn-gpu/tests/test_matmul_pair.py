@@ -128,7 +128,7 @@ def test_a_pair_past_65535_workgroups(poisoned, rng):
                 (batch2, 3, 1, k, True, False, False, Epilogue(row_sums=row_sums)))(
         gpu.from_numpy(a), gpu.from_numpy(b), out, Epilogue(), gpu.from_numpy(a2), gpu.from_numpy(b2), out2,
         Epilogue(row_sums=row_sums))
-    (_, launch, _, _), = paired.plans.values()
+    (_, launch, _, _, _), = paired.plans.values()
     assert launch.groups == (65535, 2, 1)
     assert rel_err(gpu.to_numpy(out), reference(a, b, False, False)) <= 1e-5
     assert rel_err(gpu.to_numpy(out2), reference(a2, b2, True, False)) <= 1e-5
@@ -257,3 +257,17 @@ def test_a_replayed_training_step_with_paired_gradients(paired, monkeypatch):
 def paired_pipelines(gpu):
     return {pipe for shader in gpu.rt.shaders.values() if shader.label.startswith("matmul pair")
             for entry, pipe in shader.pipelines.items() if entry == "matmul_pair_main"}
+
+
+@pytest.mark.parametrize("split, split2, dispatches", [(1, 1, 1), (2, 1, 2), (1, 3, 2), (2, 3, 2)])
+def test_a_pairs_finishes_are_one_dispatch(gpu, split, split2, dispatches):
+    """Where both problems are split, matmul_pair_finish_main finishes both: the pair and one finish. (Unpoisoned:
+    poisoning the split slices would count its fills.)"""
+    shape, arrays, check = drawn_problem(gpu, (1, 37, 70, 100, True, False, False, 8), 8)
+    shape2, arrays2, check2 = drawn_problem(gpu, (1, 45, 20, 150, False, True, False, 1 | 4 | 16), ~8)
+    record = PairedMatmul(gpu.rt, TILES[1], (split, split2)).plan(shape, shape2)
+    before = gpu.rt.counters["dispatches"]
+    record(*arrays, *arrays2)
+    assert gpu.rt.counters["dispatches"] - before == dispatches
+    check()
+    check2()

@@ -219,8 +219,8 @@ def _module(cfg: BlockConfig, layouts: list, quads: bool) -> str:
 def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool, aligned: bool, p: str,
                    binding: int, quads: bool, shared_sums: bool) -> dict:
     """The template's `problem` and `product` fills for one problem: names suffixed by p, its own bindings from
-    `binding` on (a, b, out, params: 0-3 for the first problem, 10-13 for a pair's second); `quads`: the module's
-    (`generate`)."""
+    `binding` on (a, b, out, params: 0-3 for the first problem, 10-13 for a pair's second; its split-K slices and
+    row sums: 8-9, 14-15); `quads`: the module's (`generate`)."""
     qm, qn = cfg.tm // 4, cfg.tn // 4
     declare = [f"    var acc_{i}_{q} = vec4<f32>(0.0);" for i in range(cfg.tm) for q in range(qn)]
     declare += [f"    let a_column_{q} = ty + {q}u * THREADS_M;" for q in range(qm)]  # this thread's tile columns
@@ -278,7 +278,8 @@ def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4:
          for plus, x in zip(("", " + 1u", " + 2u", " + 3u"), XYZW)]
     return {
         "P": p, "A_BINDING": binding, "B_BINDING": binding + 1, "OUT_BINDING": binding + 2,
-        "PARAMS_BINDING": binding + 3,
+        "PARAMS_BINDING": binding + 3, "PARTS_BINDING": binding + 8 - 4 * bool(binding),
+        "ROW_PARTS_BINDING": binding + 9 - 4 * bool(binding),
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
         "ELEMENT": "vec4<f32>" if vec4 else "f32",

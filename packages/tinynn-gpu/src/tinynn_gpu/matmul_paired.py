@@ -2,7 +2,10 @@
 first problem's workgroups, then the second's, each with its own operands, layout, split count and epilogue, in
 one block configuration. A linear layer's backward has such a pair (its input's gradient g @ W and its weight's,
 g.T @ x): at the lesson and mid sizes each alone leaves the H200 partly idle, and the two side by side fill it
-(`MatmulSelector.plan_pair` picks a pair where it measures one faster).
+(`MatmulSelector.plan_pair` picks a pair where it measures one faster). Where both problems are split, their
+split-K finishes are one dispatch too (matmul_pair_finish_main): H200, `tinynn bench`, alternated in one call
+against a finish each, ms a step: lesson 2.279, 2.277 against 2.294, 2.291 (94 dispatches against 102); mid 5.409,
+5.408 against 5.465, 5.463 (142 against 166); big 33.524, 33.517 against 33.530, 33.557 (283 against 307).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ class PairedMatmul:
 
     def plan(self, first: tuple, second: tuple):
         """record(a, b, out, epilogue, a2, b2, out2, epilogue2): both matmuls, each with its epilogue, and their
-        split-K finishes."""
+        split-K finishes (one dispatch where both are split)."""
         epilogues = first[-1], second[-1]
         key = tuple((*problem[:-1], *epilogue_parts(problem[-1])) for problem in (first, second))
         plan = self.plans.get(key)
@@ -38,7 +41,7 @@ class PairedMatmul:
                     raise ValueError(f"paired matmuls share their epilogues' arrays: only one may use {name}")
             plan = self.plans[key] = self._plan(first[:-1], second[:-1], epilogues)
             _trim(self.plans)
-        swap, launch, finishes, parts = plan
+        swap, launch, finishes, both_finish, parts = plan
         rt = self.rt
         stand_ins = rt.stand_in(0), rt.stand_in(1), rt.stand_in(2)
 
@@ -54,6 +57,14 @@ class PairedMatmul:
                 first.pre if second.pre is None else second.pre,
                 targets[0][1] if targets[1][1] is None else targets[1][1], stand_ins)
             rt.launch(launch, (a, b, targets[0][0], *shared, a2, b2, targets[1][0]))
+            if both_finish is not None:  # both split: their finishes in one dispatch, slots as finish_arrays'
+                (_, _, out, first), (_, _, out2, second) = problems
+                row_sums = first.row_sums if second.row_sums is None else second.row_sums
+                (target, row_target), (target2, row_target2) = targets
+                rt.launch(both_finish, (out, *shared[:3], stand_ins[2] if row_sums is None else row_sums, target,
+                                        stand_ins[0] if row_target is None else row_target, out2, target2,
+                                        stand_ins[0] if row_target2 is None else row_target2))
+                return
             for (_, _, result, ends), finish, (target, row_target) in zip(problems, finishes, targets):
                 if finish is not None:
                     rt.launch(finish, finish_arrays(result, ends, target, row_target, stand_ins))
@@ -80,6 +91,11 @@ class PairedMatmul:
         launch = self.rt.prepare(module, "matmul_pair_main", grid(workgroups), (0, 1, 2, 4, 5, 6, 7, 10, 11, 12),
                                  params, more_params=((13, params2),))
         finishes = [finish_launch(self.rt, module, p, quads) for p in (params, params2)]
+        both_finish = None
+        if all(finishes):  # a thread a Value, each problem's threads in whole workgroups
+            values = [p["batch"] * p["m"] * p["n"] // (4 if quads else 1) for p in (params, params2)]
+            both_finish = self.rt.prepare(module, "matmul_pair_finish_main", grid(sum(-(-v // 256) for v in values)),
+                                          (2, 4, 5, 6, 7, 8, 9, 12, 14, 15), params, more_params=((13, params2),))
         parts = [None if p["splits"] == 1 else (p["batch"] * p["splits"] * p["m"] * p["n"],
                                                 p["batch"] * p["splits"] * p["m"]) for p in (params, params2)]
-        return swap, launch, finishes, parts
+        return swap, launch, finishes, both_finish, parts

@@ -62,13 +62,14 @@
 // the epilogue's arrays, which only one of them may use each (a linear layer's: the input gradient pre, the
 // weight gradient row_sums; either may be the first here, PairedMatmul putting the longer K chunk first).
 //
-// The file has four parts: the module (what follows), `pair` (matmul_pair_main, in a pair's module only),
+// The file has four parts: the module (what follows), `pair` (matmul_pair_main and matmul_pair_finish_main, in a
+// pair's module only),
 // `problem` (one problem's bindings, loads and stores, written once per problem with {{P}} its names' suffix: ""
 // for the first, "2" for the second) and `product` (one workgroup's block of a problem: written into
 // matmul_main, and twice into matmul_pair_main).
 // Bindings: 0:a 1:b 2:out 3:params 4:bias 5:residual 6:pre 7:row_sums, a pair's second problem 10:a2 11:b2
-// 12:out2 13:params2; matmul_finish_main reads the split slices from 8:parts and 9:row_parts. Unused ones are
-// bound to small stand-ins.
+// 12:out2 13:params2; the finishes read the split slices from 8:parts and 9:row_parts (a pair's second problem's
+// from 14:parts2 and 15:row_parts2). Unused ones are bound to small stand-ins.
 // vec4 variants read a and b as vec4s: a quad along a contiguous m or n is one tile entry; quads along a
 // contiguous k are loaded 4 rows at a time and transposed into the tile (4x fewer load instructions).
 
@@ -85,8 +86,6 @@ struct Params {
 @group(0) @binding(5) var<storage, read> residual: array<Value>;
 @group(0) @binding(6) var<storage, read_write> pre: array<Value>;
 @group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
-@group(0) @binding(8) var<storage, read> parts: array<Value>;
-@group(0) @binding(9) var<storage, read> row_parts: array<f32>;
 
 // common.wgsl's GELU and its gradient on a Value, float by float
 fn gelu_value(x: Value) -> Value { return {{GELU_VALUE}}; }
@@ -119,28 +118,11 @@ fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 }
 
 // Split-K: out[b, i] = epilogue(sum over splits of parts[b, split, i]), i a Value; row sums likewise (a thread
-// per row too: a matrix has at least as many Values as rows).
+// per row too: a matrix has at least as many Values as rows). A pair's splits finish in matmul_pair_finish_main.
 @compute @workgroup_size(256)
 fn matmul_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let i = (wg.y * nwg.x + wg.x) * 256u + lid;
-    let mn = params.m * params.n / WIDTH;  // Values in a matrix
-    if (i >= params.batch * mn) { return; }
-    let batch = i / mn;
-    let j = i % mn;
-    var s = Value(0.0);
-    for (var split = 0u; split < params.splits; split = split + 1u) {
-        s = s + parts[(batch * params.splits + split) * mn + j];
-    }
-    out[i] = finish(i, j * WIDTH % params.n, s);
-    if (params.row_sums == 1u && i < params.batch * params.m) {
-        let rb = i / params.m;
-        var r = 0.0;
-        for (var split = 0u; split < params.splits; split = split + 1u) {
-            r = r + row_parts[(rb * params.splits + split) * params.m + i % params.m];
-        }
-        row_sums[i] = r;
-    }
+    finish_split((wg.y * nwg.x + wg.x) * 256u + lid);
 }
 {{PAIR}}
 //:: pair
@@ -172,12 +154,29 @@ fn matmul_pair_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
         }
     }
 }
+
+// Both problems' split-K finishes in one dispatch, where both are split: the first's Values (its workgroups rounded
+// up to whole ones), then the second's. One dispatch fewer, and each problem's finish fills the GPU's gaps in the
+// other's.
+@compute @workgroup_size(256)
+fn matmul_pair_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                           @builtin(local_invocation_index) lid: u32) {
+    let id = (wg.y * nwg.x + wg.x) * 256u + lid;
+    let first = (params.batch * params.m * params.n / WIDTH + 255u) / 256u * 256u;
+    if (id < first) {
+        finish_split(id);
+    } else {
+        finish_split2(id - first);
+    }
+}
 //:: problem
 // Problem {{P}}: a {{A_LAYOUT}}, b {{B_LAYOUT}}, {{LOADS}}{{ALIGNED}}.
 @group(0) @binding({{A_BINDING}}) var<storage, read> a{{P}}: array<{{ELEMENT}}>;
 @group(0) @binding({{B_BINDING}}) var<storage, read> b{{P}}: array<{{ELEMENT}}>;
 @group(0) @binding({{OUT_BINDING}}) var<storage, read_write> out{{P}}: array<Value>;
 @group(0) @binding({{PARAMS_BINDING}}) var<uniform> params{{P}}: Params;
+@group(0) @binding({{PARTS_BINDING}}) var<storage, read> parts{{P}}: array<Value>;  // split-K: the splits' slices
+@group(0) @binding({{ROW_PARTS_BINDING}}) var<storage, read> row_parts{{P}}: array<f32>;  // and their row sums
 
 fn load_a{{P}}(base: u32, m: u32, k: u32, k_end: u32) -> {{ELEMENT}} {
 {{A_GUARD}}
@@ -200,6 +199,28 @@ fn finish{{P}}(i: u32, n: u32, v: Value) -> Value {
     }
     if (params{{P}}.has_residual == 1u) { y = y + residual[i]; }
     return y;
+}
+
+// Split-K's finish of Value i (of batch x m x n / WIDTH; nothing past them): the splits' slices added in order, the
+// epilogue applied; a thread i < batch x m also adds up row i's sums.
+fn finish_split{{P}}(i: u32) {
+    let mn = params{{P}}.m * params{{P}}.n / WIDTH;  // Values in a matrix
+    if (i >= params{{P}}.batch * mn) { return; }
+    let batch = i / mn;
+    let j = i % mn;
+    var s = Value(0.0);
+    for (var split = 0u; split < params{{P}}.splits; split = split + 1u) {
+        s = s + parts{{P}}[(batch * params{{P}}.splits + split) * mn + j];
+    }
+    out{{P}}[i] = finish{{P}}(i, j * WIDTH % params{{P}}.n, s);
+    if (params{{P}}.row_sums == 1u && i < params{{P}}.batch * params{{P}}.m) {
+        let rb = i / params{{P}}.m;
+        var r = 0.0;
+        for (var split = 0u; split < params{{P}}.splits; split = split + 1u) {
+            r = r + row_parts{{P}}[(rb * params{{P}}.splits + split) * params{{P}}.m + i % params{{P}}.m];
+        }
+        row_sums[i] = r;
+    }
 }
 
 fn store_value{{P}}(i: u32, n: u32, v: Value, raw: bool) {
