@@ -63,10 +63,9 @@
 // weight gradient row_sums; either may be the first here, PairedMatmul putting the longer K chunk first).
 //
 // The file has four parts: the module (what follows), `pair` (matmul_pair_main and matmul_pair_finish_main, in a
-// pair's module only),
-// `problem` (one problem's bindings, loads and stores, written once per problem with {{P}} its names' suffix: ""
-// for the first, "2" for the second) and `product` (one workgroup's block of a problem: written into
-// matmul_main, and twice into matmul_pair_main).
+// pair's module only), `problem` (one problem's bindings, loads, stores and split-K finish, written once per problem
+// with {{P}} its names' suffix: "" for the first, "2" for the second) and `product` (one workgroup's block of a
+// problem: written into matmul_main, and twice into matmul_pair_main).
 // Bindings: 0:a 1:b 2:out 3:params 4:bias 5:residual 6:pre 7:row_sums, a pair's second problem 10:a2 11:b2
 // 12:out2 13:params2; the finishes read the split slices from 8:parts and 9:row_parts (a pair's second problem's
 // from 14:parts2 and 15:row_parts2). Unused ones are bound to small stand-ins.
