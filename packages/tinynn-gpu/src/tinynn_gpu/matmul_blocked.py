@@ -278,8 +278,7 @@ def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4:
          for plus, x in zip(("", " + 1u", " + 2u", " + 3u"), XYZW)]
     return {
         "P": p, "A_BINDING": binding, "B_BINDING": binding + 1, "OUT_BINDING": binding + 2,
-        "PARAMS_BINDING": binding + 3, "PARTS_BINDING": binding + 8 - 4 * bool(binding),
-        "ROW_PARTS_BINDING": binding + 9 - 4 * bool(binding),
+        "PARAMS_BINDING": binding + 3, "PARTS_BINDING": 14 if binding else 8, "ROW_PARTS_BINDING": 15 if binding else 9,
         "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
         "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
         "ELEMENT": "vec4<f32>" if vec4 else "f32",

@@ -50,24 +50,23 @@ class PairedMatmul:
                 ((a, b, out, epilogue), (a2, b2, out2, epilogue2))
             targets = [split_targets(rt, sizes, result, ends.row_sums)
                        for (_, _, result, ends), sizes in zip(problems, parts)]
-            (a, b, _, first), (a2, b2, _, second) = problems
-            shared = epilogue_slots(  # each part is one problem's (plan checked that), or absent from both
-                first.bias if second.bias is None else second.bias,
-                first.residual if second.residual is None else second.residual,
-                first.pre if second.pre is None else second.pre,
-                targets[0][1] if targets[1][1] is None else targets[1][1], stand_ins)
-            rt.launch(launch, (a, b, targets[0][0], *shared, a2, b2, targets[1][0]))
-            if both_finish is not None:  # both split: their finishes in one dispatch, slots as finish_arrays'
-                (_, _, out, first), (_, _, out2, second) = problems
+            (a, b, out, first), (a2, b2, out2, second) = problems
+            # each epilogue array is one problem's (plan checked that), or absent from both
+            bias = first.bias if second.bias is None else second.bias
+            residual = first.residual if second.residual is None else second.residual
+            pre = first.pre if second.pre is None else second.pre
+            (target, row_target), (target2, row_target2) = targets
+            split_rows = row_target if row_target2 is None else row_target2
+            shared = epilogue_slots(bias, residual, pre, split_rows, stand_ins)
+            rt.launch(launch, (a, b, target, *shared, a2, b2, target2))
+            if both_finish is not None:  # both split: finish_arrays' slots, then the second problem's 12, 14, 15
                 row_sums = first.row_sums if second.row_sums is None else second.row_sums
-                (target, row_target), (target2, row_target2) = targets
-                rt.launch(both_finish, (out, *shared[:3], stand_ins[2] if row_sums is None else row_sums, target,
+                rt.launch(both_finish, (out, *epilogue_slots(bias, residual, pre, row_sums, stand_ins), target,
                                         stand_ins[0] if row_target is None else row_target, out2, target2,
                                         stand_ins[0] if row_target2 is None else row_target2))
-                return
-            for (_, _, result, ends), finish, (target, row_target) in zip(problems, finishes, targets):
+            for (_, _, result, ends), finish, (split_target, split_rows) in zip(problems, finishes, targets):
                 if finish is not None:
-                    rt.launch(finish, finish_arrays(result, ends, target, row_target, stand_ins))
+                    rt.launch(finish, finish_arrays(result, ends, split_target, split_rows, stand_ins))
         return record
 
     def _plan(self, first, second, epilogues):
@@ -90,12 +89,14 @@ class PairedMatmul:
                          for p in (params, params2))
         launch = self.rt.prepare(module, "matmul_pair_main", grid(workgroups), (0, 1, 2, 4, 5, 6, 7, 10, 11, 12),
                                  params, more_params=((13, params2),))
-        finishes = [finish_launch(self.rt, module, p, quads) for p in (params, params2)]
         both_finish = None
-        if all(finishes):  # a thread a Value, each problem's threads in whole workgroups
+        if params["splits"] > 1 and params2["splits"] > 1:
+            # one finish for both: a thread a Value, each problem's threads in whole workgroups
             values = [p["batch"] * p["m"] * p["n"] // (4 if quads else 1) for p in (params, params2)]
             both_finish = self.rt.prepare(module, "matmul_pair_finish_main", grid(sum(-(-v // 256) for v in values)),
                                           (2, 4, 5, 6, 7, 8, 9, 12, 14, 15), params, more_params=((13, params2),))
+        finishes = [None, None] if both_finish else [finish_launch(self.rt, module, p, quads)
+                                                     for p in (params, params2)]
         parts = [None if p["splits"] == 1 else (p["batch"] * p["splits"] * p["m"] * p["n"],
                                                 p["batch"] * p["splits"] * p["m"]) for p in (params, params2)]
         return swap, launch, finishes, both_finish, parts
