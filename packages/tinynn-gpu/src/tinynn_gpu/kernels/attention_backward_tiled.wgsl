@@ -18,7 +18,9 @@
 //       (this key block's slice). WGSL has no float atomics, and the sum must be the same on every run.
 // The next step's q, g and y are loaded into registers while this step computes. Each thread loads R
 // consecutive vec4s of one row, so its part of the row's delta is a sum of its own products; a row's RT
-// parts are added in a fixed order where delta is used.
+// parts are added in a fixed order where delta is used. Every key block a query sees adds up its delta again: a
+// kernel of its own computing it once cost more than it saved here (H200, session 20: 9.3-12.6 us a call, against
+// 0.8-6.7 us saved in this one; BENCHMARKS.md).
 // attention_backward_q_main then adds each query's slices in key-block order: dQ = scale * sum.
 // It replaced attention.wgsl's two per-row backward kernels where a tile fits: 1.2-1.8x faster on an H200 at
 // head sizes 32 and 64, T = 32 to 256, and a tie at head size 128
