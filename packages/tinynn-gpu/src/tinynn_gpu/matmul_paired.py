@@ -9,8 +9,8 @@ against a finish each, ms a step: lesson 2.279, 2.277 against 2.294, 2.291 (94 d
 """
 from __future__ import annotations
 
-from tinynn_gpu.matmul_blocked import (BlockConfig, epilogue_parts, epilogue_slots, finish_arrays, finish_launch,
-                                       generate_pair, problem_plan, split_targets, stores_quads)
+from tinynn_gpu.matmul_blocked import (BlockConfig, Epilogue, epilogue_parts, epilogue_slots, finish_arrays,
+                                       finish_launch, generate_pair, problem_plan, split_targets, stores_quads)
 from tinynn_gpu.runtime import _trim, grid
 
 
@@ -61,12 +61,12 @@ class PairedMatmul:
             rt.launch(launch, (a, b, target, *shared, a2, b2, target2))
             if both_finish is not None:  # both split: finish_arrays' slots, then the second problem's 12, 14, 15
                 row_sums = first.row_sums if second.row_sums is None else second.row_sums
-                rt.launch(both_finish, (out, *epilogue_slots(bias, residual, pre, row_sums, stand_ins), target,
-                                        stand_ins[0] if row_target is None else row_target, out2, target2,
+                both = Epilogue(bias=bias, residual=residual, pre=pre, row_sums=row_sums)
+                rt.launch(both_finish, (*finish_arrays(out, both, target, row_target, stand_ins), out2, target2,
                                         stand_ins[0] if row_target2 is None else row_target2))
-            for (_, _, result, ends), finish, (split_target, split_rows) in zip(problems, finishes, targets):
+            for (_, _, result, ends), finish, (slices, row_slices) in zip(problems, finishes, targets):
                 if finish is not None:
-                    rt.launch(finish, finish_arrays(result, ends, split_target, split_rows, stand_ins))
+                    rt.launch(finish, finish_arrays(result, ends, slices, row_slices, stand_ins))
         return record
 
     def _plan(self, first, second, epilogues):
