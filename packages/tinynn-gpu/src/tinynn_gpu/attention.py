@@ -25,7 +25,7 @@ import os
 from typing import NamedTuple
 
 from tinynn.errors import TinynnError
-from tinynn_gpu.context import kernel_file, kernel_source
+from tinynn_gpu.context import kernel_file, kernel_source, unroll
 from tinynn_gpu.runtime import MAX_GROUPS
 
 # fastest first, as timed on an H200 (experiments/attention_tiles.py): 8x4 beat 16x4, 16x2, 8x8 and 32x2 by
@@ -304,18 +304,6 @@ def source(head_size: int, rows: int, splits: int, lanes: int) -> str:
     text = kernel_source("attention", {"HEAD": kernel_file("attention_head"), "HS4": hs4, "ROWS": rows,
                                        "SPLITS": splits, "LANES": lanes, "LANE_SUM": lane_sum_body(lanes)})
     return unroll(text, {"$n": hs4 // lanes})
-
-
-def unroll(text: str, counts: dict) -> str:
-    """Repeat each code line that holds a marker once per value of it (0 .. count-1), the marker replaced."""
-    lines = []
-    for line in text.splitlines():
-        copies = [line]
-        for marker, count in counts.items():
-            if marker in line and not line.lstrip().startswith("//"):
-                copies = [copy.replace(marker, str(i)) for copy in copies for i in range(count)]
-        lines += copies
-    return "\n".join(lines) + "\n"
 
 
 class Attention:

@@ -86,6 +86,18 @@ def fill(text: str, fills: dict | None) -> str:
     return text
 
 
+def unroll(text: str, counts: dict) -> str:
+    """Repeat each code line that holds a marker once per value of it (0 .. count-1), the marker replaced."""
+    lines = []
+    for line in text.splitlines():
+        copies = [line]
+        for marker, count in counts.items():
+            if marker in line and not line.lstrip().startswith("//"):
+                copies = [copy.replace(marker, str(i)) for copy in copies for i in range(count)]
+        lines += copies
+    return "\n".join(lines) + "\n"
+
+
 def choose_adapter(adapters):
     wanted = os.environ.get("TINYNN_ADAPTER", "").strip().lower()
     if wanted:
