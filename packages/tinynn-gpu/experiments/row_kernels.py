@@ -3,13 +3,13 @@ back-to-back calls in one compute pass (Runtime.time_pass: the barriers between 
 step, none of the per-dispatch timestamps of `--profile`), against the time its bytes take at memory speed.
 
     python packages/tinynn-gpu/experiments/row_kernels.py [--config apps/bench/lesson.json] [--reps 50]
-        [--bandwidth 4.0e12] [--group-cols 2,4,8]
+        [--bandwidth 4.0e12] [--group-cols 2,4,8] [--row-values 4x8,4x4,1x8]
 
 Bytes are what the op must read and write once (its inputs and outputs); `floor` is an empty dispatch's
 time (a fill of 1 float), the barrier each dispatch pays whatever it does. --group-cols times LayerNorm's
 backward with each column-workgroup width (backend.LAYERNORM_GROUP_COLS, where the backend has it), each
 width first checked against the NumPy reference (the other ops are the shipped kernels, which the test suite
-checks).
+checks); --row-values times LayerNorm again with each (width, step) of layernorm.wgsl's Values given.
 """
 import argparse
 import math
@@ -30,6 +30,8 @@ def main():
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--bandwidth", type=float, default=4.0e12, help="bytes/s the memory-speed bound uses")
     parser.add_argument("--group-cols", default="2,4,8")
+    parser.add_argument("--row-values", default="",
+                        help="LayerNorm also with these (width, step) of group_sum.row_values, e.g. 4x8,4x4,1x8")
     args = parser.parse_args()
     gpu = backends.select("gpu")
     cfg = config.load(args.config)
@@ -64,23 +66,36 @@ def main():
     x, gy, g_add = up(n, c), up(n, c), up(n, c)
     w, bias = up(c), up(c)
     _, mean, rstd = gpu.layernorm_forward(x, w, bias, 1e-5)
-    row(f"layernorm_forward ({n}, {c})", lambda: gpu.layernorm_forward(x, w, bias, 1e-5),
-        4 * (2 * n * c + 2 * n + 2 * c), 1)
-    widths = [int(v) for v in args.group_cols.split(",")] if hasattr(gpu_backend, "LAYERNORM_GROUP_COLS") else [0]
     cpu = backends.reference()
     host = [None if a is None else gpu.to_numpy(a) for a in (gy, x, w, mean, rstd, g_add)]
     expected = cpu.layernorm_backward(*host[:5], True, host[5])
-    for width in widths:
-        if width:
-            gpu_backend.LAYERNORM_GROUP_COLS = {0: width}
-        got = gpu.layernorm_backward(gy, x, w, mean, rstd, True, g_add)
-        for name, o, e in zip(("g_x", "g_weight", "g_bias"), got, expected):
-            err = np.abs(gpu.to_numpy(o) - e).max() / max(np.abs(e).max(), 1e-30)
-            if not err < 1e-4:
-                raise SystemExit(f"layernorm_backward with {width or 'the shipped'} columns a workgroup: {name} "
-                                 f"off by {err:.1e}")
-        row(f"layernorm_backward +g_add ({n}, {c}) cols/wg {width or 'shipped'}",
-            lambda: gpu.layernorm_backward(gy, x, w, mean, rstd, True, g_add), 4 * (4 * n * c + 2 * n + 3 * c), 1)
+    expected_y = cpu.layernorm_forward(*host[1:3], gpu.to_numpy(bias), 1e-5)[0]
+    shipped = getattr(gpu_backend.group_sum, "row_values", None)
+    shipped_cols = getattr(gpu_backend, "LAYERNORM_GROUP_COLS", None)
+    values = [None] + [tuple(int(v) for v in pick.split("x")) for pick in args.row_values.split(",") if pick]
+    for chosen in values if shipped else [None]:
+        label = "" if chosen is None else f" values {chosen[0]}x{chosen[1]}"
+        if chosen is not None:
+            gpu_backend.group_sum.row_values = lambda cols, chosen=chosen: chosen
+            gpu.rt.launches.clear()  # the forward keeps its launch by shape
+        err = np.abs(gpu.to_numpy(gpu.layernorm_forward(x, w, bias, 1e-5)[0]) - expected_y).max()
+        if not err < 1e-4 * np.abs(expected_y).max():
+            raise SystemExit(f"layernorm_forward{label}: off by {err:.1e}")
+        row(f"layernorm_forward ({n}, {c}){label}", lambda: gpu.layernorm_forward(x, w, bias, 1e-5),
+            4 * (2 * n * c + 2 * n + 2 * c), 1)
+        for width in [int(v) for v in args.group_cols.split(",")] if shipped_cols else [0]:
+            if shipped_cols:
+                gpu_backend.LAYERNORM_GROUP_COLS = {0: width} if width else shipped_cols
+            got = gpu.layernorm_backward(gy, x, w, mean, rstd, True, g_add)
+            for name, o, e in zip(("g_x", "g_weight", "g_bias"), got, expected):
+                err = np.abs(gpu.to_numpy(o) - e).max() / max(np.abs(e).max(), 1e-30)
+                if not err < 1e-4:
+                    raise SystemExit(f"layernorm_backward with {width or 'the shipped'} columns a workgroup{label}: "
+                                     f"{name} off by {err:.1e}")
+            row(f"layernorm_backward +g_add ({n}, {c}) cols/wg {width or 'shipped'}{label}",
+                lambda: gpu.layernorm_backward(gy, x, w, mean, rstd, True, g_add), 4 * (4 * n * c + 2 * n + 3 * c), 1)
+    if shipped:
+        gpu_backend.group_sum.row_values = shipped
 
     qkv = up(b, t, 3 * c)
     y, lse = gpu.attention_forward(qkv, h, 1 / math.sqrt(c // h))

@@ -16,9 +16,8 @@ def build_every_kernel(storage_buffers: int) -> list[str]:
     adapter = context.choose_adapter(wgpu.gpu.enumerate_adapters_sync())
     device = adapter.request_device_sync(required_limits={"max-storage-buffers-per-shader-stage": storage_buffers})
     failed = []
-    row_teams = group_sum.fills(subgroups=False)  # the row-team kernels, their no-subgroup form
     sources = [context.kernel_source(name) for name in context.KERNEL_FILES] + \
-        [context.kernel_source(name, row_teams) for name in ("layernorm", "cross_entropy")]
+        [group_sum.source(name, subgroups=False) for name in ("layernorm", "cross_entropy")]  # no-subgroup form
     for code in sources:
         module = device.create_shader_module(code=code)
         for entry in entry_points(code):

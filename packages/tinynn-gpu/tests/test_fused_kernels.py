@@ -148,9 +148,10 @@ def test_layernorm_backward(subgroup_path, monkeypatch, rows, cols, weight, bias
     # x is the mean +- one deviation); float32 then owes accuracy to those terms, not to the small result.
 
 
-@pytest.mark.parametrize("cols, group_cols", [(256, 4), (511, 4), (512, 8), (768, 8)])
+@pytest.mark.parametrize("cols, group_cols", [(256, 1), (511, 4), (512, 4), (768, 4), (770, 16)])
 def test_layernorm_backward_column_groups_by_width(gpu, monkeypatch, cols, group_cols):
-    """The column workgroups' width comes from LAYERNORM_GROUP_COLS by C, and the gradients agree with it."""
+    """The column workgroups' width comes from LAYERNORM_GROUP_COLS by C, in the kernel's Values (a vec4 where C
+    is a multiple of 4: 4 columns are 1 Value, 16 are 4), and the gradients agree with it."""
     seen, dispatch = [], gpu.rt.dispatch
     monkeypatch.setattr(gpu.rt, "dispatch", lambda *args: (seen.append(args[1:5:3]), dispatch(*args))[1])
     g = np.random.default_rng(cols)

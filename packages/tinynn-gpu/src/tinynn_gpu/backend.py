@@ -40,10 +40,12 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 # and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
 LAYERNORM_SPLIT_ROWS = 2048
 # columns per LayerNorm-backward column workgroup, by the rows' width C (the entry of the widest C reached): C /
-# width workgroups share the rows. H200 (experiments/row_kernels.py --group-cols, us a backward): 2048 x 256, 4
-# columns 8.2, 2 8.9, 8 9.4 (session 10); 2048 x 768 (big), 8 columns 11.3 and 11.7, 4 13.9 and 14.1, 2 18.0
-# (session 17, two calls): a workgroup's row of 8 columns is one 32-byte sector
-LAYERNORM_GROUP_COLS = {0: 4, 512: 8}
+# width workgroups share the rows. H200 (experiments/row_kernels.py --group-cols, us a backward): with a float a
+# load, 2048 x 256, 4 columns 8.2, 2 8.9, 8 9.4 (session 10); 2048 x 768 (big), 8 columns 11.3 and 11.7, 4 13.9 and
+# 14.1, 2 18.0 (session 17, two calls): a workgroup's row of 8 columns is one 32-byte sector. With a vec4 a load
+# (layernorm.wgsl's Values, session 21): 2048 x 768, 16 columns 9.5 and 10.0, 8 10.3 and 10.2, 4 12.3 and 13.6;
+# 2048 x 256, 4 and 8 columns 6.9-7.0, 16 7.6-7.8
+LAYERNORM_GROUP_COLS = {0: 4, 512: 16}
 NO_EPILOGUE = Epilogue()  # frozen: one for every plain matmul
 
 
@@ -464,9 +466,12 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
         rt = self.rt
         key = ("layernorm_forward", *group_sum.variant(rt), rows, c, eps)
-        launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
-            group_sum.shader(rt, "layernorm"), "layernorm_forward_main", -(-rows // group_sum.TEAM_ROWS),
-            (0, 1, 2, 4, 5, 6), {"rows": rows, "cols": c, "eps": eps}))
+        launch = rt.launches.get(key)
+        if launch is None:
+            width, step = group_sum.row_values(c)
+            launch = rt.keep(key, rt.prepare(
+                group_sum.shader(rt, "layernorm", width, step), "layernorm_forward_main",
+                -(-rows // group_sum.TEAM_ROWS), (0, 1, 2, 4, 5, 6), {"rows": rows, "cols": c // width, "eps": eps}))
         rt.launch(launch, (*operands, y, mean, rstd))
         return (y, mean, rstd) if for_backward else (y, None, None)
 
@@ -479,17 +484,19 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         splits = -(-rows // LAYERNORM_SPLIT_ROWS) if wanted else 1
         gw, gb = (self._empty((c,)), self._empty((c,))) if wanted else (self.rt.stand_in(1), self.rt.stand_in(2))
         partials = self._empty((2 * splits * c,)) if splits > 1 else self.rt.stand_in(3)
-        group_cols = LAYERNORM_GROUP_COLS[max(at for at in LAYERNORM_GROUP_COLS if at <= c)]
-        params = {"rows": rows, "cols": c, "has_g_add": int(g_add is not None),
-                  "param_groups": -(-c // group_cols) * splits if wanted else 0,
+        width, step = group_sum.row_values(c)  # the kernel's cols and group_cols count Values of `width` floats
+        values = c // width
+        group_cols = max(1, LAYERNORM_GROUP_COLS[max(at for at in LAYERNORM_GROUP_COLS if at <= c)] // width)
+        params = {"rows": rows, "cols": values, "has_g_add": int(g_add is not None),
+                  "param_groups": -(-values // group_cols) * splits if wanted else 0,
                   "group_cols": group_cols, "split_rows": LAYERNORM_SPLIT_ROWS, "splits": splits}
-        shader = group_sum.shader(self.rt, "layernorm")
+        shader = group_sum.shader(self.rt, "layernorm", width, step)
         added = self.rt.stand_in(0) if g_add is None else bindable(g_add)
         self.rt.dispatch(shader, "layernorm_backward_main", params["param_groups"] + -(-rows // group_sum.TEAM_ROWS),
                          {0: bindable(x), 1: bindable(w), 5: bindable(mean), 6: bindable(rstd), 7: bindable(g),
                           8: added, 4: gx, 9: partials, 10: gw, 11: gb}, params)
         if splits > 1:
-            self.rt.dispatch(shader, "layernorm_param_grads_finish_main", groups(c), {9: partials, 10: gw, 11: gb},
+            self.rt.dispatch(shader, "layernorm_param_grads_finish_main", groups(values), {9: partials, 10: gw, 11: gb},
                              params)
         return gx, (gw if weight is not None else None), (gb if has_bias else None)
 

@@ -5,71 +5,85 @@
 // one dispatch for the input, weight and bias gradients. On an H200 (experiments/row_kernels.py, 50 calls
 // back to back) this took the forward from 8.4 to 4.7 us at 2048 x 256 (8.8 to 5.9 at 2048 x 384) and
 // the backward from 9.9 to 8.2 (10.7 to 9.6), before the loops were made to load before they store.
+// A template (group_sum.shader fills it in): a `Value` is 4 neighbouring columns (a vec4) where C is a multiple
+// of 4, else one float, and params.cols counts Values; a row loop's step takes as many Values a lane as cover
+// a row in one step (group_sum.row_values), up to 8. A lane then has four times the bytes in flight. H200
+// (experiments/row_kernels.py, session 21), us, floats 8 a step (forward) and 4 (backward) -> these Values:
+// forward 5.99 -> 5.72-5.75 at 2048 x 768, 4.42 -> 4.15 at 2048 x 384, 3.70 -> 3.50-3.51 at 2048 x 256; backward
+// 11.4-12.3 -> 9.7, 10.0 -> 9.4, 8.2 -> 7.1. Vec4s 8 a step at 2048 x 256 (6 of 8 past the row) took 4.1 us.
 // Bindings: 0:x 1:weight 2:bias 3:params 4:out 5:mean 6:rstd 7:g 8:g_add 9:partials 10:g_weight 11:g_bias
 // A missing weight or bias is bound as ones or zeros by the launcher, so one kernel serves every case.
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> weight: array<f32>;
-@group(0) @binding(2) var<storage, read> bias: array<f32>;
+alias Value = {{VALUE}};
+const WIDTH: u32 = {{WIDTH}}u;  // floats in a Value
+// Values a lane takes per step of a row loop (group_sum.row_values): a line holding the marker "$s" stands for
+// STEP lines, the marker replaced by 0, 1, ..., and one holding "$r" for 8 likewise
+const STEP: u32 = {{STEP}}u;
+
+// The sum of a Value's floats
+fn total(v: Value) -> f32 { return {{TOTAL}}; }
+
+@group(0) @binding(0) var<storage, read> x: array<Value>;
+@group(0) @binding(1) var<storage, read> weight: array<Value>;
+@group(0) @binding(2) var<storage, read> bias: array<Value>;
 @group(0) @binding(3) var<uniform> params: Params;
 
 struct Params {
-    rows: u32, cols: u32, eps: f32,
+    rows: u32, cols: u32, eps: f32,  // cols: Values a row
     has_g_add: u32,
     param_groups: u32,  // the backward's column workgroups (0: no weight or bias gradient wanted)
-    group_cols: u32,  // the columns of one column workgroup (a power of two up to 256)
+    group_cols: u32,  // the Value columns of one column workgroup (a power of two up to 256)
     split_rows: u32, splits: u32,  // the rows each column workgroup sums, and how many splits cover them
 }
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<Value>;
 @group(0) @binding(5) var<storage, read_write> mean: array<f32>;
 @group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
-@group(0) @binding(7) var<storage, read> g: array<f32>;
-@group(0) @binding(8) var<storage, read> g_add: array<f32>;
-@group(0) @binding(9) var<storage, read_write> partials: array<f32>;
-@group(0) @binding(10) var<storage, read_write> g_weight: array<f32>;
-@group(0) @binding(11) var<storage, read_write> g_bias: array<f32>;
+@group(0) @binding(7) var<storage, read> g: array<Value>;
+@group(0) @binding(8) var<storage, read> g_add: array<Value>;
+@group(0) @binding(9) var<storage, read_write> partials: array<Value>;
+@group(0) @binding(10) var<storage, read_write> g_weight: array<Value>;
+@group(0) @binding(11) var<storage, read_write> g_bias: array<Value>;
 
 {{ROW_SUM}}
 
-// The elements of row `row` that `team` holds (lane, lane + width, ...) end below this: 0 for a team with no
+// The Values of row `row` that `team` holds (lane, lane + width, ...) end below this: 0 for a team with no
 // row (past the workgroup's ROWS or the last row), which still calls row_sum, adding zeros.
 fn team_end(r: u32, row: u32) -> u32 { return select(0u, params.cols, r < ROWS && row < params.rows); }
 
-// Four elements w apart, loaded together: every loop below loads a few elements' operands before it
-// stores anything, as the compiler may not move a load above a store to another binding (they could alias)
-// and each load would otherwise wait out a trip to memory on its own.
-fn x4(i: u32, w: u32) -> vec4<f32> { return vec4<f32>(x[i], x[i + w], x[i + 2u * w], x[i + 3u * w]); }
-fn g4(i: u32, w: u32) -> vec4<f32> { return vec4<f32>(g[i], g[i + w], g[i + 2u * w], g[i + 3u * w]); }
-fn g_add4(i: u32, w: u32) -> vec4<f32> {
-    return vec4<f32>(g_add[i], g_add[i + w], g_add[i + 2u * w], g_add[i + 3u * w]);
-}
-fn weight4(j: u32, w: u32) -> vec4<f32> {
-    return vec4<f32>(weight[j], weight[j + w], weight[j + 2u * w], weight[j + 3u * w]);
-}
-fn bias4(j: u32, w: u32) -> vec4<f32> { return vec4<f32>(bias[j], bias[j + w], bias[j + 2u * w], bias[j + 3u * w]); }
+// The row loops take a few of a lane's Values a step (j, j + w, ..., j + (STEP - 1) w: the `_step` functions), and
+// load all of a step's operands before they store anything: the compiler may not move a load above a store to
+// another binding (they could alias), and each load would otherwise wait out a trip to memory on its own. Whole
+// steps first, then the row's last, partial step (`whole` false), whose Values past the row's end (j >= end) read
+// its last Value (a clamped index, not a branch around the load, so that every load of the step is in flight at
+// once) and count as zero, their stores skipped. `whole` is a constant in each call, so a whole step carries
+// neither clamp nor check: with them in every step, the forward over 2048 x 768 floats (3 whole steps a lane) took
+// 6.4-6.5 us against 5.9 (H200). `end` > 0 where j < end, so end - 1 does not wrap.
+fn at(j: u32, end: u32, whole: bool) -> u32 { return select(min(j, end - 1u), j, whole); }
+fn inside(j: u32, end: u32, whole: bool) -> bool { return whole || j < end; }
 
-fn store4(i: u32, w: u32, v: vec4<f32>) {
-    out[i] = v.x;
-    out[i + w] = v.y;
-    out[i + 2u * w] = v.z;
-    out[i + 3u * w] = v.w;
+// (x - mu)^p, p = 1 or 2, of a step's Values of the row at `base`, added up (zero past the row)
+fn moment_step(base: u32, j: u32, w: u32, end: u32, whole: bool, mu: f32, p: u32) -> Value {
+    let d$s = x[base + at(j + $su * w, end, whole)] - mu;
+    var acc = Value(0.0);
+    acc = acc + select(Value(0.0), select(d$s, d$s * d$s, p == 2u), inside(j + $su * w, end, whole));
+    return acc;
 }
 
-// sum over a team's elements of row `base` of (x - mu)^p, p = 1 or 2, eight loads in flight per thread
+// the sum over a team's Values of the row at `base` of (x - mu)^p
 fn moment(base: u32, end: u32, team: Team, mu: f32, p: u32) -> f32 {
     let w = team.width;
-    var acc = vec4<f32>(0.0);
+    var acc = Value(0.0);
     var j = team.lane;
-    for (; j + 7u * w < end; j = j + 8u * w) {
-        let a = x4(base + j, w) - mu;
-        let b = x4(base + j + 4u * w, w) - mu;
-        acc = acc + select(a + b, a * a + b * b, p == 2u);
-    }
-    for (; j < end; j = j + w) {
-        let d = x[base + j] - mu;
-        acc.x = acc.x + select(d, d * d, p == 2u);
-    }
-    return (acc.x + acc.y) + (acc.z + acc.w);
+    for (; j + (STEP - 1u) * w < end; j = j + STEP * w) { acc = acc + moment_step(base, j, w, end, true, mu, p); }
+    if (j < end) { acc = acc + moment_step(base, j, w, end, false, mu, p); }
+    return total(acc);
+}
+
+// LayerNorm's output of a step's Values of the row at `base`
+fn output_step(base: u32, j: u32, w: u32, end: u32, whole: bool, mu: f32, rs: f32) {
+    let c$s = at(j + $su * w, end, whole);
+    let y$s = (x[base + c$s] - mu) * rs * weight[c$s] + bias[c$s];
+    if (inside(j + $su * w, end, whole)) { out[base + j + $su * w] = y$s; }
 }
 
 // out = y; mean, rstd per row.
@@ -77,23 +91,21 @@ fn moment(base: u32, end: u32, team: Team, mu: f32, p: u32) -> f32 {
 fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           lanes: Lanes) {
     let team = team_of(lanes);
-    let cols = params.cols;
     let w = team.width;
+    let count = f32(params.cols * WIDTH);
     let rows_each = team_rows(team);
     for (var k = 0u; k < rows_each; k = k + 1u) {
         let r = team.id + k * team.count;
         let row = row_index(wg, nwg) * ROWS + r;
         let end = team_end(r, row);
-        let base = row * cols;
-        let mu = row_sum(team, vec2<f32>(moment(base, end, team, 0.0, 1u), 0.0)).x / f32(cols);
+        let base = row * params.cols;
+        let mu = row_sum(team, vec2<f32>(moment(base, end, team, 0.0, 1u), 0.0)).x / count;
         // two passes: E[(x - mu)^2] keeps its precision where E[x^2] - mu^2 would not
-        let variance = row_sum(team, vec2<f32>(moment(base, end, team, mu, 2u), 0.0)).x / f32(cols);
+        let variance = row_sum(team, vec2<f32>(moment(base, end, team, mu, 2u), 0.0)).x / count;
         let rs = inverseSqrt(variance + params.eps);
         var j = team.lane;
-        for (; j + 3u * w < end; j = j + 4u * w) {
-            store4(base + j, w, (x4(base + j, w) - mu) * rs * weight4(j, w) + bias4(j, w));
-        }
-        for (; j < end; j = j + w) { out[base + j] = (x[base + j] - mu) * rs * weight[j] + bias[j]; }
+        for (; j + (STEP - 1u) * w < end; j = j + STEP * w) { output_step(base, j, w, end, true, mu, rs); }
+        if (j < end) { output_step(base, j, w, end, false, mu, rs); }
         if (team.lane == 0u && end > 0u) {
             mean[row] = mu;
             rstd[row] = rs;
@@ -117,63 +129,77 @@ fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
         return;
     }
     let team = team_of(lanes);
-    let cols = params.cols;
     let w = team.width;
-    let add = params.has_g_add == 1u;
+    let count = f32(params.cols * WIDTH);
     let rows_each = team_rows(team);
     for (var k = 0u; k < rows_each; k = k + 1u) {
         let r = team.id + k * team.count;
         let row = (group - params.param_groups) * ROWS + r;
         let end = team_end(r, row);
-        let base = row * cols;
+        let base = row * params.cols;
         var mu = 0.0;
         var rs = 0.0;
         if (end > 0u) {
             mu = mean[row];
             rs = rstd[row];
         }
-        let m = row_sum(team, dx_sums(base, end, team, mu, rs)) / f32(cols);
+        let m = row_sum(team, dx_sums(base, end, team, mu, rs)) / count;
         var j = team.lane;
-        for (; j + 3u * w < end; j = j + 4u * w) {
-            let i = base + j;
-            var dx = rs * (g4(i, w) * weight4(j, w) - m.x - (x4(i, w) - mu) * rs * m.y);
-            if (add) { dx = dx + g_add4(i, w); }
-            store4(i, w, dx);
-        }
-        for (; j < end; j = j + w) {
-            let i = base + j;
-            var dx = rs * (g[i] * weight[j] - m.x - (x[i] - mu) * rs * m.y);
-            if (add) { dx = dx + g_add[i]; }
-            out[i] = dx;
-        }
+        for (; j + (STEP - 1u) * w < end; j = j + STEP * w) { dx_step(base, j, w, end, true, mu, rs, m); }
+        if (j < end) { dx_step(base, j, w, end, false, mu, rs, m); }
     }
 }
 
-// (sum of gw, sum of gw * xhat) over a team's elements of one row, four elements in flight per thread
+// (sum of gw, sum of gw * xhat) over a step's Values of the row at `base` (zero past the row), gw = g * weight
+fn sums_step(base: u32, j: u32, w: u32, end: u32, whole: bool, mu: f32, rs: f32) -> array<Value, 2> {
+    let c$s = at(j + $su * w, end, whole);
+    let gw$s = select(Value(0.0), g[base + c$s] * weight[c$s], inside(j + $su * w, end, whole));
+    let xhat$s = (x[base + c$s] - mu) * rs;
+    var sums = array<Value, 2>(Value(0.0), Value(0.0));
+    sums[0] = sums[0] + gw$s;
+    sums[1] = sums[1] + gw$s * xhat$s;
+    return sums;
+}
+
+// (sum of gw, sum of gw * xhat) over a team's Values of one row
 fn dx_sums(base: u32, end: u32, team: Team, mu: f32, rs: f32) -> vec2<f32> {
     let w = team.width;
-    var s1 = vec4<f32>(0.0);
-    var s2 = vec4<f32>(0.0);
+    var sums = array<Value, 2>(Value(0.0), Value(0.0));
     var j = team.lane;
-    for (; j + 3u * w < end; j = j + 4u * w) {
-        let gw = g4(base + j, w) * weight4(j, w);
-        s1 = s1 + gw;
-        s2 = s2 + gw * (x4(base + j, w) - mu) * rs;
+    for (; j + (STEP - 1u) * w < end; j = j + STEP * w) {
+        let s = sums_step(base, j, w, end, true, mu, rs);
+        sums = array<Value, 2>(sums[0] + s[0], sums[1] + s[1]);
     }
-    for (; j < end; j = j + w) {
-        let gw = g[base + j] * weight[j];
-        s1.x = s1.x + gw;
-        s2.x = s2.x + gw * (x[base + j] - mu) * rs;
+    if (j < end) {
+        let s = sums_step(base, j, w, end, false, mu, rs);
+        sums = array<Value, 2>(sums[0] + s[0], sums[1] + s[1]);
     }
-    return vec2<f32>((s1.x + s1.y) + (s1.z + s1.w), (s2.x + s2.y) + (s2.z + s2.w));
+    return vec2<f32>(total(sums[0]), total(sums[1]));
 }
 
-var<workgroup> lane_sums: array<vec2<f32>, 256>;
+// dx of a step's Values of the row at `base`, m = (mean(gw), mean(gw * xhat)), plus g_add's
+fn dx_step(base: u32, j: u32, w: u32, end: u32, whole: bool, mu: f32, rs: f32, m: vec2<f32>) {
+    let c$s = at(j + $su * w, end, whole);
+    var d$s = rs * (g[base + c$s] * weight[c$s] - m.x - (x[base + c$s] - mu) * rs * m.y);
+    if (params.has_g_add == 1u) {
+        d$s = d$s + g_add[base + c$s];
+    }
+    if (inside(j + $su * w, end, whole)) { out[base + j + $su * w] = d$s; }
+}
 
-// Column workgroup w: group_cols columns, each summed by 256 / group_cols lanes over every lanes-th row of
+var<workgroup> lane_weight_sums: array<Value, 256>;
+var<workgroup> lane_bias_sums: array<Value, 256>;
+
+// g * xhat and g of row r, Value column c
+fn column_terms(r: u32, c: u32) -> array<Value, 2> {
+    let gi = g[r * params.cols + c];
+    return array<Value, 2>(gi * (x[r * params.cols + c] - mean[r]) * rstd[r], gi);
+}
+
+// Column workgroup w: group_cols Value columns, each summed by 256 / group_cols lanes over every lanes-th row of
 // its split (eight rows in flight per lane), then the lanes added by a tree in workgroup memory. Neighbouring
-// threads read neighbouring columns of a row. Few columns a workgroup make many workgroups, so a GPU's
-// multiprocessors all share the columns' rows (a C-wide layer has C / group_cols of them).
+// threads read neighbouring Values of a row. Few columns a workgroup make many workgroups, so a GPU's
+// multiprocessors all share the columns' rows (a C-wide layer has C / (group_cols * WIDTH) of them).
 fn param_grads(w: u32, lid: u32) {
     let cols = params.cols;
     let gc = params.group_cols;
@@ -183,59 +209,55 @@ fn param_grads(w: u32, lid: u32) {
     let step = 256u / gc;
     let lo = split * params.split_rows;
     let hi = min(lo + params.split_rows, params.rows);
-    var sw = vec4<f32>(0.0);
-    var sb = vec4<f32>(0.0);
+    var sw = Value(0.0);
+    var sb = Value(0.0);
     if (c < cols) {
         var r = lo + lid / gc;
         for (; r + 7u * step < hi; r = r + 8u * step) {
-            let ra = vec4<u32>(r, r + step, r + 2u * step, r + 3u * step);
-            let rb = ra + 4u * step;
-            let ga = vec4<f32>(g[ra.x * cols + c], g[ra.y * cols + c], g[ra.z * cols + c], g[ra.w * cols + c]);
-            let gb = vec4<f32>(g[rb.x * cols + c], g[rb.y * cols + c], g[rb.z * cols + c], g[rb.w * cols + c]);
-            let xa = (vec4<f32>(x[ra.x * cols + c], x[ra.y * cols + c], x[ra.z * cols + c], x[ra.w * cols + c])
-                      - vec4<f32>(mean[ra.x], mean[ra.y], mean[ra.z], mean[ra.w]))
-                     * vec4<f32>(rstd[ra.x], rstd[ra.y], rstd[ra.z], rstd[ra.w]);
-            let xb = (vec4<f32>(x[rb.x * cols + c], x[rb.y * cols + c], x[rb.z * cols + c], x[rb.w * cols + c])
-                      - vec4<f32>(mean[rb.x], mean[rb.y], mean[rb.z], mean[rb.w]))
-                     * vec4<f32>(rstd[rb.x], rstd[rb.y], rstd[rb.z], rstd[rb.w]);
-            sw = sw + ga * xa + gb * xb;
-            sb = sb + ga + gb;
+            let t$r = column_terms(r + $ru * step, c);
+            sw = sw + t$r[0];
+            sb = sb + t$r[1];
         }
         for (; r < hi; r = r + step) {
-            let gi = g[r * cols + c];
-            sw.x = sw.x + gi * (x[r * cols + c] - mean[r]) * rstd[r];
-            sb.x = sb.x + gi;
+            let t = column_terms(r, c);
+            sw = sw + t[0];
+            sb = sb + t[1];
         }
     }
-    lane_sums[lid] = vec2<f32>((sw.x + sw.y) + (sw.z + sw.w), (sb.x + sb.y) + (sb.z + sb.w));
+    lane_weight_sums[lid] = sw;
+    lane_bias_sums[lid] = sb;
     workgroupBarrier();
     for (var s = 128u; s >= gc; s = s >> 1u) {  // lid and lid + s hold the same column: s is a multiple of gc
-        if (lid < s) { lane_sums[lid] = lane_sums[lid] + lane_sums[lid + s]; }
+        if (lid < s) {
+            lane_weight_sums[lid] = lane_weight_sums[lid] + lane_weight_sums[lid + s];
+            lane_bias_sums[lid] = lane_bias_sums[lid] + lane_bias_sums[lid + s];
+        }
         workgroupBarrier();
     }
     if (lid < gc && c < cols) {
-        let sums = lane_sums[lid];
         if (params.splits == 1u) {
-            g_weight[c] = sums.x;
-            g_bias[c] = sums.y;
+            g_weight[c] = lane_weight_sums[lid];
+            g_bias[c] = lane_bias_sums[lid];
         } else {
-            partials[split * cols + c] = sums.x;
-            partials[(params.splits + split) * cols + c] = sums.y;
+            partials[split * cols + c] = lane_weight_sums[lid];
+            partials[(params.splits + split) * cols + c] = lane_bias_sums[lid];
         }
     }
 }
 
-// g_weight and g_bias: the column sums of the splits' partials (2, splits, C), one thread per column.
+// g_weight and g_bias: the column sums of the splits' partials (2, splits, C), one thread per Value column.
 @compute @workgroup_size(256)
 fn layernorm_param_grads_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                      @builtin(local_invocation_index) lid: u32) {
     let c = element_index(wg, nwg, lid);
     let cols = params.cols;
     if (c >= cols) { return; }
-    var sums = vec2<f32>(0.0);
+    var sw = Value(0.0);
+    var sb = Value(0.0);
     for (var split = 0u; split < params.splits; split = split + 1u) {
-        sums = sums + vec2<f32>(partials[split * cols + c], partials[(params.splits + split) * cols + c]);
+        sw = sw + partials[split * cols + c];
+        sb = sb + partials[(params.splits + split) * cols + c];
     }
-    g_weight[c] = sums.x;
-    g_bias[c] = sums.y;
+    g_weight[c] = sw;
+    g_bias[c] = sb;
 }
