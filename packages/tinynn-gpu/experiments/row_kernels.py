@@ -3,7 +3,7 @@ back-to-back calls in one compute pass (Runtime.time_pass: the barriers between 
 step, none of the per-dispatch timestamps of `--profile`), against the time its bytes take at memory speed.
 
     python packages/tinynn-gpu/experiments/row_kernels.py [--config apps/bench/lesson.json] [--reps 50]
-        [--bandwidth 4.0e12] [--group-cols 2,4,8] [--row-values 4x8,4x4,1x8]
+        [--bandwidth 4.0e12] [--group-cols 4,8,16] [--row-values 4x8,4x4,1x8]
 
 Bytes are what the op must read and write once (its inputs and outputs); `floor` is an empty dispatch's
 time (a fill of 1 float), the barrier each dispatch pays whatever it does. --group-cols times LayerNorm's
@@ -29,7 +29,7 @@ def main():
     parser.add_argument("--config", default="apps/bench/lesson.json")
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--bandwidth", type=float, default=4.0e12, help="bytes/s the memory-speed bound uses")
-    parser.add_argument("--group-cols", default="2,4,8")
+    parser.add_argument("--group-cols", default="4,8,16", help="columns (not Values), 0 for the shipped widths")
     parser.add_argument("--row-values", default="",
                         help="LayerNorm also with these (width, step) of group_sum.row_values, e.g. 4x8,4x4,1x8")
     args = parser.parse_args()
@@ -96,6 +96,9 @@ def main():
                 lambda: gpu.layernorm_backward(gy, x, w, mean, rstd, True, g_add), 4 * (4 * n * c + 2 * n + 3 * c), 1)
     if shipped:
         gpu_backend.group_sum.row_values = shipped
+        gpu.rt.launches.clear()
+    if shipped_cols:
+        gpu_backend.LAYERNORM_GROUP_COLS = shipped_cols
 
     qkv = up(b, t, 3 * c)
     y, lse = gpu.attention_forward(qkv, h, 1 / math.sqrt(c // h))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn_gpu import backend as gpu_backend
-from tinynn_gpu import multi_tensor
+from tinynn_gpu import group_sum, multi_tensor
 from tinynn_gpu.multi_tensor import ADAMW_CHUNK, SQUARES_CHUNK
 
 REF = backends.reference()
@@ -120,10 +120,10 @@ def test_max_lets_nan_win(subgroup_path):
 @FEW
 @given(rows=st.one_of(st.integers(1, 70), st.sampled_from([31, 32, 33, 1000])), cols=dims,
        weight=st.booleans(), bias=st.booleans(), add=st.booleans(), split_rows=st.sampled_from([7, 2048]),
-       group_cols=st.sampled_from([1, 4, 256]), seed=st.integers(0, 2**31))
+       group_cols=st.sampled_from([1, 4, 8, 256, 1024]), seed=st.integers(0, 2**31))
 def test_layernorm_backward(subgroup_path, monkeypatch, rows, cols, weight, bias, add, split_rows, group_cols, seed):
     """One dispatch, or with rows in several splits (split_rows 7) a finish after it; g_add folded into g_x;
-    the column sums' workgroups one column wide to 256."""
+    the column sums' workgroups 1 to 1024 columns wide (in the kernel's Values: 1 to 256)."""
     gpu, g = subgroup_path, np.random.default_rng(seed)
     monkeypatch.setattr(gpu_backend, "LAYERNORM_SPLIT_ROWS", split_rows)
     monkeypatch.setattr(gpu_backend, "LAYERNORM_GROUP_COLS", {0: group_cols})
@@ -146,6 +146,34 @@ def test_layernorm_backward(subgroup_path, monkeypatch, rows, cols, weight, bias
             np.linalg.norm(gpu.to_numpy(o) - t) <= 1e-5 * scale
     # g_x is a difference of terms of size rstd * dy * w that can cancel almost to nothing (2 columns: each
     # x is the mean +- one deviation); float32 then owes accuracy to those terms, not to the small result.
+
+
+# a C for each of layernorm.wgsl's forms (group_sum.row_values: Values of 1 or 4 floats, 1 to 8 a step): on 32-wide
+# teams rows shorter than a step, one partial step (768), whole steps and a partial one (1028, 2049, 2052), whole
+# steps only (4096); on narrower subgroups (lavapipe's 8) more whole steps
+LAYERNORM_WIDTHS = [1, 3, 4, 33, 65, 132, 256, 260, 516, 768, 1028, 2049, 2052, 4096]
+
+
+def test_layernorm_widths_cover_every_form():
+    assert {group_sum.row_values(c) for c in LAYERNORM_WIDTHS} == {(w, s) for w in (1, 4) for s in (1, 2, 4, 8)}
+
+
+@pytest.mark.parametrize("cols", LAYERNORM_WIDTHS)
+@pytest.mark.parametrize("rows", [1, 9, 23])
+def test_layernorm_every_form(subgroup_path, monkeypatch, rows, cols):
+    """The forward and the backward (g_add, rows in splits of 7 and their finish) in each of the kernel's forms."""
+    gpu, g = subgroup_path, np.random.default_rng(rows * 10_000 + cols)
+    monkeypatch.setattr(gpu_backend, "LAYERNORM_SPLIT_ROWS", 7)
+    x, dy, g_add = ((g.standard_normal((rows, cols)) * 2).astype(np.float32) for _ in range(3))
+    w, b = (g.standard_normal(cols).astype(np.float32) for _ in range(2))
+    y, mean, rstd = gpu.layernorm_forward(*(gpu.from_numpy(a) for a in (x, w, b)), 1e-5)
+    for ours, theirs in zip((y, mean, rstd), REF.layernorm_forward(x.astype(np.float64), w, b, 1e-5)):
+        assert rel_err(gpu.to_numpy(ours), theirs) <= 1e-5
+    _, mean64, rstd64 = REF.layernorm_forward(x.astype(np.float64), w, b, 1e-5)
+    ours = gpu.layernorm_backward(*(gpu.from_numpy(a) for a in (dy, x, w)), mean, rstd, g_add=gpu.from_numpy(g_add))
+    theirs = REF.layernorm_backward(dy.astype(np.float64), x.astype(np.float64), w, mean64, rstd64, g_add=g_add)
+    for o, t in zip(ours, theirs):
+        assert rel_err(gpu.to_numpy(o), t) <= 1e-4
 
 
 @pytest.mark.parametrize("cols, group_cols", [(256, 1), (511, 4), (512, 4), (768, 4), (770, 16)])

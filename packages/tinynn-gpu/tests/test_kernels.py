@@ -430,7 +430,7 @@ def test_row_kernels_keep_a_launch_per_path(subgroup_path, monkeypatch):
     x = gpu.from_numpy(np.ones((3, 40), np.float32))
     gpu.layernorm_forward(x, None, None, 1e-5)
     gpu.cross_entropy_forward(x, gpu.from_numpy(np.zeros(3, np.int64)), -100)
-    assert used["layernorm_forward_main"] is group_sum.shader(gpu.rt, "layernorm", 4)  # 40 columns: vec4 Values
+    assert used["layernorm_forward_main"] is group_sum.shader(gpu.rt, "layernorm", *group_sum.row_values(40))
     for entry in ("cross_entropy_forward_rows_main", "cross_entropy_forward_mean_main"):
         assert used[entry] is group_sum.shader(gpu.rt, "cross_entropy")
 

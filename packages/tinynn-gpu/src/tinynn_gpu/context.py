@@ -87,12 +87,13 @@ def fill(text: str, fills: dict | None) -> str:
 
 
 def unroll(text: str, counts: dict) -> str:
-    """Repeat each code line that holds a marker once per value of it (0 .. count-1), the marker replaced."""
+    """Repeat each code line that holds a marker in its code (not in a comment) once per value of it (0 ..
+    count-1), the marker replaced."""
     lines = []
     for line in text.splitlines():
         copies = [line]
         for marker, count in counts.items():
-            if marker in line and not line.lstrip().startswith("//"):
+            if marker in line.split("//")[0]:
                 copies = [copy.replace(marker, str(i)) for copy in copies for i in range(count)]
         lines += copies
     return "\n".join(lines) + "\n"

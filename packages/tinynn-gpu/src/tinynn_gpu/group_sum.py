@@ -23,6 +23,7 @@ def uses_subgroups(ctx) -> bool:
 TEMPLATES = ("reduce", "layernorm", "cross_entropy")  # the kernel files compiled through `shader`
 TEAM_ROWS = 8  # rows per 256-thread workgroup of the row-team kernels (layernorm, cross_entropy's forward)
 TEAM_WIDTH = 32  # threads per row team without subgroups
+ROWS_AHEAD = 8  # rows a lane of layernorm.wgsl's column sums loads at once
 
 
 def snippet(subgroups: bool) -> str:
@@ -33,11 +34,13 @@ def snippet(subgroups: bool) -> str:
 def fills(subgroups: bool, width: int = 1, step: int = 1) -> dict:
     """`kernel_source`'s fills for a file using group_sum or the row teams ({{ROWS}}: inside the row teams), and
     layernorm.wgsl's Value of `width` floats (4: a vec4, else 1), `step` of them a lane per step of a row loop."""
+    if width not in (1, 4):
+        raise ValueError(f"a Value is 1 or 4 floats, not {width}")
     teams = kernel_file(f"row_sum_{'subgroup' if subgroups else 'workgroup'}")
     value = ({"VALUE": "vec4<f32>", "TOTAL": "(v.x + v.y) + (v.z + v.w)"} if width == 4
              else {"VALUE": "f32", "TOTAL": "v"})
     return {"GROUP_SUM": snippet(subgroups), "ROW_SUM": teams, "ROWS": TEAM_ROWS, "TEAM_WIDTH": TEAM_WIDTH,
-            "WIDTH": width, "STEP": step, **value}
+            "WIDTH": width, "STEP": step, "ROWS_AHEAD": ROWS_AHEAD, **value}
 
 
 def row_values(cols: int) -> tuple[int, int]:
@@ -71,4 +74,4 @@ def shader(rt, name: str, width: int = 1, step: int = 1):
 
 def source(name: str, subgroups: bool, width: int = 1, step: int = 1) -> str:
     """The WGSL that `shader` compiles: the template filled in, its marked lines unrolled (layernorm.wgsl's)."""
-    return unroll(kernel_source(name, fills(subgroups, width, step)), {"$s": step, "$r": 8})
+    return unroll(kernel_source(name, fills(subgroups, width, step)), {"$s": step, "$r": ROWS_AHEAD})

@@ -8,17 +8,19 @@
 // A template (group_sum.shader fills it in): a `Value` is 4 neighbouring columns (a vec4) where C is a multiple
 // of 4, else one float, and params.cols counts Values; a row loop's step takes as many Values a lane as cover
 // a row in one step (group_sum.row_values), up to 8. A lane then has four times the bytes in flight. H200
-// (experiments/row_kernels.py, session 21), us, floats 8 a step (forward) and 4 (backward) -> these Values:
-// forward 5.99 -> 5.72-5.75 at 2048 x 768, 4.42 -> 4.15 at 2048 x 384, 3.70 -> 3.50-3.51 at 2048 x 256; backward
-// 11.4-12.3 -> 9.7, 10.0 -> 9.4, 8.2 -> 7.1. Vec4s 8 a step at 2048 x 256 (6 of 8 past the row) took 4.1 us.
+// (experiments/row_kernels.py, session 21, two calls), us, floats 8 a step (forward) and 4 (backward) -> these
+// Values: forward 5.99, 5.99 -> 5.72-5.75 at 2048 x 768, 4.42, 4.41 -> 4.15 at 2048 x 384, 3.70, 3.71 -> 3.50-3.51
+// at 2048 x 256; backward 11.4, 12.3 -> 9.7; 10.0, 10.5 -> 9.4; 8.2, 7.2 -> 7.1. Vec4s 8 a step at 2048 x 256 (6 of
+// 8 past the row) took 4.12-4.15 us.
 // Bindings: 0:x 1:weight 2:bias 3:params 4:out 5:mean 6:rstd 7:g 8:g_add 9:partials 10:g_weight 11:g_bias
 // A missing weight or bias is bound as ones or zeros by the launcher, so one kernel serves every case.
 
 alias Value = {{VALUE}};
 const WIDTH: u32 = {{WIDTH}}u;  // floats in a Value
 // Values a lane takes per step of a row loop (group_sum.row_values): a line holding the marker "$s" stands for
-// STEP lines, the marker replaced by 0, 1, ..., and one holding "$r" for 8 likewise
+// STEP lines, the marker replaced by 0, 1, ..., and one holding "$r" for ROWS_AHEAD likewise
 const STEP: u32 = {{STEP}}u;
+const ROWS_AHEAD: u32 = {{ROWS_AHEAD}}u;  // rows a lane loads at once in the backward's column sums
 
 // The sum of a Value's floats
 fn total(v: Value) -> f32 { return {{TOTAL}}; }
@@ -56,8 +58,10 @@ fn team_end(r: u32, row: u32) -> u32 { return select(0u, params.cols, r < ROWS &
 // steps first, then the row's last, partial step (`whole` false), whose Values past the row's end (j >= end) read
 // its last Value (a clamped index, not a branch around the load, so that every load of the step is in flight at
 // once) and count as zero, their stores skipped. `whole` is a constant in each call, so a whole step carries
-// neither clamp nor check: with them in every step, the forward over 2048 x 768 floats (3 whole steps a lane) took
-// 6.4-6.5 us against 5.9 (H200). `end` > 0 where j < end, so end - 1 does not wrap.
+// neither clamp nor check. That matters where a lane's row takes several steps (floats, or C > 1024): with the
+// clamp and check in every step, the forward over 2048 x 768 floats (3 whole steps a lane) took 6.4-6.5 us against
+// 5.9 (H200); with vec4s (one partial step a lane at C <= 1024) the two forms timed within 2%.
+// `end` > 0 where j < end, so end - 1 does not wrap.
 fn at(j: u32, end: u32, whole: bool) -> u32 { return select(min(j, end - 1u), j, whole); }
 fn inside(j: u32, end: u32, whole: bool) -> bool { return whole || j < end; }
 
@@ -197,7 +201,7 @@ fn column_terms(r: u32, c: u32) -> array<Value, 2> {
 }
 
 // Column workgroup w: group_cols Value columns, each summed by 256 / group_cols lanes over every lanes-th row of
-// its split (eight rows in flight per lane), then the lanes added by a tree in workgroup memory. Neighbouring
+// its split (ROWS_AHEAD rows in flight per lane), then the lanes added by a tree in workgroup memory. Neighbouring
 // threads read neighbouring Values of a row. Few columns a workgroup make many workgroups, so a GPU's
 // multiprocessors all share the columns' rows (a C-wide layer has C / (group_cols * WIDTH) of them).
 fn param_grads(w: u32, lid: u32) {
@@ -206,19 +210,19 @@ fn param_grads(w: u32, lid: u32) {
     let strips = (cols + gc - 1u) / gc;
     let c = (w % strips) * gc + lid % gc;
     let split = w / strips;
-    let step = 256u / gc;
+    let row_stride = 256u / gc;
     let lo = split * params.split_rows;
     let hi = min(lo + params.split_rows, params.rows);
     var sw = Value(0.0);
     var sb = Value(0.0);
     if (c < cols) {
         var r = lo + lid / gc;
-        for (; r + 7u * step < hi; r = r + 8u * step) {
-            let t$r = column_terms(r + $ru * step, c);
+        for (; r + (ROWS_AHEAD - 1u) * row_stride < hi; r = r + ROWS_AHEAD * row_stride) {
+            let t$r = column_terms(r + $ru * row_stride, c);
             sw = sw + t$r[0];
             sb = sb + t$r[1];
         }
-        for (; r < hi; r = r + step) {
+        for (; r < hi; r = r + row_stride) {
             let t = column_terms(r, c);
             sw = sw + t[0];
             sb = sb + t[1];
