@@ -85,7 +85,7 @@ def main():
             4 * (2 * n * c + 2 * n + 2 * c), 1)
         for width in [int(v) for v in args.group_cols.split(",")] if shipped_cols else [0]:
             if shipped_cols:
-                gpu_backend.LAYERNORM_GROUP_COLS = {0: width} if width else shipped_cols
+                gpu_backend.LAYERNORM_GROUP_COLS = {1: {0: width}, 4: {0: width}} if width else shipped_cols
             got = gpu.layernorm_backward(gy, x, w, mean, rstd, True, g_add)
             for name, o, e in zip(("g_x", "g_weight", "g_bias"), got, expected):
                 err = np.abs(gpu.to_numpy(o) - e).max() / max(np.abs(e).max(), 1e-30)

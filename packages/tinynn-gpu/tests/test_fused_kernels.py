@@ -126,7 +126,7 @@ def test_layernorm_backward(subgroup_path, monkeypatch, rows, cols, weight, bias
     the column sums' workgroups 1 to 1024 columns wide (in the kernel's Values: 1 to 256)."""
     gpu, g = subgroup_path, np.random.default_rng(seed)
     monkeypatch.setattr(gpu_backend, "LAYERNORM_SPLIT_ROWS", split_rows)
-    monkeypatch.setattr(gpu_backend, "LAYERNORM_GROUP_COLS", {0: group_cols})
+    monkeypatch.setattr(gpu_backend, "LAYERNORM_GROUP_COLS", {1: {0: group_cols}, 4: {0: group_cols}})
     x, dy = (g.standard_normal((rows, cols)) * 2).astype(np.float32), g.standard_normal((rows, cols)).astype(np.float32)
     w = g.standard_normal(cols).astype(np.float32) if weight else None
     b = g.standard_normal(cols).astype(np.float32) if bias else None
@@ -176,10 +176,11 @@ def test_layernorm_every_form(subgroup_path, monkeypatch, rows, cols):
         assert rel_err(gpu.to_numpy(o), t) <= 1e-4
 
 
-@pytest.mark.parametrize("cols, group_cols", [(256, 1), (511, 4), (512, 4), (768, 4), (770, 16)])
+@pytest.mark.parametrize("cols, group_cols", [(256, 1), (511, 4), (512, 4), (768, 4), (770, 8)])
 def test_layernorm_backward_column_groups_by_width(gpu, monkeypatch, cols, group_cols):
-    """The column workgroups' width comes from LAYERNORM_GROUP_COLS by C, in the kernel's Values (a vec4 where C
-    is a multiple of 4: 4 columns are 1 Value, 16 are 4), and the gradients agree with it."""
+    """The column workgroups' width comes from LAYERNORM_GROUP_COLS by the Value width and C, in the kernel's Values
+    (a vec4 where C is a multiple of 4: 4 columns are 1 Value, 16 are 4; floats at 511 and 770), and the gradients
+    agree with it."""
     seen, dispatch = [], gpu.rt.dispatch
     monkeypatch.setattr(gpu.rt, "dispatch", lambda *args: (seen.append(args[1:5:3]), dispatch(*args))[1])
     g = np.random.default_rng(cols)

@@ -39,14 +39,15 @@ INT_UNARY, INT_BINARY, INT_SCALAR = {"neg", "relu"}, {"add", "sub", "mul", "eq"}
 # rows one LayerNorm-backward column workgroup sums: every training shape we bench (2048 rows) takes one split
 # and so no finish pass; more rows are cut into splits that a finish adds, so each workgroup's work stays short
 LAYERNORM_SPLIT_ROWS = 2048
-# columns per LayerNorm-backward column workgroup (a power of two), by the rows' width C (the entry of the widest C
-# reached): C / width workgroups share the rows. H200 (experiments/row_kernels.py --group-cols, us a backward): with
-# a float a load, 2048 x 256, 4 columns 8.2, 2 8.9, 8 9.4 (session 10); 2048 x 768 (big), 8 columns 11.3 and 11.7, 4
-# 13.9 and 14.1, 2 18.0 (session 17, two calls): a workgroup's row of 8 columns is one 32-byte sector. With a vec4 a
-# load (layernorm.wgsl's Values, session 21, a draft whose every step was clamped; steps of 8 and 4 Values): 2048 x
-# 768, 16 columns 9.5 and 10.0, 8 10.3 and 10.2, 4 12.3 and 13.6; 2048 x 256, 4 and 8 columns 6.9-7.0, 16 7.6-7.8.
-# Rows of floats (C not a multiple of 4) take the same entries, not timed at 16 columns
-LAYERNORM_GROUP_COLS = {0: 4, 512: 16}
+# columns per LayerNorm-backward column workgroup (a power of two), by layernorm.wgsl's Value width (1: rows of floats,
+# C not a multiple of 4; 4: vec4s) and the rows' width C (the entry of the widest C reached): C / columns workgroups
+# share the rows. H200 (experiments/row_kernels.py --group-cols, us a backward): with the kernel before Values, a
+# float a load, 2048 x 256, 4 columns 8.2, 2 8.9, 8 9.4 (session 10); 2048 x 768 (big), 8 columns 11.3 and 11.7, 4
+# 13.9 and 14.1, 2 18.0 (session 17, two calls): a workgroup's row of 8 columns is one 32-byte sector. Session 21,
+# Values: vec4s at 2048 x 768, 16 columns 9.62, 9.67, 8 10.29, 10.30 (and with a draft: 4 12.3 and 13.6); at 2048 x
+# 256, 4 and 8 columns 6.9-7.0, 16 7.6-7.8; floats at 2048 x 768 (`--row-values 1x8`), 8 columns 10.71, 11.03, 16
+# 11.90, 11.98
+LAYERNORM_GROUP_COLS = {1: {0: 4, 512: 8}, 4: {0: 4, 512: 16}}
 NO_EPILOGUE = Epilogue()  # frozen: one for every plain matmul
 
 
@@ -488,7 +489,8 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         width, step = group_sum.row_values(c)  # the kernel's cols and group_cols count Values of `width` floats
         values = c // width
         # in Values: at most the 256 lanes of a workgroup, each column's lanes a power of two that the tree adds up
-        group_cols = min(256, max(1, LAYERNORM_GROUP_COLS[max(at for at in LAYERNORM_GROUP_COLS if at <= c)] // width))
+        by_c = LAYERNORM_GROUP_COLS[width]
+        group_cols = min(256, max(1, by_c[max(at for at in by_c if at <= c)] // width))
         params = {"rows": rows, "cols": values, "has_g_add": int(g_add is not None),
                   "param_groups": -(-values // group_cols) * splits if wanted else 0,
                   "group_cols": group_cols, "split_rows": LAYERNORM_SPLIT_ROWS, "splits": splits}
