@@ -159,26 +159,30 @@ fn sums_step(base: u32, j: u32, w: u32, end: u32, whole: bool, mu: f32, rs: f32)
     let c$s = at(j + $su * w, end, whole);
     let gw$s = select(Value(0.0), g[base + c$s] * weight[c$s], inside(j + $su * w, end, whole));
     let xhat$s = (x[base + c$s] - mu) * rs;
-    var sums = array<Value, 2>(Value(0.0), Value(0.0));
-    sums[0] = sums[0] + gw$s;
-    sums[1] = sums[1] + gw$s * xhat$s;
-    return sums;
+    var gw = Value(0.0);
+    var gw_xhat = Value(0.0);
+    gw = gw + gw$s;
+    gw_xhat = gw_xhat + gw$s * xhat$s;
+    return array<Value, 2>(gw, gw_xhat);
 }
 
 // (sum of gw, sum of gw * xhat) over a team's Values of one row
 fn dx_sums(base: u32, end: u32, team: Team, mu: f32, rs: f32) -> vec2<f32> {
     let w = team.width;
-    var sums = array<Value, 2>(Value(0.0), Value(0.0));
+    var gw = Value(0.0);
+    var gw_xhat = Value(0.0);
     var j = team.lane;
     for (; j + (STEP - 1u) * w < end; j = j + STEP * w) {
         let s = sums_step(base, j, w, end, true, mu, rs);
-        sums = array<Value, 2>(sums[0] + s[0], sums[1] + s[1]);
+        gw = gw + s[0];
+        gw_xhat = gw_xhat + s[1];
     }
     if (j < end) {
         let s = sums_step(base, j, w, end, false, mu, rs);
-        sums = array<Value, 2>(sums[0] + s[0], sums[1] + s[1]);
+        gw = gw + s[0];
+        gw_xhat = gw_xhat + s[1];
     }
-    return vec2<f32>(total(sums[0]), total(sums[1]));
+    return vec2<f32>(total(gw), total(gw_xhat));
 }
 
 // dx of a step's Values of the row at `base`, m = (mean(gw), mean(gw * xhat)), plus g_add's
