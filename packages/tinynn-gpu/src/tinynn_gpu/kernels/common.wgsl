@@ -62,10 +62,10 @@ const GELU_C: f32 = 0.7978845608028654;  // sqrt(2 / pi)
 fn safe_tanh(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
 
 // GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(u)), u = GELU_C (x + 0.044715 x^3), computed as the same function
-// x sigmoid(2u) = x / (1 + exp(-2u)): one exp and a division. In big's MLP matmul epilogues WGSL's tanh cost 11 us
-// a call (the forward's GELU) and 20 (the backward's gradient), the sigmoid 2 and 10 (H200, session 22). No clamp: where exp(-2u) overflows to
-// inf the quotient is 0, GELU's limit. One definition for the elementwise op and every matmul epilogue, so the
-// fused and the separate forms round alike.
+// x sigmoid(2u) = x / (1 + exp(-2u)): one exp and a division. In big's MLP matmul epilogues WGSL's tanh cost
+// 11 us a call (the forward's GELU) and 20 (the backward's gradient), the sigmoid 2 and 10 (H200, session 22).
+// No clamp: where exp(-2u) overflows to inf the quotient is 0, GELU's limit. One definition for the elementwise
+// op and every matmul epilogue, so the fused and the separate forms round alike.
 fn gelu_sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-2.0 * GELU_C * (x + 0.044715 * x * x * x))); }
 
 fn gelu(x: f32) -> f32 { return x * gelu_sigmoid(x); }
