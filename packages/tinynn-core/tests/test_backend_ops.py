@@ -1,6 +1,8 @@
 """Every backend operation against the NumPy reference, once per available backend, on fresh random
 float32 inputs (relative Frobenius error <= 1e-5). On the CPU this checks the harness; with tinynn-gpu
 installed it checks every GPU kernel through the same interface core uses."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -67,6 +69,37 @@ def test_unary_and_backward(backend, op, rng):
         x = np.abs(x) + 0.1
     y = check(backend, "unary", op, x)
     check(backend, "unary_backward", op, x, y, randn(rng, 7, 33))
+
+
+# GELU's inputs from tiny to huge, both signs: past |x| ~ 10 exp(2u) leaves float32's range, past 5e19 x^2 u' would
+GELU_EDGES = np.array([1e-30, 1e-3, 0.5, 1, 3, 5, 9, 10, 11, 12, 13, 20, 100, 1e4, 1e13, 1e18, 1e30, 3e38], np.float32)
+
+
+def gelu64(x):
+    """GELU (tanh form) and its derivative in float64, through the sigmoid: 1 + tanh(u) cancels to 0 for u < -19
+    even in float64, where GELU(x) = x / (1 + exp(-2u)) is still ~1e-16 x."""
+    x = x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        s = 1 / (1 + np.exp(-2 * 0.7978845608028654 * (x + 0.044715 * x**3)))
+        return x * s, s + 2 * x * s * (1 - s) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x)
+
+
+def test_gelu_at_extreme_inputs(backend):
+    """GELU and its gradient against float64 from 1e-30 to 3e38, both signs: finite for every finite input, with no
+    warning, and a relative error of float32's size also where GELU(x) is tiny (x < 0). The tanh form fails it:
+    1 + tanh(u) rounds to 0 in float32 for x < -5.4. rtol: u rounds to float32 (up to 1.1e-5 relative in exp(2u)
+    near x = -9), and WGSL's exp may err by 3 + 2|2u| ulp (1e-5 there); atol: results near float32's smallest
+    normal, flushed to 0 or not."""
+    x = np.concatenate([-GELU_EDGES[::-1], [0], GELU_EDGES]).astype(np.float32)
+    want, want_grad = gelu64(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dx = backend.from_numpy(x)
+        y = backend.unary("gelu", dx)
+        grad = backend.unary_backward("gelu", dx, y, backend.from_numpy(np.ones_like(x)))
+        y, grad = backend.to_numpy(y), backend.to_numpy(grad)
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=5e-5, atol=1e-35)
+    np.testing.assert_allclose(grad.astype(np.float64), want_grad, rtol=5e-5, atol=1e-35)
 
 
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "eq"])

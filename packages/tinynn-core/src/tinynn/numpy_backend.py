@@ -19,9 +19,16 @@ EMBEDDING_RANGE = "embedding: an id is outside [0, num_embeddings)"
 TARGET_RANGE = "cross_entropy: a target is outside [0, number of classes) and is not ignore_index"
 
 
-def _gelu_parts(x):
-    inner = GELU_C * (x + 0.044715 * x * x * x)  # x*x*x: NumPy's float power is ~20x slower
-    return inner, np.tanh(inner)
+GELU_EDGE = 12.0  # beyond +-12, 2 x s (1 - s) u' in GELU's gradient is 0 in float32
+
+
+def _gelu_sigmoid(x):
+    """GELU (tanh form, GPT-2's) is 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = GELU_C (x + 0.044715 x^3): this
+    sigmoid. It does not cancel: 1 + tanh(u) rounds to 0 in float32 for x < -5.4, where GELU(x) is still ~1e-8 x.
+    exp overflows to inf for x < -10 and the sigmoid is then 0, GELU's limit (NumPy's floats are IEEE; the GPU's
+    common.wgsl, which may not assume infinities, computes it from exp(-|2u|) instead)."""
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-2 * GELU_C * (x + 0.044715 * x * x * x)))  # x*x*x: float power is ~20x slower
 
 
 def _check_range(ids, stop, message, ignore=None):
@@ -118,7 +125,7 @@ class NumpyBackend(Backend):
         if op == "relu":
             return np.maximum(a, 0).astype(a.dtype)
         if op == "gelu":
-            return (0.5 * a * (1.0 + _gelu_parts(a)[1])).astype(a.dtype)
+            return (a * _gelu_sigmoid(a)).astype(a.dtype)
         raise ValueError(f"unknown unary op {op!r}")
 
     def unary_backward(self, op, x, y, g):
@@ -133,10 +140,9 @@ class NumpyBackend(Backend):
             return g * (1.0 - y * y)
         if op == "relu":
             return g * (x > 0).astype(g.dtype)
-        if op == "gelu":
-            inner, t = _gelu_parts(x)
-            d_inner = GELU_C * (1.0 + 3 * 0.044715 * x * x)
-            return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * d_inner)).astype(g.dtype)
+        if op == "gelu":  # s + 2 x s (1 - s) u', x clamped where s (1 - s) is 0: finite for every finite x
+            s, c = _gelu_sigmoid(x), np.clip(x, -GELU_EDGE, GELU_EDGE)
+            return (g * (s + 2 * c * s * (1 - s) * GELU_C * (1 + 3 * 0.044715 * c * c))).astype(g.dtype)
         raise ValueError(f"unknown unary op {op!r}")
 
     def binary(self, op, a, b):

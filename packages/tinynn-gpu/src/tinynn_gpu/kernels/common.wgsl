@@ -62,18 +62,29 @@ const GELU_C: f32 = 0.7978845608028654;  // sqrt(2 / pi)
 fn safe_tanh(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
 
 // GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(u)), u = GELU_C (x + 0.044715 x^3), computed as the same function
-// x sigmoid(2u) = x / (1 + exp(-2u)): one exp and a division. In big's MLP matmul epilogues WGSL's tanh cost
-// 11 us a call (the forward's GELU) and 20 (the backward's gradient), the sigmoid 2 and 10 (H200, session 22).
-// No clamp: where exp(-2u) overflows to inf the quotient is 0, GELU's limit. One definition for the elementwise
-// op and every matmul epilogue, so the fused and the separate forms round alike.
-fn gelu_sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-2.0 * GELU_C * (x + 0.044715 * x * x * x))); }
+// x sigmoid(2u): one exp and a division in place of WGSL's tanh, which cost big's MLP matmul epilogues 4-5x as
+// much (BENCHMARKS.md, session 22). Nothing in it overflows, since WGSL lets an implementation assume no
+// infinities: u from x clamped to +-GELU_EDGE, beyond which sigmoid(2u) is 0 or 1 in f32, and exp of -|2u| <= 0
+// only. One definition for the elementwise op and every matmul epilogue, so the fused and the separate forms
+// round alike. The NumPy reference (numpy_backend.py's _gelu_sigmoid) computes it the same way.
+const GELU_EDGE: f32 = 12.0;
+
+fn gelu_sigmoid(x: f32) -> f32 {
+    let c = clamp(x, -GELU_EDGE, GELU_EDGE);
+    let z = 2.0 * GELU_C * (c + 0.044715 * c * c * c);
+    let e = exp(-abs(z));
+    let r = 1.0 / (1.0 + e);
+    return select(e * r, r, z >= 0.0);
+}
 
 fn gelu(x: f32) -> f32 { return x * gelu_sigmoid(x); }
 
 // g * GELU'(x): the gradient of GELU's input from its output's, g (elementwise.wgsl and the matmul epilogue).
-// With s = sigmoid(2u): GELU' = s + 2 x s (1 - s) u'.
+// With s = sigmoid(2u): GELU' = s + 2 x s (1 - s) u', x clamped in the second term (s (1 - s) is 0 beyond the
+// edge), so that it is finite for every finite x.
 fn gelu_grad(x: f32, g: f32) -> f32 {
     let s = gelu_sigmoid(x);
-    let d_inner = GELU_C * (1.0 + 3.0 * 0.044715 * x * x);
-    return g * (s + 2.0 * x * s * (1.0 - s) * d_inner);
+    let c = clamp(x, -GELU_EDGE, GELU_EDGE);
+    let d_inner = GELU_C * (1.0 + 3.0 * 0.044715 * c * c);
+    return g * (s + 2.0 * c * s * (1.0 - s) * d_inner);
 }
