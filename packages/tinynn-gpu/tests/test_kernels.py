@@ -383,8 +383,9 @@ def test_gelu_epilogues_at_extreme_inputs(poisoned):
     same inputs): x as a column times a row of ones (x in every column), then GELU; and a product of ones times
     GELU's gradient at x."""
     gpu = poisoned
-    edges = np.array([1e-30, 1e-3, 0.5, 1, 3, 5, 9, 10, 11, 12, 13, 20, 100, 1e4, 1e13, 1e18, 1e30, 3e38], np.float32)
-    x = np.concatenate([-edges[::-1], [0], edges]).astype(np.float32)
+    # 1e-30 to 3e38 log-spaced, and densely across the sigmoid's over- and underflow (|x| 5 to 13), both signs
+    magnitudes = np.concatenate([np.geomspace(1e-30, 3e38, 40), np.linspace(5, 13, 17)])
+    x = np.concatenate([-magnitudes, [0], magnitudes]).astype(np.float32)
     n = len(x)
     dx = gpu.from_numpy(x)
     y = gpu.unary("gelu", dx)
