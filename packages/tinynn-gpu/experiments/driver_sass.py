@@ -172,7 +172,7 @@ def compile_one(name: str, layout: str):
     n = 1024
     a, b = (gpu.from_numpy(np.ones((n, n), np.float32)) for _ in range(2))
     out = rt.empty((n, n))
-    BlockedMatmul(rt, config).record(a.buffer, b.buffer, out, 1, n, n, n, ta, tb, True)
+    BlockedMatmul(rt, config).record(a, b, out, 1, n, n, n, ta, tb, True)
     rt.sync()
 
 

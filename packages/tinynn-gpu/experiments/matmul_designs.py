@@ -574,11 +574,11 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
         for config, edit in entries:
             variant = kernel(config, edit)
             blocked.generate = generator(edit)  # compiles with it on first use of a layout
-            variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True)  # the plain product, checked
+            variant.record(a, b, out, 1, m, n, k, ta, tb, True)  # the plain product, checked
             err = np.abs(gpu.to_numpy(out) - want).max() / np.abs(want).max()
 
             def call(variant=variant, a=a, b=b, out=out, m=m, n=n, k=k, ta=ta, tb=tb, epilogue=epilogue):
-                variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True, epilogue)
+                variant.record(a, b, out, 1, m, n, k, ta, tb, True, epilogue)
             call()
             if epilogue.row_sums is not None:  # the bias gradient's sums checked too (the epilogue's one output)
                 want_rows = (a_host.T if ta else a_host).astype(np.float64).sum(axis=1)
@@ -670,7 +670,7 @@ def main():
                 blocked.generate = generate
                 variant = BlockedMatmul(rt, config)  # compiles its module with this generator on first use
                 def call(variant=variant, a=a, b=b, out=out, m=m, n=n, k=k, ta=ta, tb=tb):
-                    variant.record(a.buffer, b.buffer, out, 1, m, n, k, ta, tb, True)
+                    variant.record(a, b, out, 1, m, n, k, ta, tb, True)
                 call()
                 err = np.abs(gpu.to_numpy(out) - want).max() / np.abs(want).max()  # (meaningless for the cuts)
                 label = f"{m}x{n}x{k} ta={ta:d} tb={tb:d} {config.name:<28} {name:<8}"

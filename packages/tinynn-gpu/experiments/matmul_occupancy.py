@@ -63,7 +63,7 @@ def main():
                 a = gpu.from_numpy(g.standard_normal((m, k), dtype=np.float32))
                 b = gpu.from_numpy(g.standard_normal((n, k) if tb else (k, n), dtype=np.float32))
                 out = rt.empty((m, n))
-                calls.append(lambda a=a, b=b, out=out, m=m, n=n: kernel.record(a.buffer, b.buffer, out, 1, m, n, k,
+                calls.append(lambda a=a, b=b, out=out, m=m, n=n: kernel.record(a, b, out, 1, m, n, k,
                                                                                 False, tb, True))
                 calls[-1]()
             rt.sync()

@@ -36,7 +36,7 @@ def main():
         a, b = g.standard_normal((n, n), dtype=np.float32), g.standard_normal((n, n), dtype=np.float32)
         expected = a.astype(np.float64) @ b
         da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((n, n))
-        call = (da.buffer, db.buffer, out, 1, n, n, n, False, False, False)
+        call = (da, db, out, 1, n, n, n, False, False, False)
         for name in list(selector.variants):
             if not selector._fits(name):
                 continue

@@ -40,7 +40,7 @@ def poisoned(gpu, monkeypatch):
         arr = plain_empty(self, shape, dtype)
         if arr.dtype == np.float32 and arr.buffer is not None:
             n = arr.buffer.size // 4
-            self.dispatch("elementwise", "fill_main", -(-n // 256), {2: arr.buffer}, {"n": n, "value": float("nan")})
+            self.dispatch("elementwise", "fill_main", -(-n // 256), {2: arr}, {"n": n, "value": float("nan")})
             made.append((self, arr))  # the lesson's NumPy entries have a runtime of their own
         return arr
     monkeypatch.setattr(runtime.Runtime, "empty", empty)

@@ -61,7 +61,7 @@ def test_lesson_matmul_every_tile(poisoned, tile, case):
     kernel = LessonMatmul(gpu.rt, tile)
     a, b = operands(case)
     da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))  # held: buffers stay ours
-    kernel.record(da.buffer, db.buffer, out, batch, m, n, k, ta, tb, shared)
+    kernel.record(da, db, out, batch, m, n, k, ta, tb, shared)
     assert matmul_err(gpu.to_numpy(out), a, b, ta, tb) <= RTOL
 
 
@@ -321,7 +321,7 @@ def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monke
     tuner = MatmulSelector(gpu.rt, autotune=True)
     a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 33)).astype(np.float32)
     da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((40, 33))
-    tuner.record(da.buffer, db.buffer, out, 1, 40, 33, 24, False, False, False)
+    tuner.record(da, db, out, 1, 40, 33, 24, False, False, False)
     assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
     cached = json.loads((tmp_path / "matmul-autotune.json").read_text())["choices"][tuner.cache_key]
     assert list(cached.values()) == [tuner.choices[next(iter(cached))]]
@@ -331,7 +331,7 @@ def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monke
         raise AssertionError("the cached choice should have been used")
     again = MatmulSelector(gpu.rt, autotune=True)
     monkeypatch.setattr(again, "_tune", no_tuning)
-    again.record(da.buffer, db.buffer, out, 1, 40, 33, 24, False, False, False)
+    again.record(da, db, out, 1, 40, 33, 24, False, False, False)
     assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
 
 
@@ -342,7 +342,7 @@ def test_a_matmul_too_small_to_repay_tuning_takes_the_default_variant(gpu, tmp_p
     m, n, k = 128, 1024, 256  # a generation window's MLP matmul: 2^25 multiply-adds
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     out = gpu.rt.empty((m, n))
-    tuner.record(gpu.from_numpy(a).buffer, gpu.from_numpy(b).buffer, out, 1, m, n, k, False, False, False)
+    tuner.record(gpu.from_numpy(a), gpu.from_numpy(b), out, 1, m, n, k, False, False, False)
     assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
     assert tuner.choices == {f"ta=0 tb=0 shared=0 b=1 m={m} n={n} k={k}": MatmulSelector.default_variant(1, m, n, k)}
 

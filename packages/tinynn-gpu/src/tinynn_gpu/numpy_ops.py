@@ -33,7 +33,7 @@ def _on_gpu(gpu_fn, cpu_fn, *arrays):
 def _elementwise(gpu, entry, a, b=None, scalar_bits=0):
     lesson = gpu.mm.variant("lesson16")
     out = gpu.rt.empty(a.shape)
-    bindings = {0: a.buffer, 2: out} if b is None else {0: a.buffer, 1: b.buffer, 2: out}
+    bindings = {0: a, 2: out} if b is None else {0: a, 1: b, 2: out}
     gpu.rt.dispatch(lesson.module, entry, -(-a.size // 256), bindings, {"p0": a.size, "p1": scalar_bits})
     return gpu.rt.read(out)
 

@@ -144,21 +144,23 @@ class BufferPool:
         and gives one back, and keeping a count there cost ~1.5% of its host time (2-core machine)."""
         return sum(size * len(free) for size, free in self.free.items())
 
-    def empty(self, shape, dtype=np.float32) -> GpuArray:
+    def empty(self, shape, dtype=FLOAT32) -> GpuArray:
+        # float32 kinds keyed by the shape alone (a shape is never a (shape, dtype) pair): an eager dispatch asks
+        # for ~1 array, and building and hashing the pair cost ~2% of its host time
+        key = shape if dtype is FLOAT32 else (shape, dtype)
         try:
-            kind = self.kinds[shape, dtype]
+            shape, dtype, nbytes, size, free = self.kinds[key]
         except KeyError:
             if len(self.kinds) >= SHAPES_CACHED:
                 self.kinds.clear()
-            kind = self.kinds[shape, dtype] = self._kind(shape, dtype)
+            shape, dtype, nbytes, size, free = self.kinds[key] = self._kind(shape, dtype)
         except TypeError:  # an unhashable shape: a list
-            kind = self._kind(shape, dtype)
-        shape, dtype, nbytes, size = kind
-        if nbytes > self.max_binding:
-            raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
-        if size > self.max_binding:  # a bucket past the limit holds arrays up to the limit
-            size = self.max_binding
-        free = self.free[size]
+            shape, dtype, nbytes, size, free = self._kind(shape, dtype)
+        if size > self.max_binding:  # the limit in force now
+            if nbytes > self.max_binding:
+                raise TooLarge(f"{nbytes} bytes exceed the storage-binding limit of {self.max_binding}")
+            size = self.max_binding  # a bucket past the limit holds arrays up to the limit
+            free = self.free[size]
         # Lowest id first, not last-freed first: the choice then depends only on which buffers are free,
         # not on the order Python freed them, so every training step reuses the same buffers in the same
         # places and finds its bind groups in the cache.
@@ -172,12 +174,12 @@ class BufferPool:
             self.peak_bytes = self.in_use_bytes
         return GpuArray(entry[1], shape, dtype, _Lease(self, free, size, entry))
 
-    @staticmethod
-    def _kind(shape, dtype) -> tuple:
-        """(shape as ints, np.dtype, bytes, its size bucket) of an array."""
+    def _kind(self, shape, dtype) -> tuple:
+        """(shape as ints, np.dtype, bytes, its size bucket, the bucket's free heap) of an array."""
         shape, dtype = as_shape(shape), np.dtype(dtype)
         nbytes = max(4, math.prod(shape) * dtype.itemsize)
-        return shape, dtype, nbytes, _bucket(nbytes)
+        size = _bucket(nbytes)
+        return shape, dtype, nbytes, size, self.free[size]
 
     def _give_back(self, size: int, buffer) -> None:
         self.in_use_bytes -= size
@@ -225,8 +227,8 @@ class BufferPool:
             for _, buffer in pool:
                 buffer.destroy()  # wgpu frees it once the submitted work that uses it has finished
                 dead.add(buffer)
+            pool.clear()  # in place: `kinds` holds the heaps
         self.buffers -= dead
-        self.free.clear()
         return dead
 
 

@@ -189,7 +189,7 @@ class Replaying:
         flags_at = _round4(result.nbytes)
         if not tape.read_buffers:
             tape.read_buffers[:] = [self.read_back_buffer(flags_at + 4) for _ in range(READ_TURNS)]
-        return tape.read_buffers[turn], flags_at, self.error_flags
+        return tape.read_buffers[turn], flags_at, self.error_flags.buffer
 
     def _recorded(self, future: Future) -> Ahead:
         """The replay a future recorded, its recording's error raised. Where the recording thread is still at it,

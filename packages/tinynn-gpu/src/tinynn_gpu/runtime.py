@@ -108,7 +108,8 @@ class Runtime(Replaying, BufferPool):
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.stand_ins = []  # `stand_in`'s arrays
         self.scratches = {}  # `scratch`'s arrays: i -> (array, its size)
-        self.error_flags = self.device.create_buffer(size=4, usage=STORAGE_USAGE)  # KERNEL_ERRORS' bits
+        # KERNEL_ERRORS' bits, which kernels set on bad input (an array: `launch` binds arrays)
+        self.error_flags = GpuArray(self.device.create_buffer(size=4, usage=STORAGE_USAGE), (1,), np.dtype(np.uint32))
         self.native, self.native_reason, self.recorder, self._stop_recorder = None, "", None, None
         self.orphaned_aheads = deque()  # dropped recordings ahead, released by the next replay or flush
         # the last replay's result, copied for the host by the command buffer that made it: (a weak reference to
@@ -272,7 +273,7 @@ class Runtime(Replaying, BufferPool):
             if staging is None:
                 staging = self.staging[size] = self.read_back_buffer(size)
             self._copy(arr.buffer, start * arr.dtype.itemsize, staging, 0, flags_at)
-            self._copy(self.error_flags, 0, staging, flags_at, 4)
+            self._copy(self.error_flags.buffer, 0, staging, flags_at, 4)
             self.flush()
             until = None
         if self.native is not None:  # the values straight into `out` where it is one block of memory
@@ -291,7 +292,7 @@ class Runtime(Replaying, BufferPool):
             staging.unmap()
         self.counters["host_syncs"] += 1
         if flags:
-            self.queue.write_buffer(self.error_flags, 0, bytes(4))  # raised once
+            self.queue.write_buffer(self.error_flags.buffer, 0, bytes(4))  # raised once
             raise TinynnError("; ".join(msg for bit, msg in KERNEL_ERRORS.items() if flags & bit))
         return out
 
@@ -387,15 +388,15 @@ class Runtime(Replaying, BufferPool):
         return launch
 
     def launch(self, launch: Launch | None, arrays) -> None:
-        """Record a prepared dispatch over `arrays` (GpuArrays or raw buffers) at its slots, in their order.
-        Every eager op runs through here: plain look-ups (the bind group's), and the commands recorded inline through
-        the direct calls (else `_encode_methods`)."""
+        """Record a prepared dispatch over `arrays` (GpuArrays) at its slots, in their order. Every eager op runs
+        through here: plain look-ups (the bind group's), and the commands recorded inline through the direct calls
+        (else `_encode_methods`)."""
         if launch is None:
             return
         pipe = launch.pipeline
         key = [launch]
         for a in arrays:  # a loop, not a comprehension: in Python 3.11 that is a function call of its own
-            key.append(a.buffer if a.__class__ is GpuArray else a)
+            key.append(a.buffer)
         key = tuple(key)
         # the cache's hit looked up here, not in a call of bind_group: that call cost 0.1-0.2 us of an eager
         # dispatch's ~6.1 (2-core machine, eager_host_cost.py --recorded, session 14)
