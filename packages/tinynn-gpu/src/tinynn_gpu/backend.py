@@ -28,7 +28,7 @@ from tinynn_gpu.matmul import MatmulSelector
 from tinynn_gpu.matmul_blocked import ACTIVATIONS, Epilogue
 from tinynn_gpu.multi_tensor import MultiTensor
 from tinynn_gpu.packing import Packing
-from tinynn_gpu.pool import bindable, bindable_any
+from tinynn_gpu.pool import FLOAT32, bindable, bindable_any
 from tinynn_gpu.runtime import GpuArray, OnCpu, Runtime, TooLarge, _trim, groups
 from tinynn_gpu.step_ops import StepOps
 
@@ -326,8 +326,11 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}")
         pre = self._for_backward(x.shape[:-1] + weight.shape[:1], for_backward) if activation else None
-        y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation, pre,
-                                                          None if residual is None else bindable(residual)))
+        if bias is not None and (bias.buffer is None or bias.dtype is not FLOAT32):
+            bindable(bias)  # refuses it (as `_matmul` refuses x and weight)
+        if residual is not None and (residual.buffer is None or residual.dtype is not FLOAT32):
+            bindable(residual)
+        y = self._matmul(x, weight, False, True, Epilogue(bias, activation, pre, residual))
         return y, (pre if for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
@@ -377,29 +380,32 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         if plan is None:
             plan = self.matmul_plans[key] = self._plan_matmul(a, b, transpose_a, transpose_b, epilogue)
             _trim(self.matmul_plans)
-        out_shape, record = plan
+        out_shape, record, description = plan
         if record is None:  # operands to broadcast, or an empty output: the general path
             return self._matmul_unplanned(a, b, transpose_a, transpose_b, epilogue, out_shape)
-        a, b = bindable(a), bindable(b)
+        if a.buffer is None or b.buffer is None or a.dtype is not FLOAT32 or b.dtype is not FLOAT32:
+            bindable(a), bindable(b)  # the refusal; its test written out above, since most eager dispatches pass here
         out = self._empty(out_shape)
+        self.mm.last = description
         if record(a, b, out, epilogue):
             return out
         return self._epilogue_after(a, out, transpose_a, epilogue)
 
     def _plan_matmul(self, a, b, transpose_a, transpose_b, epilogue) -> tuple:
-        """(output shape, record(a, b, out, epilogue) -> applied?) for `_matmul`, which keeps it per key; record
-        None where the batch axes broadcast or the output is empty. Choosing the kernel may tune it on the real
-        operands (`MatmulSelector.plan`), into an output made here."""
+        """(output shape, record(a, b, out, epilogue) -> applied?, the kernel's description) for `_matmul`, which
+        keeps it per key; record and description None where the batch axes broadcast or the output is empty.
+        Choosing the kernel may tune it on the real operands (`MatmulSelector.plan`), into an output made here."""
         if b.ndim == 2 and a.ndim != 2 and not transpose_a:  # one weight for every row: a's leading axes fold into M
             rows = a.view((math.prod(a.shape[:-1]), a.shape[-1]))  # (N, k): a linear layer's x (..., in)
-            out_shape, record = self._plan_matmul(rows, b, False, transpose_b, epilogue)  # record reads a's buffer
-            return a.shape[:-1] + out_shape[-1:], record
+            out_shape, record, description = self._plan_matmul(rows, b, False, transpose_b, epilogue)  # reads a's buffer
+            return a.shape[:-1] + out_shape[-1:], record, description
         m, n, k, shared_b, batch_shape = _matmul_dims(a, b, transpose_a, transpose_b)
         out_shape = batch_shape + (m, n)
         if (not shared_b and a.shape[:-2] != b.shape[:-2]) or 0 in out_shape:
-            return out_shape, None
-        return out_shape, self.mm.plan(bindable(a), bindable(b), self._empty(out_shape), math.prod(batch_shape), m, n,
-                                       k, transpose_a, transpose_b, shared_b, epilogue)
+            return out_shape, None, None
+        record, description = self.mm.plan(bindable(a), bindable(b), self._empty(out_shape), math.prod(batch_shape), m,
+                                           n, k, transpose_a, transpose_b, shared_b, epilogue)
+        return out_shape, record, description
 
     def _matmul_unplanned(self, a, b, transpose_a, transpose_b, epilogue, out_shape):
         """`_matmul` where the batch axes broadcast (each operand gathered to the common shape, then planned), or

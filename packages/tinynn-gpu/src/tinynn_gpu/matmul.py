@@ -196,7 +196,8 @@ class MatmulSelector:
 
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = epilogue(op(a) @ op(b)) with this shape's variant; True: the epilogue was applied."""
-        return self.plan(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
+        record, self.last = self.plan(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+        return record(a, b, out, epilogue)
 
     @staticmethod
     def default_pair(first: tuple, second: tuple) -> str:
@@ -239,7 +240,7 @@ class MatmulSelector:
     def time_pair(self, first: tuple, second: tuple, reps=8, rounds=2) -> dict[str, float]:
         """Milliseconds per call (as `time_variants`) of the two matmuls one after the other, each with its own
         choice (SEPARATE), and of every pair candidate that fits; `plan_pair`'s arguments."""
-        alone = [self.plan(*p) for p in (first, second)]
+        alone = [self.plan(*p)[0] for p in (first, second)]
         runs = {SEPARATE: lambda: [record(p[0], p[1], p[2], p[10]) for record, p in zip(alone, (first, second))]}
         for name, (tile, _) in self.pair_candidates.items():
             if self._fits_config(tile):
@@ -253,8 +254,9 @@ class MatmulSelector:
 
     def plan(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
         """This shape's variant (chosen, and tuned on these operands where that is worth it) made ready for the
-        epilogue's parts: a function record(a, b, out, epilogue) -> bool, True where it applies the epilogue.
-        The backend keeps it per shape, so an eager matmul seen before goes straight to its dispatches."""
+        epilogue's parts: (record(a, b, out, epilogue) -> bool, True where it applies the epilogue; the variant's
+        description, which whoever runs it keeps in `last`). The backend keeps both per shape, so an eager matmul
+        seen before goes straight to its dispatches."""
         if not self.forced and self.rows.fits(batch, m, k, transpose_a, transpose_b, epilogue):  # decoding
             variant = self.rows
         else:
@@ -268,13 +270,7 @@ class MatmulSelector:
                     name = self.default_variant(batch, m, n, k)
                 self.choices[key] = name
             variant = self.variant(name)
-        run = variant.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
-        description = variant.describe()
-
-        def record(a, b, out, epilogue):
-            self.last = description
-            return run(a, b, out, epilogue)
-        return record
+        return variant.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue), variant.describe()
 
     def time_variants(self, args, names=None, reps=8, rounds=2) -> dict[str, float]:
         """Milliseconds per call of each variant on these operands (`reps` calls back to back in one timed
