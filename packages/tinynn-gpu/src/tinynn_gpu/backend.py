@@ -470,9 +470,11 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         w = weight if weight is not None else self._constant(1.0, c)
         b = bias if bias is not None else self._constant(0.0, c)
         operands = bindable(x), bindable(w), bindable(b)
-        y = self._empty(x.shape)
-        mean, rstd = self._for_backward(lead, for_backward), self._for_backward(lead, for_backward, 1)
-        rt = self.rt
+        y, rt = self._empty(x.shape), self.rt
+        if for_backward:  # (`_for_backward` written out: every LayerNorm of an eager forward passes here)
+            mean, rstd = self._empty(lead), self._empty(lead)
+        else:
+            mean, rstd = rt.scratch(0, rows), rt.scratch(1, rows)
         key = ("layernorm_forward", *group_sum.variant(rt), rows, c, eps)
         launch = rt.launches.get(key)
         if launch is None:
@@ -604,7 +606,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         batch, seq, c3 = qkv.shape
         operand = bindable(qkv)
         y = self._empty((batch, seq, c3 // 3))
-        lse = self._for_backward((batch, n_head, seq), for_backward)
+        lse = self._empty((batch, n_head, seq)) if for_backward else self.rt.scratch(0, batch * n_head * seq)
         self.attention.forward(operand, y, lse, n_head, scale)
         return y, (lse if for_backward else None)
 
