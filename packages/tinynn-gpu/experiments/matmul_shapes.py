@@ -37,13 +37,13 @@ def step_shapes(gpu, cfg) -> Counter:
     def spy(a, b, out, batch, m, n, k, ta, tb, shared, epilogue=Epilogue()):
         """The selector's plan of a shape (the backend asks once per shape), its record counting the calls."""
         parts = tuple(p for p in ("bias", "activation", "residual", "row_sums") if getattr(epilogue, p) is not None)
-        key, run = (bool(ta), bool(tb), bool(shared), batch, m, n, k, parts), plan(a, b, out, batch, m, n, k, ta, tb,
-                                                                                   shared, epilogue)
+        key = (bool(ta), bool(tb), bool(shared), batch, m, n, k, parts)
+        run, description = plan(a, b, out, batch, m, n, k, ta, tb, shared, epilogue)
 
         def record(*args):
             shapes[key] += 1
             return run(*args)
-        return record
+        return record, description
     gpu.mm.autotune, gpu.mm.plan = False, spy
     train_step, x = lesson_step(gpu, cfg)
     train_step(x, x, 3e-4).item()

@@ -397,7 +397,8 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         Choosing the kernel may tune it on the real operands (`MatmulSelector.plan`), into an output made here."""
         if b.ndim == 2 and a.ndim != 2 and not transpose_a:  # one weight for every row: a's leading axes fold into M
             rows = a.view((math.prod(a.shape[:-1]), a.shape[-1]))  # (N, k): a linear layer's x (..., in)
-            out_shape, record, description = self._plan_matmul(rows, b, False, transpose_b, epilogue)  # reads a's buffer
+            # planned on the rows view; its record reads a's buffer, which the view shares
+            out_shape, record, description = self._plan_matmul(rows, b, False, transpose_b, epilogue)
             return a.shape[:-1] + out_shape[-1:], record, description
         m, n, k, shared_b, batch_shape = _matmul_dims(a, b, transpose_a, transpose_b)
         out_shape = batch_shape + (m, n)

@@ -130,7 +130,8 @@ class BufferPool:
         self.device = device
         self.max_binding = max_binding
         self.free = defaultdict(list)  # bucket size -> heap of (uid, buffer)
-        # (shape, dtype) as asked -> `_kind`'s answer: an eval forward allocates ~1 array a dispatch
+        # a float32 shape, or (shape, dtype), as asked -> `_kind`'s answer: an eval forward allocates ~1 array a
+        # dispatch
         self.kinds = {}
         # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
         # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
