@@ -326,11 +326,8 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}")
         pre = self._for_backward(x.shape[:-1] + weight.shape[:1], for_backward) if activation else None
-        if bias is not None and (bias.buffer is None or bias.dtype is not FLOAT32):
-            bindable(bias)  # refuses it (as `_matmul` refuses x and weight)
-        if residual is not None and (residual.buffer is None or residual.dtype is not FLOAT32):
-            bindable(residual)
-        y = self._matmul(x, weight, False, True, Epilogue(bias, activation, pre, residual))
+        y = self._matmul(x, weight, False, True, Epilogue(None if bias is None else bindable(bias), activation, pre,
+                                                          None if residual is None else bindable(residual)))
         return y, (pre if for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
@@ -384,7 +381,7 @@ class WgpuBackend(StepOps, DecodeOps, Backend):
         if record is None:  # operands to broadcast, or an empty output: the general path
             return self._matmul_unplanned(a, b, transpose_a, transpose_b, epilogue, out_shape)
         if a.buffer is None or b.buffer is None or a.dtype is not FLOAT32 or b.dtype is not FLOAT32:
-            bindable(a), bindable(b)  # the refusal; its test written out above, since most eager dispatches pass here
+            bindable(a), bindable(b)  # the refusal (`bindable`'s test written out: most eager dispatches pass here)
         out = self._empty(out_shape)
         self.mm.last = description
         if record(a, b, out, epilogue):

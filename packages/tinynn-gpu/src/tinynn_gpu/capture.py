@@ -27,7 +27,6 @@ import weakref
 from collections import deque
 
 from tinynn.tensor import Tensor
-from tinynn_gpu.pool import GpuArray
 
 EAGER_CALLS = 3
 
@@ -37,7 +36,7 @@ class Tape:
         self.runtime = runtime
         self.events = []  # ("dispatch", pipeline, bind group, workgroups) | ("write", buffer, bytes, byte offset)
         self.leases = {}  # pooled buffer -> (weakly) the lease of the last array on it that the step used
-        self.keep = []  # what holds the tape's buffers: arrays' leases, raw buffers
+        self.keep = []  # what holds the tape's buffers: arrays' leases, arrays not from the pool
         self.claimed = []  # buffers taken out of the pool for the tape; they go back with it
         self.broken = None  # why this step cannot be replayed
         self.programs = {}  # the events compiled for replay (replay.compile_program), per recording path
@@ -49,13 +48,13 @@ class Tape:
         self.turn = 0  # which of them the next replay uses
 
     def hold(self, value):
-        """Keep what the last event (a dispatch or write, just appended) uses: an array, or a raw buffer."""
-        lease = getattr(value, "_owner", None)
+        """Keep the array the last event (a dispatch or write, just appended) uses."""
+        lease = value._owner
         if lease is None:
-            self.keep.append(value)  # a raw buffer, not pooled
+            self.keep.append(value)  # not from the pool (the kernels' error flags)
         else:
             self.leases[lease.buffer] = weakref.ref(lease)
-        self.last_use[value.buffer if value.__class__ is GpuArray else value] = len(self.events) - 1
+        self.last_use[value.buffer] = len(self.events) - 1
 
     def close(self):
         """End the capture: keep the leases still alive, claim the buffers whose arrays died."""
