@@ -27,6 +27,7 @@ import weakref
 from collections import deque
 
 from tinynn.tensor import Tensor
+from tinynn_gpu.pool import PooledArray
 
 EAGER_CALLS = 3
 
@@ -35,8 +36,8 @@ class Tape:
     def __init__(self, runtime):
         self.runtime = runtime
         self.events = []  # ("dispatch", pipeline, bind group, workgroups) | ("write", buffer, bytes, byte offset)
-        self.leases = {}  # pooled buffer -> (weakly) the lease of the last array on it that the step used
-        self.keep = []  # what holds the tape's buffers: arrays' leases, arrays not from the pool
+        self.holders = {}  # pooled buffer -> (weakly) the PooledArray holding it when the step last used it
+        self.keep = []  # what holds the tape's buffers: PooledArrays, arrays not from the pool
         self.claimed = []  # buffers taken out of the pool for the tape; they go back with it
         self.broken = None  # why this step cannot be replayed
         self.programs = {}  # the events compiled for replay (replay.compile_program), per recording path
@@ -49,22 +50,22 @@ class Tape:
 
     def hold(self, value):
         """Keep the array the last event (a dispatch or write, just appended) uses."""
-        lease = value._owner
-        if lease is None:
-            self.keep.append(value)  # not from the pool (the kernels' error flags)
+        holder = value.base or value
+        if holder.__class__ is PooledArray:
+            self.holders[value.buffer] = weakref.ref(holder)
         else:
-            self.leases[lease.buffer] = weakref.ref(lease)
+            self.keep.append(holder)  # not from the pool (the kernels' error flags)
         self.last_use[value.buffer] = len(self.events) - 1
 
     def close(self):
-        """End the capture: keep the leases still alive, claim the buffers whose arrays died."""
+        """End the capture: keep the pooled arrays still alive, claim the buffers whose arrays died."""
         dead = set()
-        for buffer, ref in self.leases.items():
-            lease = ref()
-            if lease is None:
+        for buffer, ref in self.holders.items():
+            holder = ref()
+            if holder is None:
                 dead.add(buffer)
             else:
-                self.keep.append(lease)
+                self.keep.append(holder)
         self.claimed = self.runtime.claim(dead)
         if len(self.claimed) < len(dead):  # an array the tape never saw holds one of its buffers now
             self.broken = "a buffer the step used went to an array outside it"

@@ -20,7 +20,7 @@ import functools
 import inspect
 
 from tinynn.backends import Backend
-from tinynn_gpu.pool import FLOAT32
+from tinynn_gpu.pool import FLOAT32, PooledArray
 from tinynn_gpu.runtime import GpuArray, OnCpu, TooLarge
 
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
@@ -40,13 +40,12 @@ def cpu_reason(int_aware: bool, operands) -> str | None:
     parameters); None: the GPU. `int_aware`: the op takes int32 arrays."""
     for x in operands:
         kind = x.__class__
-        if kind is GpuArray:
-            if _on_cpu(x, int_aware):
-                return _why(x)
-        elif kind is list or kind is tuple:
+        if kind is list or kind is tuple:
             for a in x:
-                if a.__class__ is GpuArray and _on_cpu(a, int_aware):
+                if isinstance(a, GpuArray) and _on_cpu(a, int_aware):
                     return _why(a)
+        elif isinstance(x, GpuArray) and _on_cpu(x, int_aware):
+            return _why(x)
     return None
 
 
@@ -63,7 +62,8 @@ def with_cpu_fallback(cls, name):
     TooLarge before dispatching) the NumPy reference that `Backend` provides under the same name.
     Most ops pass here (the eager forward's do not: REFUSE_IN_OP), so the common case (positional operands, each
     a float32 array on the GPU, or not an array) is checked inline: plain loop, classes compared rather than
-    isinstance (GpuArray has no subclasses), the dtype by identity first (np.dtype's == converts its operand)."""
+    isinstance (GpuArray's one subclass is PooledArray), the dtype by identity first (np.dtype's == converts its
+    operand)."""
     gpu_op = getattr(cls, name)
     int_aware = name in INT_AWARE
 
@@ -71,8 +71,8 @@ def with_cpu_fallback(cls, name):
     def op(self, *args, **kwargs):
         for x in args:  # cpu_reason's question, answered inline where it is plainly no
             kind = x.__class__
-            if (kind is GpuArray and (x.buffer is None or (x.dtype is not FLOAT32 and not int_aware))) or \
-                    kind is list or kind is tuple:
+            if ((kind is PooledArray or kind is GpuArray) and
+                    (x.buffer is None or (x.dtype is not FLOAT32 and not int_aware))) or kind is list or kind is tuple:
                 reason = cpu_reason(int_aware, (*args, *kwargs.values()))
                 break
         else:

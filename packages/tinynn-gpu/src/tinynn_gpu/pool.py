@@ -1,8 +1,9 @@
 """GPU arrays and the pool of buffers under them.
 
-- `GpuArray`: shape + dtype over a pooled buffer (contiguous, so reshape is free). When the last array on
-  a buffer is dropped, the buffer goes back to the pool. Reusing it at once is safe: work on one queue runs
-  in order, and uploads (`queue.write_buffer`, which jumps ahead of commands not yet submitted) flush first.
+- `GpuArray`: shape + dtype over a buffer (contiguous, so reshape is a view that shares it).
+- `PooledArray`: the GpuArray that holds a buffer of the pool. When it and its views are dropped, the buffer
+  goes back to the pool. Reusing it at once is safe: work on one queue runs in order, and uploads
+  (`queue.write_buffer`, which jumps ahead of commands not yet submitted) flush first.
 - `BufferPool` (the runtime extends it): buffers by size bucket, handed out lowest id first; `memory_stats`
   counts the bytes of array buffers in use, pooled, and the peak in use; an allocation that runs out of
   memory empties the pool (`empty_cache`) and tries again, and failing raises one `TinynnError` with the
@@ -37,14 +38,15 @@ class OnCpu(Exception):
 class GpuArray:
     """An array in a GPU buffer; or, when it is too large to bind, on the host (`buffer` None, `host` set).
     Made with its shape a tuple of Python ints and its dtype a np.dtype (`as_shape`, `np.dtype`): the pool
-    makes ~2 arrays per eager dispatch from shapes it has converted once (`BufferPool.kinds`)."""
-    __slots__ = ("buffer", "shape", "dtype", "_owner", "host", "__weakref__")
+    makes ~1 array per eager dispatch from shapes it has converted once (`BufferPool.kinds`). `base` (NumPy's
+    name): the array whose buffer a view shares, which it keeps alive; None for the array that holds it."""
+    __slots__ = ("buffer", "shape", "dtype", "base", "host", "__weakref__")
 
-    def __init__(self, buffer, shape: tuple, dtype: np.dtype, owner=None, host=None):
+    def __init__(self, buffer, shape: tuple, dtype: np.dtype, base=None, host=None):
         self.buffer = buffer
         self.shape = shape
         self.dtype = dtype
-        self._owner = owner  # a _Lease that returns the buffer to the pool when the last array goes
+        self.base = base
         self.host = host
 
     @property
@@ -63,31 +65,30 @@ class GpuArray:
         if self.host is not None:
             host = self.host.reshape(shape)
             return GpuArray(None, host.shape, self.dtype, host=host)
-        return GpuArray(self.buffer, as_shape(shape), self.dtype, self._owner)
+        return GpuArray(self.buffer, as_shape(shape), self.dtype, self.base or self)
 
     def __repr__(self):
         return f"GpuArray(shape={self.shape}, dtype={self.dtype})"
 
 
-class _Lease:
-    """Ties a pooled buffer to the arrays that share it: when the last of them goes, so does the lease, and
-    the buffer goes back to the pool (`__del__`: a third of `weakref.finalize`'s cost). An array in a
-    reference cycle takes its lease into the cycle collector's garbage; the runtime holds every buffer
-    (`BufferPool.buffers`), so the buffer itself is never finalized there before its lease pools it.
-    `entry` is the buffer's (uid, buffer) in the pool's heaps, made once per buffer, not per lease; `free` the
-    heap it goes back to. Every eager dispatch drops one: `__del__` does the pooling itself, no further call."""
-    __slots__ = ("pool", "free", "size", "entry", "__weakref__")
+class PooledArray(GpuArray):
+    """An array holding a buffer of the pool, which gets the buffer back when this array goes (`__del__`: a third
+    of `weakref.finalize`'s cost); its views hold it (`base`), so that is when the last array on the buffer goes.
+    One object per allocation: a separate lease shared by the array and its views cost ~1.0k more instructions an
+    eager dispatch (~2%; `experiments/eager_instructions.py`).
+    An array in a reference cycle is finalized by the cycle collector; the runtime holds every buffer
+    (`BufferPool.buffers`), so the buffer itself is never finalized there before the array pools it.
+    `entry` is the buffer's (uid, buffer) in the pool's heaps, made once per buffer, not per array; `free` the heap it
+    goes back to, `bucket` its size."""
+    __slots__ = ("pool", "free", "bucket", "entry")
 
-    def __init__(self, pool, free, size, entry):
-        self.pool, self.free, self.size, self.entry = pool, free, size, entry
-
-    @property
-    def buffer(self):
-        return self.entry[1]
+    def __init__(self, shape: tuple, dtype: np.dtype, pool, free, bucket: int, entry: tuple):
+        self.buffer, self.shape, self.dtype, self.base, self.host = entry[1], shape, dtype, None, None
+        self.pool, self.free, self.bucket, self.entry = pool, free, bucket, entry
 
     def __del__(self):
         pool = self.pool
-        pool.in_use_bytes -= self.size
+        pool.in_use_bytes -= self.bucket
         pool._push(self.free, self.entry)
 
 
@@ -134,9 +135,9 @@ class BufferPool:
         # dispatch
         self.kinds = {}
         # Every storage buffer made, held here so that none can be finalized by Python's cycle collector
-        # before the lease that returns it to the pool: a lease's __del__ would then pool a released buffer.
+        # before the array that returns it to the pool: that array's __del__ would then pool a released buffer.
         self.buffers = set()
-        self._push = heapq.heappush  # held: a lease dropped at interpreter exit may outlive the module's globals
+        self._push = heapq.heappush  # held: an array dropped at interpreter exit may outlive the module's globals
         self.in_use_bytes = self.peak_bytes = 0
 
     @property
@@ -173,7 +174,7 @@ class BufferPool:
         self.in_use_bytes += size
         if self.in_use_bytes > self.peak_bytes:
             self.peak_bytes = self.in_use_bytes
-        return GpuArray(entry[1], shape, dtype, _Lease(self, free, size, entry))
+        return PooledArray(shape, dtype, self, free, size, entry)
 
     def _kind(self, shape, dtype) -> tuple:
         """(shape as ints, np.dtype, bytes, its size bucket, the bucket's free heap) of an array."""

@@ -165,7 +165,7 @@ class Replaying:
             indices = ahead.submit()
             submissions = len(indices)
             if read is not None:
-                self.early_read = (weakref.ref(out._owner), read, indices[ahead.read_number])
+                self.early_read = (weakref.ref(out), read, indices[ahead.read_number])
             tape.turn = (tape.turn + 1) % READ_TURNS
             while len(tape.aheads) < RECORDED_AHEAD:
                 turn = (tape.turn + len(tape.aheads)) % READ_TURNS

@@ -113,7 +113,7 @@ class Runtime(Replaying, BufferPool):
         self.native, self.native_reason, self.recorder, self._stop_recorder = None, "", None, None
         self.orphaned_aheads = deque()  # dropped recordings ahead, released by the next replay or flush
         # the last replay's result, copied for the host by the command buffer that made it: (a weak reference to
-        # its array's lease, replay.Ahead's `read`, that submission's index), or None once
+        # its array, replay.Ahead's `read`, that submission's index), or None once
         # anything else is recorded or written (`read` reads it there when it is the next array read)
         self.early_read = None
         self.use_native(*native.probe(self.device))
@@ -261,8 +261,8 @@ class Runtime(Replaying, BufferPool):
         if nbytes == 0:
             return out
         early, self.early_read = self.early_read, None
-        lease = None if early is None else early[0]()  # None too once the result was dropped
-        if lease is not None and lease is arr._owner and start == 0 and out.size == arr.size:
+        result = None if early is None else early[0]()  # None too once the result was dropped
+        if result is not None and result is (arr.base or arr) and start == 0 and out.size == arr.size:
             # the result of the replay just submitted (nothing recorded since), which the step's command buffer
             # that made it copied for the host with the error flags: wait for that one, not the whole step
             (staging, flags_at, _), until = early[1], early[2]
