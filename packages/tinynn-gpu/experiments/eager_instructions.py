@@ -10,7 +10,8 @@ off with `callgrind_control`. Needs valgrind; lavapipe or any adapter.
     PYTHONPATH=/tmp/base/packages/tinynn-core/src:/tmp/base/packages/tinynn-gpu/src python ...  # another build
 
 Session 23 (2-core machine, lesson at 1 x 32, 20 forwards of 37 dispatches, Python 3.11 / 3.12): main before the
-session 51.5k / 58.1k instructions a dispatch; after it 46.9k / 53.4k (BENCHMARKS.md).
+session 51.5k / 58.1k instructions a dispatch; after it 46.9k / 53.4k; session 25's PooledArray 45.8k / 52.1k
+(BENCHMARKS.md).
 """
 from __future__ import annotations
 
