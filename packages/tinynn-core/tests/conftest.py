@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-from tinynn import backends
+from tinynn import registry
 
 
 def _backend_names():
     names = ["cpu"]
-    if backends.discovered() or os.environ.get("TINYNN_REQUIRE_GPU") == "1":
+    if registry.discovered() or os.environ.get("TINYNN_REQUIRE_GPU") == "1":
         names.append("gpu")
     return names
 
@@ -26,9 +26,9 @@ if os.environ.get("CI"):
 @pytest.fixture(params=_backend_names())
 def backend(request):
     if request.param == "cpu":
-        return backends.reference()
+        return registry.reference()
     try:
-        return backends.select("gpu")
+        return registry.select("gpu")
     except Exception as e:
         if os.environ.get("TINYNN_REQUIRE_GPU") == "1":
             pytest.fail(f"TINYNN_REQUIRE_GPU=1 but no GPU backend is usable: {e}")

@@ -1,28 +1,15 @@
 """Backends: where a Tensor's numbers live and how its operations run.
 
-Core computes only through a `Backend`. The NumPy backend (numpy_backend.py) is the reference; other backends
-are found through the entry-point group `tinynn.backends` and imported only when first asked for. An entry
-point names a callable that returns a ready `Backend` or raises `BackendUnavailable` with the reason.
-
-Device choice (`--device` on the CLI, `TINYNN_DEVICE` in the environment):
-  auto  a GPU backend when one is installed and reports a hardware adapter, else the CPU, silently;
-  cpu   the NumPy backend;
-  gpu   the first usable GPU backend (a software adapter too); none usable is an error naming the reason.
+Core computes only through a `Backend`: this module is its interface, each op's default body the counted
+NumPy reference (numpy_backend.py). Which backends exist and which one runs is the registry's (registry.py).
 """
 from __future__ import annotations
 
 import functools
-import os
-import warnings
 from collections import Counter
-from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
 
 import numpy as np
 
-from tinynn.errors import TinynnError
-
-ENTRY_POINT_GROUP = "tinynn.backends"
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
@@ -30,11 +17,10 @@ INTERFACE_VERSION = 4  # 2: layernorm_backward's g_add, linear_backward's x_acti
 # embedding_with_positions, global_norm_and_clip (for clip_coefficient), cross_entropy's count, adamw_update_'s
 # weight decay per parameter; 3: the forwards' for_backward (linear, layernorm, cross_entropy, attention);
 # 4: linear_forward's x of any leading axes (..., in), not only rows (N, in)
-DEVICES = ("auto", "cpu", "gpu")
 
 
 class BackendUnavailable(Exception):
-    """Raised by a backend factory that cannot run here (no adapter, no driver); the message is the reason."""
+    """Raised by a backend factory (the callable an entry point names, see registry.py) that cannot run here (no adapter, no driver); the message is the reason."""
 
 
 def reference_fallback(method):
@@ -389,118 +375,14 @@ def _flatten(xs):
             yield x
 
 
-# --- discovery and selection ---
-
-@dataclass
-class BackendStatus:
-    name: str
-    backend: Backend | None
-    reason: str  # why it is not usable, or "" when it is
+# The registry's names (select, default, set_default, ...), still reached through this module by the code that
+# looks them up here: resolved on first use, as registry.py imports this module.
+_REGISTRY = ("DEVICES", "ENTRY_POINT_GROUP", "BackendStatus", "discovered", "load", "statuses", "select",
+             "why_not_gpu", "set_default", "default", "reset_discovery")
 
 
-_entry_points: dict[str, EntryPoint] | None = None
-_loaded: dict[str, BackendStatus] = {}
-_default: Backend | None = None
-
-
-def discovered() -> dict[str, EntryPoint]:
-    """The installed backends' entry points, listed once and cached; nothing is imported."""
-    global _entry_points
-    if _entry_points is None:
-        _entry_points = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    return _entry_points
-
-
-def load(name: str, entry_point: EntryPoint | None = None) -> BackendStatus:
-    """Import and create one backend (once); a failure becomes a recorded reason."""
-    if name in _loaded:
-        return _loaded[name]
-    if name == "cpu":
-        status = BackendStatus("cpu", reference(), "")
-    else:
-        ep = entry_point or discovered().get(name)
-        if ep is None:
-            status = BackendStatus(name, None, f"no backend named {name!r} is installed")
-        else:
-            try:
-                status = _checked(name, ep.load()())
-            except BackendUnavailable as e:
-                status = BackendStatus(name, None, str(e))
-            except Exception as e:  # a broken plugin must not break core: record why, fall back
-                status = BackendStatus(name, None, f"failed to load ({type(e).__name__}: {e})")
-    _loaded[name] = status
-    return status
-
-
-def _checked(name: str, backend: Backend) -> BackendStatus:
-    """A created backend, refused when it implements another version of the interface than core's."""
-    if backend.interface_version != INTERFACE_VERSION:
-        return BackendStatus(name, None, f"it implements backend interface {backend.interface_version}, this "
-                             f"tinynn-core has interface {INTERFACE_VERSION}: install matching versions "
-                             "(pip install -U tinynn-core tinynn-gpu)")
-    return BackendStatus(name, backend, "")
-
-
-def statuses() -> list[BackendStatus]:
-    """Every known backend, loading each: for `tinynn info`."""
-    return [load("cpu")] + [load(name) for name in sorted(discovered())]
-
-
-def select(device: str | None = None) -> Backend:
-    """The backend for `device` (auto, cpu or gpu); None reads TINYNN_DEVICE, default auto."""
-    device = (device or os.environ.get("TINYNN_DEVICE") or "auto").lower()
-    if device not in DEVICES:
-        raise TinynnError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if device == "cpu":
-        return reference()
-    backend, reasons = _gpu_for(device)
-    if backend is not None:
-        return backend
-    if device == "gpu":
-        raise TinynnError(f"--device gpu: no usable GPU backend ({'; '.join(reasons)})")
-    return reference()
-
-
-def why_not_gpu() -> str:
-    """One line saying why `auto` runs on the CPU, or "" when it would use a GPU."""
-    backend, reasons = _gpu_for("auto")
-    return "" if backend is not None else "; ".join(reasons)
-
-
-def _gpu_for(device: str) -> tuple[Backend | None, list[str]]:
-    """The first usable GPU backend for `device` (auto refuses software adapters), or None and why not."""
-    reasons = []
-    for name in sorted(discovered()):
-        status = load(name)
-        if status.backend is None:
-            reasons.append(f"{name}: {status.reason}")
-        elif device == "auto" and status.backend.is_software:
-            reasons.append(f"{name}: only a software adapter ({status.backend.device_name}); "
-                           "use --device gpu to run on it anyway")
-        else:
-            return status.backend, []
-    return None, reasons or ["no GPU backend is installed (pip install tinynn-gpu)"]
-
-
-def set_default(device: str | Backend | None) -> Backend:
-    """Choose the backend that new tensors use when none is named."""
-    global _default
-    _default = device if isinstance(device, Backend) else select(device)
-    if device == "gpu" and _default.is_software:
-        warnings.warn(f"running on a software adapter ({_default.device_name}): expect it to be slow",
-                      stacklevel=2)
-    return _default
-
-
-def default() -> Backend:
-    global _default
-    if _default is None:
-        _default = select(None)
-    return _default
-
-
-def reset_discovery() -> None:
-    """Forget discovered and loaded backends (tests use it after changing entry points)."""
-    global _entry_points, _default
-    _entry_points, _default = None, None
-    _loaded.clear()
+def __getattr__(name):
+    if name in _REGISTRY:
+        from tinynn import registry
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from tinynn import backends, rng
+from tinynn import registry, rng
 from tinynn.config import TrainConfig
 from tinynn.errors import TinynnError
 from tinynn.model import GPT
@@ -71,7 +71,7 @@ def bench_matmul(backend, sizes) -> list[dict]:
 def lesson_step(backend, cfg: TrainConfig):
     """A seeded GPT, its AdamW and a TrainStep on `backend`, with one fixed batch to feed it."""
     rng.manual_seed(0)
-    backends.set_default(backend)
+    registry.set_default(backend)
     model = GPT(cfg.model_config(VOCAB))
     opt = AdamW(decay_groups(list(model.named_parameters()), 0.1), lr=3e-4, max_grad_norm=1.0)
     x = np.random.default_rng(0).integers(0, VOCAB, (cfg.batch_size, cfg.block_size))
@@ -167,8 +167,8 @@ def main(args) -> None:
         cfg = config.load(args.config)
     else:
         cfg = TrainConfig(**LESSON)
-    active = backends.select(args.device)
-    targets = ([] if args.no_cpu and active.is_gpu else [backends.reference()]) + ([active] if active.is_gpu else [])
+    active = registry.select(args.device)
+    targets = ([] if args.no_cpu and active.is_gpu else [registry.reference()]) + ([active] if active.is_gpu else [])
     report = {"backends": {}}
     for be in targets:
         entry = {"device": be.device_name, "matmul": bench_matmul(be, sizes) if sizes else [],

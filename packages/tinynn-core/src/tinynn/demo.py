@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 import tinynn
-from tinynn import backends, rng
+from tinynn import registry, rng
 from tinynn import functional as F
 from tinynn.config import TrainConfig
 from tinynn.nn import Linear, Module
@@ -83,7 +83,7 @@ def demo_gpt(out=print, steps=60):
         cfg = TrainConfig(block_size=32, n_layer=2, n_head=2, n_embd=64, batch_size=16, max_steps=steps,
                           learning_rate=3e-3, min_lr=3e-4, warmup_steps=10, eval_interval=steps, eval_steps=4,
                           checkpoint_interval=0, out_dir=out_dir, sample_tokens=120)
-        result = train(cfg, device=backends.default(), progress=False)
+        result = train(cfg, device=registry.default(), progress=False)
     h = result.history
     out(f"  loss {h['train_loss'][0]:.3f} -> {h['train_loss'][-1]:.3f} in {steps} steps")
     out("  sample: " + result.sample.replace("\n", "\n          "))
@@ -91,11 +91,11 @@ def demo_gpt(out=print, steps=60):
 
 def demo_gpu(out=print, size=512):
     out("demo 4: GPU check")
-    gpu = backends.default()
+    gpu = registry.default()
     if not gpu.is_gpu:
-        out(f"  skipped: running on the CPU ({backends.why_not_gpu() or 'the CPU was asked for'})")
+        out(f"  skipped: running on the CPU ({registry.why_not_gpu() or 'the CPU was asked for'})")
         return None
-    cpu, g = backends.reference(), np.random.default_rng(0)
+    cpu, g = registry.reference(), np.random.default_rng(0)
     out(f"  device: {gpu.device_name} ({gpu.name})")
     a, b = g.standard_normal((size, size), dtype=np.float32), g.standard_normal((size, size), dtype=np.float32)
 

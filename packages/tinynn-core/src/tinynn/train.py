@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from tinynn import backends, checkpoint, distributed, memory, rng
+from tinynn import checkpoint, distributed, memory, registry, rng
 from tinynn.config import TrainConfig, to_dict
 from tinynn.data import Batches, CharTokenizer, load_text
 from tinynn.errors import TinynnError
@@ -158,7 +158,7 @@ class TrainStep:
         be.reduce_on_host_(self._pack().data, self.flat.data, self.host, self.parts, in_thread=self.world.threaded)
         self.optimizer.prepare_step()
         self._update()
-        cpu = backends.reference()
+        cpu = registry.reference()
         return Tensor(cpu.from_numpy(self.host[0]), cpu)
 
 
@@ -186,7 +186,7 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
     cfg.validate()
     world = distributed.world()  # under mpiexec: this rank (before the backend, which picks its GPU by it)
     world.check_batch(cfg.batch_size, cfg.grad_accum_steps)
-    backend = backends.set_default(device)
+    backend = registry.set_default(device)
     if cfg.loss_plot:
         _require_matplotlib()
     run_dir = RunDir(cfg.out_dir, CHECKPOINT_NAME)
