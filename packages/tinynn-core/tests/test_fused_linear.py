@@ -9,6 +9,7 @@ import tinynn
 from tinynn import backends
 from tinynn import functional as F
 from tinynn import nn
+from tinynn.model import Block
 from helpers import gradcheck, relative_error
 from test_backend_ops import check, randn
 
@@ -109,7 +110,7 @@ def test_linear_rejects_misfits():
 def test_block_equals_the_unfused_block(backend, rng):
     """Block.forward with the fused residual adds and GELU gives the textbook block's values and gradients."""
     tinynn.manual_seed(0)
-    block = nn.Block(16, 2, 1).to(backend)
+    block = Block(16, 2, 1).to(backend)
     x_np = randn(rng, 2, 5, 16)
 
     def unfused(x):

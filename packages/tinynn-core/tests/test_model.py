@@ -5,7 +5,8 @@ import pytest
 import tinynn
 from tinynn import functional as F
 from tinynn.errors import TinynnError
-from tinynn.model import GPT, GPTConfig
+from tinynn import rng as tinynn_rng
+from tinynn.model import GPT, GPTConfig, parameter_count
 from tinynn.nn import LayerNorm, Linear
 from tinynn.optim import SGD, AdamW, cosine_lr, decay_groups
 from helpers import assert_close, gradcheck
@@ -85,6 +86,19 @@ def test_parameter_names_and_bias_option():
     assert "blocks.1.mlp.fc.bias" in names
     nobias = GPT(GPTConfig(**{**SMALL.__dict__, "bias": False}))
     assert not any(n.endswith(".bias") for n, _ in nobias.named_parameters())
+
+
+def test_parameter_count_is_the_models_and_builds_nothing():
+    """Counted from the definition: as many as the built model has, GPT-2 small's 124,439,808 plus the untied
+    head's weight and bias, and no draw from the generator (a run's weights stay what its seed makes them)."""
+    for bias in (True, False):
+        config = GPTConfig(**{**SMALL.__dict__, "bias": bias})
+        assert parameter_count(config) == sum(p.size for p in GPT(config).parameters())
+    tinynn.manual_seed(3)
+    before = tinynn_rng.get_state()
+    gpt2 = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    assert parameter_count(gpt2) == 124_439_808 + 50257 * 768 + 50257
+    assert tinynn_rng.get_state() == before
 
 
 def test_train_eval_switches_dropout():

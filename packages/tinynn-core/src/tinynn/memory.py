@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from tinynn import model
 from tinynn.errors import TinynnError
 
 FLOAT = 4  # bytes: training runs in float32
@@ -22,13 +23,10 @@ FLOAT = 4  # bytes: training runs in float32
 PER_CHANNEL, PER_SCORE, LOGIT_COPIES, PARAMETER_COPIES = 40, 6, 8, 5
 CHECKPOINT_COPIES, INIT_COPIES = 6, 3
 
+
 def parameter_count(cfg, vocab_size: int) -> int:
-    """The GPT's parameters for a TrainConfig (model.py's layout), without building it."""
-    c, bias = cfg.n_embd, int(cfg.bias)
-    block = 2 * (c + c * bias) + (c * 3 * c + 3 * c * bias) + (c * c + c * bias) \
-        + (c * 4 * c + 4 * c * bias) + (4 * c * c + c * bias)  # 2 LayerNorms, qkv, proj, fc, proj
-    return vocab_size * c + cfg.block_size * c + cfg.n_layer * block + (c + c * bias) + c * vocab_size \
-        + vocab_size * bias
+    """The GPT's parameters for a TrainConfig, counted from the model's definition without building it."""
+    return model.parameter_count(cfg.model_config(vocab_size))
 
 
 def checkpoint_bytes(cfg, vocab_size: int) -> int:

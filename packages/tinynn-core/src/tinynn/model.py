@@ -1,14 +1,21 @@
 """GPT: token and position embeddings, a stack of pre-norm transformer blocks, a final LayerNorm and a
-linear head over the vocabulary (nanoGPT's shape, without weight tying, like the PyTorch reference bench)."""
+linear head over the vocabulary (nanoGPT's shape, without weight tying, like the PyTorch reference bench).
+
+Here are its configuration (`GPTConfig`), its blocks (attention, MLP, `Block`) and the model (`GPT`); the
+generic layers they are made of are nn.py's.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from tinynn import functional as F
 from tinynn import generate as generation
-from tinynn.nn import Block, Dropout, Embedding, LayerNorm, Linear, Module
+from tinynn import nn
+from tinynn.errors import TinynnError
+from tinynn.nn import Dropout, Embedding, LayerNorm, Linear, Module
 from tinynn.tensor import Tensor
 
 
@@ -21,6 +28,91 @@ class GPTConfig:
     n_embd: int = 256
     dropout: float = 0.0
     bias: bool = True
+
+
+class CausalSelfAttention(Module):
+    def __init__(self, n_embd, n_head, n_layer, dropout=0.0, bias=True):
+        if n_embd % n_head:
+            raise TinynnError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        self.n_head = n_head
+        self.qkv = Linear(n_embd, 3 * n_embd, bias)
+        self.proj = Linear(n_embd, n_embd, bias, std=0.02 / math.sqrt(2 * n_layer))  # GPT-2's residual scaling
+        self.attn_dropout = Dropout(dropout)
+        self.resid_dropout = Dropout(dropout)
+
+    def forward(self, x, residual=None):
+        qkv = self.qkv(x)  # (B, T, 3C)
+        if self.training and self.attn_dropout.p > 0:
+            y = self._attention_with_dropout(qkv)
+        else:
+            y = F.attention(qkv, self.n_head)  # (B, T, C)
+        return _project(self.proj, y, self.resid_dropout, residual)
+
+    def _attention_with_dropout(self, qkv):
+        """The unfused path: the dropout mask applies to the T x T probabilities, which the fused op never
+        materialises (on the GPU the step then runs eagerly: dropout draws a new mask every step)."""
+        B, T, C3 = qkv.shape
+        hs = C3 // 3 // self.n_head
+        qkv = qkv.reshape(B, T, 3, self.n_head, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, nh, T, hs)
+        att = F.matmul(q, k, transpose_b=True)  # (B, nh, T, T)
+        att = self.attn_dropout(F.softmax(att, causal=True, scale=1.0 / math.sqrt(hs)))
+        return (att @ v).permute(0, 2, 1, 3).reshape(B, T, C3 // 3)  # (B, nh, T, hs) -> (B, T, C)
+
+    def decode(self, x, cache, residual=None):
+        """x (B, 1, C), one new position: its keys and values join the cache (a generate.LayerCache), its
+        query attends over every cached position; `residual` is added in the projection, as in forward."""
+        qkv = self.qkv(x)  # (B, 1, 3C)
+        cache.write(qkv)
+        return self.proj(cache.attend(qkv, self.n_head), residual=residual)
+
+
+class MLP(Module):
+    def __init__(self, n_embd, n_layer, dropout=0.0, bias=True):
+        self.fc = Linear(n_embd, 4 * n_embd, bias)
+        self.proj = Linear(4 * n_embd, n_embd, bias, std=0.02 / math.sqrt(2 * n_layer))
+        self.dropout = Dropout(dropout)
+
+    def forward(self, x, residual=None):
+        """proj(gelu(fc(x))) + residual as one fused op (F.mlp), unless a dropout comes before the add."""
+        if self.dropout.training and self.dropout.p > 0:
+            y = self.dropout(F.mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias))
+            return y if residual is None else residual + y
+        return F.mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias, residual)
+
+
+class Block(Module):
+    """A pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, n_embd, n_head, n_layer, dropout=0.0, bias=True):
+        self.ln1 = LayerNorm(n_embd, bias)
+        self.attn = CausalSelfAttention(n_embd, n_head, n_layer, dropout, bias)
+        self.ln2 = LayerNorm(n_embd, bias)
+        self.mlp = MLP(n_embd, n_layer, dropout, bias)
+
+    def forward(self, x):
+        x = self.attn(self.ln1(x), residual=x)  # x + attn(ln1(x)), the add fused into attn's projection
+        return self.mlp(self.ln2(x), residual=x)
+
+    def prefill(self, x, cache):
+        """forward, with every position's keys and values kept in the cache for the tokens that follow
+        (the projection runs a second time here: once per prompt, so forward stays the one training path)."""
+        cache.write(self.attn.qkv(self.ln1(x)))
+        return self(x)
+
+    def decode(self, x, cache):
+        """forward for one new position x (B, 1, C), attending over the cached ones."""
+        x = self.attn.decode(self.ln1(x), cache, residual=x)
+        return self.mlp(self.ln2(x), residual=x)
+
+
+def _project(proj: Linear, x, dropout: Dropout, residual):
+    """dropout(proj(x)) + residual, the add fused into proj's matmul unless a dropout comes between."""
+    if residual is None:
+        return dropout(proj(x))
+    if dropout.training and dropout.p > 0:
+        return residual + dropout(proj(x))
+    return proj(x, residual=residual)
 
 
 class GPT(Module):
@@ -84,3 +176,9 @@ class GPT(Module):
         """generate's tokens as they are drawn: an iterator of int arrays (B,), one per new token (read back in
         bursts at most 1/30 s apart, see generate.stream)."""
         return generation.stream(self, idx, max_new_tokens, temperature, top_k, seed, use_cache)
+
+
+def parameter_count(config: GPTConfig) -> int:
+    """The number of parameters of GPT(config), counted from the model's definition without making them."""
+    with nn.shapes_only():
+        return sum(p.size for p in GPT(config).parameters())
