@@ -12,7 +12,7 @@ from tinynn.config import from_dict
 from tinynn.distributed import World
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
-from tinynn.train import TrainStep
+from tinynn.train_step import TrainStep
 
 # bias=False: attention's key bias has an exactly zero gradient, so Adam turns its rounding noise into
 # lr-sized steps that differ between any two summation orders; no other parameter is that fragile

@@ -130,7 +130,7 @@ import numpy as np
 from tinynn import distributed, rng
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW
-from tinynn.train import REDUCE_PARTS, TrainStep
+from tinynn.train_step import REDUCE_PARTS, TrainStep
 world = distributed.world()
 rng.manual_seed(0)
 model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))

@@ -24,7 +24,7 @@ from tinynn.errors import TinynnError
 from tinynn.model import GPT
 from tinynn.optim import AdamW, decay_groups
 from tinynn.tensor import Tensor, no_grad
-from tinynn.train import TrainStep
+from tinynn.train_step import TrainStep
 
 LESSON = dict(block_size=128, n_layer=4, n_head=4, n_embd=256, batch_size=16)
 VOCAB = 65  # the reference's vocabulary (Shakespeare's characters)
