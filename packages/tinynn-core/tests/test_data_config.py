@@ -119,3 +119,25 @@ def test_shipped_app_configs_are_valid():
         pytest.skip("apps/ is not beside this test tree")
     for path in apps.glob("*/*.json"):
         config.load(path)
+    from tinynn import bench
+    for lesson in ("chargpt/lesson.json", "bench/lesson.json"):  # bench's default times the lesson's scale
+        cfg = config.load(apps / lesson)
+        assert {key: getattr(cfg, key) for key in bench.LESSON} == bench.LESSON, lesson
+
+
+def test_a_checkpoints_config_is_flat_and_loads_back():
+    """The config a checkpoint stores (to_dict) keeps its flat keys, the model's among them, so checkpoints of
+    every version load (`tinynn generate`, resume); and the model fields are the GPT's, checked once."""
+    from tinynn.model import GPT, GPTConfig
+    saved = config.to_dict(config.TrainConfig(n_layer=3, n_head=4, n_embd=32, block_size=16, dropout=0.1))
+    assert set(saved) == {
+        "data", "val_fraction", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "batch_size",
+        "grad_accum_steps", "max_steps", "learning_rate", "min_lr", "warmup_steps", "weight_decay", "beta1",
+        "beta2", "grad_clip", "seed", "eval_interval", "eval_steps", "checkpoint_interval", "out_dir",
+        "sample_tokens", "sample_prompt", "loss_plot"}
+    cfg = config.from_dict(json.loads(json.dumps(saved)), "checkpoint")
+    assert config.to_dict(cfg) == saved
+    assert cfg.model_config(50) == GPTConfig(vocab_size=50, block_size=16, n_layer=3, n_head=4, n_embd=32,
+                                             dropout=0.1)
+    with pytest.raises(TinynnError, match=r"^n_embd \(30\) must be divisible by n_head \(4\)$"):
+        GPT(GPTConfig(vocab_size=5, n_embd=30, n_head=4))

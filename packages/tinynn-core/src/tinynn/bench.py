@@ -21,13 +21,16 @@ import numpy as np
 from tinynn import registry, rng
 from tinynn.config import TrainConfig
 from tinynn.errors import TinynnError
-from tinynn.model import GPT
+from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
 from tinynn.tensor import Tensor, no_grad
 from tinynn.train_step import TrainStep
 
-LESSON = dict(block_size=128, n_layer=4, n_head=4, n_embd=256, batch_size=16)
-VOCAB = 65  # the reference's vocabulary (Shakespeare's characters)
+# The lesson's scale, timed when no config is given: the lesson's model (GPTConfig's defaults, which
+# apps/chargpt/lesson.json and apps/bench/lesson.json train) and its batch (a training config's default)
+LESSON = {**{key: getattr(GPTConfig(), key) for key in ("block_size", "n_layer", "n_head", "n_embd")},
+          "batch_size": TrainConfig.batch_size}
+VOCAB = GPTConfig().vocab_size  # the reference's vocabulary (Shakespeare's characters)
 
 
 # Seconds of load before timing on a GPU: an idle H200 drops its SM clock to 345 MHz within a second (e.g. while

@@ -1,4 +1,5 @@
-"""The training configuration: one dataclass, loaded from JSON with every key and type checked.
+"""The training configuration: one dataclass, loaded from JSON with every key and type checked. Its model fields
+are the GPT's (model.Architecture: declared and checked there); the vocabulary comes from the data.
 
 Any problem is a `TinynnError` whose one-line message names the file and the offending key.
 """
@@ -12,21 +13,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinynn.errors import TinynnError
-from tinynn.model import GPTConfig
+from tinynn.model import Architecture, GPTConfig
 
 
-@dataclass
-class TrainConfig:
-    # data
-    data: str | None = None  # a UTF-8 text file; None trains on the embedded stdlib-docstring corpus
-    val_fraction: float = 0.1
-    # model (vocab_size comes from the data)
+@dataclass(kw_only=True)
+class TrainConfig(Architecture):
+    # model: Architecture's fields (model.py), the vocabulary coming from the data; a run's default model is
+    # smaller than the lesson's
     block_size: int = 64
     n_layer: int = 2
     n_head: int = 2
     n_embd: int = 64
-    dropout: float = 0.0
-    bias: bool = True
+    # data
+    data: str | None = None  # a UTF-8 text file; None trains on the embedded stdlib-docstring corpus
+    val_fraction: float = 0.1
     # optimisation
     batch_size: int = 16  # sequences per optimizer step, over all micro-batches and MPI ranks
     grad_accum_steps: int = 1  # micro-batches whose gradients add up before each optimizer step
@@ -49,8 +49,8 @@ class TrainConfig:
     loss_plot: str | None = None  # a PNG path for the loss curve (needs matplotlib)
 
     def model_config(self, vocab_size: int) -> GPTConfig:
-        return GPTConfig(vocab_size=vocab_size, block_size=self.block_size, n_layer=self.n_layer,
-                         n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout, bias=self.bias)
+        model = {field.name: getattr(self, field.name) for field in dataclasses.fields(Architecture)}
+        return GPTConfig(vocab_size=vocab_size, **model)
 
     def validate(self, source="config", names=None) -> TrainConfig:
         """Check every value; `names` maps a key to how the user spelled it (a CLI flag) for the message."""
@@ -66,8 +66,9 @@ class TrainConfig:
                 bad(field.name, f"must be {_type_name(hints[field.name])}, got {value!r}")
             if isinstance(value, float) and not math.isfinite(value):
                 bad(field.name, f"must be a finite number, got {value}")
-        for key in ("block_size", "n_layer", "n_head", "n_embd", "batch_size", "grad_accum_steps", "max_steps",
-                    "eval_interval", "eval_steps"):
+        for key, why in self.problems():
+            bad(key, why)
+        for key in ("batch_size", "grad_accum_steps", "max_steps", "eval_interval", "eval_steps"):
             if getattr(self, key) < 1:
                 bad(key, f"must be at least 1, got {getattr(self, key)}")
         for key in ("warmup_steps", "checkpoint_interval", "sample_tokens", "seed"):
@@ -75,9 +76,7 @@ class TrainConfig:
                 bad(key, f"must not be negative, got {getattr(self, key)}")
         if self.batch_size % self.grad_accum_steps:
             bad("batch_size", f"({self.batch_size}) must be divisible by grad_accum_steps ({self.grad_accum_steps})")
-        if self.n_embd % self.n_head:
-            bad("n_embd", f"({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        for key in ("dropout", "val_fraction", "beta1", "beta2"):
+        for key in ("val_fraction", "beta1", "beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 bad(key, f"must be in [0, 1), got {getattr(self, key)}")
         if self.learning_rate <= 0:

@@ -19,21 +19,37 @@ from tinynn.nn import Dropout, Embedding, LayerNorm, Linear, Module
 from tinynn.tensor import Tensor
 
 
-@dataclass
-class GPTConfig:
-    vocab_size: int = 65
-    block_size: int = 128
+@dataclass(kw_only=True)
+class Architecture:
+    """A GPT's shape but its vocabulary: the model fields of a training config (config.TrainConfig inherits
+    them), whose vocabulary comes from its data. The defaults are the lesson's model (apps/chargpt/lesson.json,
+    `tinynn bench`'s default)."""
+    block_size: int = 128  # the context: positions a token attends over
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 256
     dropout: float = 0.0
     bias: bool = True
 
+    def problems(self):
+        """(field, why) for each value a GPT cannot be built with, in the order they are checked; the types are
+        the caller's to check."""
+        for key in ("block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, key) < 1:
+                yield key, f"must be at least 1, got {getattr(self, key)}"
+        if self.n_head >= 1 and self.n_embd % self.n_head:
+            yield "n_embd", f"({self.n_embd}) must be divisible by n_head ({self.n_head})"
+        if not 0.0 <= self.dropout < 1.0:
+            yield "dropout", f"must be in [0, 1), got {self.dropout}"
+
+
+@dataclass(kw_only=True)
+class GPTConfig(Architecture):
+    vocab_size: int = 65  # the lesson's: Shakespeare's characters
+
 
 class CausalSelfAttention(Module):
     def __init__(self, n_embd, n_head, n_layer, dropout=0.0, bias=True):
-        if n_embd % n_head:
-            raise TinynnError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
         self.n_head = n_head
         self.qkv = Linear(n_embd, 3 * n_embd, bias)
         self.proj = Linear(n_embd, n_embd, bias, std=0.02 / math.sqrt(2 * n_layer))  # GPT-2's residual scaling
@@ -117,6 +133,8 @@ def _project(proj: Linear, x, dropout: Dropout, residual):
 
 class GPT(Module):
     def __init__(self, config: GPTConfig):
+        for key, why in config.problems():
+            raise TinynnError(f"{key} {why}")
         self.config = config
         c = config
         self.wte = Embedding(c.vocab_size, c.n_embd)

@@ -19,7 +19,7 @@ from tinynn import checkpoint, distributed, memory, registry, rng
 from tinynn.config import TrainConfig, to_dict
 from tinynn.data import Batches, CharTokenizer, load_text
 from tinynn.errors import TinynnError
-from tinynn.model import GPT, GPTConfig
+from tinynn.model import GPT, Architecture
 from tinynn.optim import AdamW, cosine_lr, decay_groups
 from tinynn.rundir import Keeper, RunDir
 from tinynn.tensor import no_grad
@@ -151,8 +151,8 @@ def _kept(keeper: Keeper) -> str:
 
 
 def _check_same_model(saved_config: dict, cfg: TrainConfig, path: Path) -> None:
-    for field in dataclasses.fields(GPTConfig):
-        if field.name != "vocab_size" and saved_config.get(field.name) != getattr(cfg, field.name):
+    for field in dataclasses.fields(Architecture):
+        if saved_config.get(field.name) != getattr(cfg, field.name):
             raise TinynnError(f"cannot resume from {path}: it has {field.name}={saved_config.get(field.name)!r}, "
                               f"the config says {getattr(cfg, field.name)!r}")
 
