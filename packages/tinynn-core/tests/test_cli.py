@@ -174,26 +174,38 @@ def test_info_json(workdir, capsys):
     assert report["backends"][0]["name"] == "cpu"
 
 
-def test_demo_4_says_why_it_is_skipped_on_the_cpu(workdir, capsys):
-    assert main(["demo", "4", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
-    assert "demo 4" in out and "skipped" in out
+def test_all_demos_run_by_default_each_once_and_get_their_results(workdir, monkeypatch, capsys):
+    """`tinynn demo` runs the four demos in order, each once, and each does what it shows: autograd's gradient is
+    the finite differences', the MLP separates the spirals, the GPT's loss falls from chance and it samples text,
+    and the GPU check says why it is skipped on the CPU. What it prints is what it computed."""
+    from tinynn import demo
+    results = []
 
-
-def test_all_demos_run_by_default(workdir, capsys):
+    def recorded(number, fn):
+        return lambda out: results.append((number, fn(out=out)))
+    for number, fn in list(demo.DEMOS.items()):
+        monkeypatch.setitem(demo.DEMOS, number, recorded(number, fn))
     assert main(["demo", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert all(f"demo {n}:" in out for n in (1, 2, 3, 4)) and "sample:" in out
+    assert [number for number, _ in results] == [1, 2, 3, 4]
+    (_, (analytic, numeric)), (_, accuracy), (_, run), (_, gpu) = results
+
+    assert np.allclose(analytic, numeric, rtol=1e-5, atol=0), (analytic, numeric)
+    assert f"dy/dw = {np.round(analytic, 6).tolist()}" in out and "finite differences = " in out
+
+    losses = [float(line.split("loss ")[1]) for line in out.splitlines() if line.startswith("  step ")]
+    assert len(losses) == 5 and losses[-1] < losses[0] / 100  # steps 0, 100, 200, 300, 399
+    assert accuracy > 0.95 and f"accuracy on 400 points: {accuracy:.1%}" in out
+
+    h, vocab = run.history, run.tokenizer.vocab_size
+    assert abs(h["train_loss"][0] - math.log(vocab)) < 0.1  # untrained: about uniform over the characters
+    assert h["train_loss"][-1] < h["train_loss"][0] - 1.0 and len(h["train_loss"]) == 60
+    assert f"loss {h['train_loss'][0]:.3f} -> {h['train_loss'][-1]:.3f} in 60 steps" in out
+    assert len(run.sample) == 1 + 120 and run.sample.replace("\n", "\n          ") in out
+
+    assert gpu is None and "demo 4: GPU check\n  skipped: running on the CPU (" in out
     assert main(["demo", "7"]) == 2
     assert "no demo numbered 7" in capsys.readouterr().err
-
-
-def test_demos_1_and_2(workdir, capsys):
-    assert main(["demo", "1", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "finite differences" in out
-    accuracy = float(out.split("accuracy on 400 points: ")[1].split("%")[0])
-    assert accuracy > 95
 
 
 def test_loss_plot(workdir):

@@ -22,6 +22,7 @@ from tinynn.train import train
 
 
 def demo_autograd(out=print):
+    """-> (dy/dw from the backward pass, dy/dw from finite differences), each a list of w's three entries."""
     out("demo 1: tensors and autograd")
     x = tinynn.tensor(np.array([[0.5, -1.0, 2.0]]), requires_grad=True)
     w = tinynn.tensor(np.array([[0.1], [0.2], [-0.3]]), requires_grad=True)
@@ -36,6 +37,7 @@ def demo_autograd(out=print):
         wm[i, 0] -= eps
         numeric.append((np.tanh(x.numpy() @ wp).sum() - np.tanh(x.numpy() @ wm).sum()) / (2 * eps))
     out(f"  finite differences = {np.round(numeric, 6).tolist()}")
+    return w.grad.numpy().ravel().tolist(), [float(n) for n in numeric]
 
 
 class MLP(Module):
@@ -59,6 +61,7 @@ def two_spirals(n_per_class: int, seed: int):
 
 
 def demo_mlp(out=print, steps=400):
+    """-> the fraction of the points classified right after training."""
     out("demo 2: an MLP learning two spirals")
     rng.manual_seed(0)
     x, y = two_spirals(200, seed=0)
@@ -78,6 +81,7 @@ def demo_mlp(out=print, steps=400):
 
 
 def demo_gpt(out=print, steps=60):
+    """-> the run's TrainResult (its losses, its sample)."""
     out("demo 3: a tiny GPT on the embedded corpus")
     with tempfile.TemporaryDirectory(prefix="tinynn-demo-") as out_dir:
         cfg = TrainConfig(block_size=32, n_layer=2, n_head=2, n_embd=64, batch_size=16, max_steps=steps,
@@ -87,9 +91,11 @@ def demo_gpt(out=print, steps=60):
     h = result.history
     out(f"  loss {h['train_loss'][0]:.3f} -> {h['train_loss'][-1]:.3f} in {steps} steps")
     out("  sample: " + result.sample.replace("\n", "\n          "))
+    return result
 
 
 def demo_gpu(out=print, size=512):
+    """-> the timings and the checks against the CPU, or None when there is no GPU to check."""
     out("demo 4: GPU check")
     gpu = registry.default()
     if not gpu.is_gpu:
