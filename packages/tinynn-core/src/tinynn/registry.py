@@ -4,20 +4,20 @@ Backends other than the NumPy reference are found through the entry-point group 
 imported only when first asked for. An entry point names a callable that returns a ready `Backend`
 (backends.py) or raises `BackendUnavailable` with the reason; a failure is kept as that backend's reason.
 
-Device choice (`--device` on the CLI, `TINYNN_DEVICE` in the environment):
+Device choice (`--device` on the CLI, `TINYNN_DEVICE` in the environment, see settings.py):
   auto  a GPU backend when one is installed and reports a hardware adapter, else the CPU, silently;
   cpu   the NumPy backend;
   gpu   the first usable GPU backend (a software adapter too); none usable is an error naming the reason.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
 from tinynn.backends import INTERFACE_VERSION, Backend, BackendUnavailable, reference
 from tinynn.errors import TinynnError
+from tinynn.settings import Settings
 
 ENTRY_POINT_GROUP = "tinynn.backends"
 DEVICES = ("auto", "cpu", "gpu")
@@ -79,8 +79,8 @@ def statuses() -> list[BackendStatus]:
 
 
 def select(device: str | None = None) -> Backend:
-    """The backend for `device` (auto, cpu or gpu); None reads TINYNN_DEVICE, default auto."""
-    device = (device or os.environ.get("TINYNN_DEVICE") or "auto").lower()
+    """The backend for `device` (auto, cpu or gpu); None takes the environment's (settings.py), default auto."""
+    device = (device or Settings.from_environment().device).lower()
     if device not in DEVICES:
         raise TinynnError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if device == "cpu":
