@@ -29,7 +29,7 @@ def _result(data, backend, parents, backward) -> Tensor:
 def _recorded(parents) -> bool:
     """Whether an op on these inputs becomes a node of the graph (grad on and an input requires it): an op
     whose backward reads outputs of its forward asks for them (`for_backward`) only then."""
-    return _tensor._grad_enabled and any(p is not None and p.requires_grad for p in parents)  # (no call: ~2 per op)
+    return _tensor._grad_enabled and any(p is not None and p.requires_grad for p in parents)
 
 
 def _tensor_like(x, like: Tensor) -> Tensor:
@@ -248,12 +248,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, residual: Tens
     GPU): a transformer's MLP input layer is linear(x, w, b, activation="gelu"), its output layers add the
     residual stream with linear(h, w, b, residual=x). One node of the graph, on x of any leading axes (no
     reshapes): an eager forward pays for every array and Tensor it makes."""
-    x_data, be = x.data, x.backend  # (the arrays' shapes, not Tensor.shape, and the flag read before any call:
-    # every eager dispatch passes through one of the ops written so, and a property or call costs ~0.1 us)
-    _check_linear("linear", x_data.shape, weight, bias, residual)
+    be = x.backend
+    _check_linear("linear", x.shape, weight, bias, residual)
     parents = (x, weight, bias, residual)
-    recorded = _tensor._grad_enabled and _recorded(parents)
-    y, pre = be.linear_forward(x_data, weight.data, None if bias is None else bias.data,
+    recorded = _recorded(parents)
+    y, pre = be.linear_forward(x.data, weight.data, None if bias is None else bias.data,
                                None if residual is None else residual.data, activation, recorded)  # (..., out)
     if not recorded:  # an eager forward: no node, and no backward closure made (see _linear_backward)
         return Tensor(y, be)
@@ -277,12 +276,12 @@ def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tenso
     """A transformer's MLP, proj(gelu(fc(x))) + residual, as one node: two fused linear layers whose
     backward applies GELU's gradient in the store of the matmul that computes its output's gradient (no
     pass of its own). Weights (out_features, in_features); biases and residual optional."""
-    x_data, be = x.data, x.backend  # (written as linear is)
-    hidden = _check_linear("mlp", x_data.shape, fc_weight, fc_bias, None)
-    _check_linear("mlp", x_data.shape[:-1] + (hidden,), proj_weight, proj_bias, residual)
+    be = x.backend
+    hidden = _check_linear("mlp", x.shape, fc_weight, fc_bias, None)
+    _check_linear("mlp", x.shape[:-1] + (hidden,), proj_weight, proj_bias, residual)
     parents = (x, fc_weight, fc_bias, proj_weight, proj_bias, residual)
-    recorded = _tensor._grad_enabled and _recorded(parents)
-    h, pre = be.linear_forward(x_data, fc_weight.data, None if fc_bias is None else fc_bias.data, None, "gelu",
+    recorded = _recorded(parents)
+    h, pre = be.linear_forward(x.data, fc_weight.data, None if fc_bias is None else fc_bias.data, None, "gelu",
                                recorded)  # (..., hidden)
     y, _ = be.linear_forward(h, proj_weight.data, None if proj_bias is None else proj_bias.data,
                              None if residual is None else residual.data, None)  # (..., out)
@@ -309,13 +308,13 @@ def _rows(be, a):
 
 def _check_linear(name, x_shape, weight, bias, residual) -> int:
     """Refuse operands that do not fit x_shape @ weight.T + bias (+ residual); -> out_features."""
-    w_shape = weight.data.shape
+    w_shape = weight.shape
     out_features = w_shape[0]
     if len(x_shape) < 1 or len(w_shape) != 2 or x_shape[-1] != w_shape[1]:
         raise ValueError(f"{name}: x {x_shape} and weight {w_shape} do not fit")
-    if bias is not None and bias.data.shape != (out_features,):
+    if bias is not None and bias.shape != (out_features,):
         raise ValueError(f"{name}: bias {bias.shape} does not fit weight {w_shape}")
-    if residual is not None and residual.data.shape != x_shape[:-1] + (out_features,):
+    if residual is not None and residual.shape != x_shape[:-1] + (out_features,):
         raise ValueError(f"{name}: residual {residual.shape} is not the output's shape "
                          f"{x_shape[:-1] + (out_features,)}")
     return out_features
@@ -369,13 +368,12 @@ def attention(qkv: Tensor, n_head: int) -> Tensor:
     """Causal self-attention of the qkv projection's output (B, T, 3C) = [q | k | v] -> (B, T, C), heads
     side by side as the output projection reads them; scores scaled by 1/sqrt(head size). One fused op:
     the backward recomputes the probabilities from the forward's per-row logsumexp."""
-    data = qkv.data  # (written as linear is)
-    B, T, C3 = data.shape
+    B, T, C3 = qkv.shape
     if C3 % 3 or (C3 // 3) % n_head:
-        raise ValueError(f"attention: the last axis of qkv {data.shape} is not 3 * n_head ({n_head}) * head size")
+        raise ValueError(f"attention: the last axis of qkv {qkv.shape} is not 3 * n_head ({n_head}) * head size")
     be, scale, parents = qkv.backend, 1.0 / math.sqrt(C3 // 3 // n_head), (qkv,)
-    recorded = _tensor._grad_enabled and _recorded(parents)
-    y, lse = be.attention_forward(data, n_head, scale, recorded)
+    recorded = _recorded(parents)
+    y, lse = be.attention_forward(qkv.data, n_head, scale, recorded)
     if not recorded:  # no backward closure made (see _linear_backward)
         return Tensor(y, be)
     return _result(y, be, parents, _attention_backward(be, qkv, y, lse, n_head, scale))
@@ -387,8 +385,8 @@ def _attention_backward(be, qkv, y, lse, n_head, scale):
 
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps=1e-5) -> Tensor:
     """Normalise over the last axis, then scale and shift; statistics and normalisation fused."""
-    be, parents = x.backend, (x, weight, bias)  # (written as linear is)
-    recorded = _tensor._grad_enabled and _recorded(parents)
+    be, parents = x.backend, (x, weight, bias)
+    recorded = _recorded(parents)
     y, mean_, rstd = be.layernorm_forward(x.data, None if weight is None else weight.data,
                                           None if bias is None else bias.data, eps, recorded)
     if not recorded:  # no backward closure made (see _linear_backward)

@@ -5,7 +5,6 @@ gradients summed over the ranks. train.py's loop calls it once per step.
 from __future__ import annotations
 
 import math
-import operator
 
 import numpy as np
 
@@ -15,7 +14,6 @@ from tinynn.model import GPT
 from tinynn.nn import Module
 from tinynn.tensor import Tensor
 
-_DATA = operator.attrgetter("data")
 REDUCE_PARTS = 8  # the flat gradients' parts, pipelined on a GPU (tinynn_gpu/host_reduce.py); 4 to 16 did alike
 
 
@@ -75,7 +73,7 @@ class TrainStep:
         walked again when a module, tensor or list was assigned to any module since the last walk (a new head, say)."""
         if Module.structure_changes != self.model_structure:
             self.model_params, self.model_structure = self.model.parameters(), Module.structure_changes
-        return self.model.training, self.shape, tuple(map(_DATA, self.model_params))
+        return self.model.training, self.shape, tuple(p.data for p in self.model_params)
 
     def _guard_key(self):
         """... and a whole step, its update too."""
@@ -117,15 +115,16 @@ class TrainStep:
 
     def __call__(self, x: np.ndarray, y: np.ndarray, lr: float):
         k = len(self.inputs)
-        shape = _shape(x)
-        if len(shape) != 2 or _shape(y) != shape:
-            raise TinynnError(f"a batch is x and y of one (batch, time) shape, got {shape} and {_shape(y)}")
+        x, y = np.asarray(x), np.asarray(y)
+        shape = x.shape
+        if len(shape) != 2 or y.shape != shape:
+            raise TinynnError(f"a batch is x and y of one (batch, time) shape, got {shape} and {y.shape}")
         if shape[0] % k:
             raise TinynnError(f"a batch of {shape[0]} rows does not split into {k} equal micro-batches")
         if shape != self.shape or self.model_params[0].backend is not self.backend:
             self._inputs(shape)
         be = self.backend
-        parts = zip(np.split(x, k), np.split(y, k)) if k > 1 else [(x, y)]  # (np.split costs 3 us a call)
+        parts = zip(np.split(x, k), np.split(y, k))
         for (x_in, y_in), (x_part, y_part) in zip(self.inputs, parts):
             be.write_(x_in.data, x_part)
             be.write_(y_in.data, y_part)
@@ -140,10 +139,3 @@ class TrainStep:
         self._update()
         cpu = registry.reference()
         return Tensor(cpu.from_numpy(self.host[0]), cpu)
-
-
-def _shape(a) -> tuple:
-    """np.shape(a), read straight off an ndarray. A synced step's host time until its first submission is GPU idle
-    time, and there the code runs cold (after the read-back's wait): np.shape took 0.2 us warm and 9 us after a 64 MB
-    cache sweep (2-core CPU), an attribute read a fraction of that."""
-    return a.shape if a.__class__ is np.ndarray else np.shape(a)
