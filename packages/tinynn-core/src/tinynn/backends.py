@@ -13,10 +13,7 @@ import numpy as np
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
-INTERFACE_VERSION = 4  # 2: layernorm_backward's g_add, linear_backward's x_activation and x_pre,
-# embedding_with_positions, global_norm_and_clip (for clip_coefficient), cross_entropy's count, adamw_update_'s
-# weight decay per parameter; 3: the forwards' for_backward (linear, layernorm, cross_entropy, attention);
-# 4: linear_forward's x of any leading axes (..., in), not only rows (N, in)
+INTERFACE_VERSION = 4
 
 
 class BackendUnavailable(Exception):

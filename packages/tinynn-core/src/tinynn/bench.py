@@ -33,9 +33,8 @@ LESSON = {**{key: getattr(GPTConfig(), key) for key in ("block_size", "n_layer",
 VOCAB = GPTConfig().vocab_size  # the reference's vocabulary (Shakespeare's characters)
 
 
-# Seconds of load before timing on a GPU: an idle H200 drops its SM clock to 345 MHz within a second (e.g. while
-# the host compiles shaders) and takes 0.6-2 s of load to climb back to 1980 (nvidia-smi, 200 ms samples); a
-# first step timed after 0.5 s of warm-up ran at 345-480 MHz, 6.57 ms against 4.1-4.3.
+# Seconds of load before timing on a GPU: an idle GPU lowers its clock within a second (while the host compiles
+# shaders, say) and needs up to about 2 s of load to raise it again, so shorter warm-ups time a slowed GPU.
 GPU_WARMUP_SECONDS = 2.0
 
 
@@ -91,8 +90,7 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
         recording.append(time.perf_counter() - t0)  # the host's share: the GPU may still be running
         return loss.item()  # one host sync per step, like a logging loop
     # warm-up: autotuning, caches, capture; on a GPU then GPU_WARMUP_SECONDS of steps as timed, the load that raises
-    # its clocks (counted from the first steps' end: on the H200 their compiles and tuning can outlast it, and a
-    # warm-up that counted them left the first config's timed steps at up to 2.5x their time)
+    # its clocks (counted from the first steps' end: their compiles and tuning can outlast it)
     warm_steps, warm_seconds = (6, GPU_WARMUP_SECONDS) if backend.is_gpu else (1, 0.0)
     for _ in range(warm_steps):
         step()
@@ -131,10 +129,8 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
 def eager_dispatch_us(backend, model, x, reps=10, warmup=3) -> float:
     """Host microseconds per dispatch of an evaluation forward (eager: evaluation is never replayed), each
     forward timed right after the read-back of the one before. The warm-up forwards run the same loop as the
-    timed ones, so that the same arrays are alive across a forward (the last loss): a warm-up that dropped it
-    left the pool handing other buffers to the first timed forwards, which then paid for new bind groups
-    (one-time work: on lavapipe, 10 in the second timed forward at 1 x 16 tokens, a third more host time;
-    1-2 at the lesson shape)."""
+    timed ones, so that the same arrays are alive across a forward (the last loss): otherwise the pool hands
+    other buffers to the first timed forwards, which then pay for one-time work (new bind groups)."""
     inputs = [Tensor(backend.from_numpy(x), backend) for _ in range(2)]
     model.eval()
     with no_grad():
@@ -156,8 +152,7 @@ def profile_step(backend, cfg: TrainConfig) -> list[dict]:
         raise TinynnError(f"--profile needs a GPU backend with timestamp queries; {backend.name} has none")
     train_step, x = lesson_step(backend, cfg)
     train_step(x, x, 3e-4).item()  # warm-up; the profiled call is the second, still eager (not replayed)
-    # then matmuls for GPU_WARMUP_SECONDS: building the model left the GPU idle, and the big config's profile right
-    # after one warm-up step ran at half the clock (82 ms of kernels in a 36.6 ms step)
+    # then matmuls for GPU_WARMUP_SECONDS: building the model left the GPU idle, at a lowered clock
     a = backend.from_numpy(np.ones((1024, 1024), np.float32))
     time_call(lambda: backend.matmul(a, a), backend.sync, min_seconds=0.0, max_reps=1)
     return backend.profile(lambda: train_step(x, x, 3e-4).item())
