@@ -2,11 +2,17 @@
 backend too when tinynn-gpu is installed; TINYNN_REQUIRE_GPU=1 makes a missing GPU a failure, not a skip)."""
 import os
 
-import numpy as np
-import pytest
-from hypothesis import settings
+# One BLAS thread unless the caller chose: the tests multiply small matrices, where BLAS's threads cost more
+# than they give (the more so on a shared machine), and the MPI tests' ranks, which inherit it, would otherwise
+# share the cores with each other's threads. Set before NumPy loads.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from tinynn import registry
+import numpy as np  # noqa: E402 (after the thread count, which NumPy's BLAS reads when it loads)
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from tinynn import registry  # noqa: E402
 
 
 def _backend_names():
