@@ -13,9 +13,9 @@ MPI is detected from the launcher's environment (PMI_RANK, OMPI_COMM_WORLD_RANK,
 `world()` is a world of one and mpi4py is never imported.
 
 Ranks on one machine share its cores. Each would otherwise run as many BLAS threads as the machine has cores
-(and MPICH polls while it waits), so `world()` gives each rank cores / ranks threads (threadpoolctl, which the
-[mpi] extra brings, sets NumPy's OpenBLAS; TINYNN_NUM_THREADS sizes tinynn's own pool), unless the user set a
-count in one of THREAD_VARS. On a 2-core machine two ranks ran 6-11x slower than one process without this.
+while MPICH polls besides (two ranks on 2 cores ran 6-11x slower than one process), so `world()` gives each
+rank cores / ranks threads: threadpoolctl (the [mpi] extra's) sets NumPy's OpenBLAS, TINYNN_NUM_THREADS sizes
+tinynn's own pool. A count the user set in one of THREAD_VARS is left as it is.
 
 Rank 0 speaks for the job: the other ranks' notices are not shown, and their errors only when rank 0 has not
 failed too; each line goes out in one write, so that lines of several ranks do not run together.
