@@ -69,6 +69,23 @@ def test_a_full_disk_at_start_is_one_line_and_leaves_no_lock(workdir, monkeypatc
     assert main(["train", "--config", cfg, "--quiet"]) == 0
 
 
+def test_an_empty_lock_left_by_a_full_disk_is_taken_over_once_old(workdir, capsys):
+    """An empty lock is what a run killed (or refused by a full disk) between creating and writing it leaves;
+    a fresh one may be a run starting this very moment."""
+    cfg = write_config(workdir / "c.json")
+    lock = workdir / "run" / rundir.LOCK_NAME
+    lock.parent.mkdir()
+    lock.touch()
+    assert main(["train", "--config", cfg, "--quiet"]) == 2
+    error_line(capsys, "in use by another run (an unreadable lock)")
+    old = lock.stat().st_mtime - rundir.EMPTY_LOCK_AGE_S - 1
+    os.utime(lock, (old, old))
+    assert main(["train", "--config", cfg, "--quiet"]) == 0
+    assert f"tinynn: notice: taking over {os.path.join('run', rundir.LOCK_NAME)}, an empty lock" in \
+        capsys.readouterr().err
+    assert not lock.exists()
+
+
 def _needed(cfg_path) -> int:
     return memory.checkpoint_bytes(from_dict(json.loads(open(cfg_path).read())), VOCAB)
 

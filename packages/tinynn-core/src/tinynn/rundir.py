@@ -29,6 +29,7 @@ from tinynn import checkpoint
 from tinynn.errors import TinynnError, TinynnNotice
 
 LOCK_NAME = "tinynn.lock"
+EMPTY_LOCK_AGE_S = 60.0  # an empty lock this old is abandoned: see _abandoned_empty
 DIVERGENCE = 2.0  # a loss above twice the best so far means the run is diverging: keep the older checkpoint
 
 
@@ -76,6 +77,11 @@ class RunDir:
                 fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 other = _read_lock(self.lock)
+                if other is None and _abandoned_empty(self.lock):
+                    warnings.warn(f"taking over {self.lock}, an empty lock left by a run that could not write it",
+                                  TinynnNotice)
+                    self.lock.unlink(missing_ok=True)
+                    continue
                 if not _is_stale(other):
                     who = f"process {other['pid']} on {other['host']}, since {other['started']}" if other else \
                         "an unreadable lock"
@@ -110,6 +116,16 @@ def _read_lock(path: Path) -> dict | None:
         return holder if {"pid", "host", "started"} <= set(holder) else None
     except (OSError, ValueError, TypeError):
         return None
+
+
+def _abandoned_empty(path: Path) -> bool:
+    """An empty lock file older than EMPTY_LOCK_AGE_S: its run was killed, or found the disk full, between
+    creating it and writing its holder (microseconds apart), so no run holds it."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_size == 0 and time.time() - info.st_mtime > EMPTY_LOCK_AGE_S
 
 
 def _is_stale(holder: dict | None) -> bool:
