@@ -175,3 +175,128 @@ def test_an_mpi4py_of_another_mpi_is_refused(mpiexec, workdir):
                            "--quiet", "--device", "cpu"], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
     assert done.stderr.startswith("tinynn: error: mpiexec started 3 processes but MPI sees 1")
+
+
+INTERRUPTIBLE = """
+import os, sys
+from tinynn import distributed
+from tinynn.cli import main
+distributed.INTERRUPT_GRACE_S = 2.0
+world = distributed.world()
+open(f"rank{world.rank}.pid", "w").write(str(os.getpid()))
+sys.exit(main(["train", "--config", "c.json", "--quiet", "--device", "cpu"]))
+"""
+
+
+def interrupted(mpiexec, workdir, whom: str):
+    """Start a long data-parallel run, send SIGINT to `whom` (mpiexec, as Ctrl-C in its terminal does, or one
+    rank alone) once training runs, and return the finished job; a job still running after a minute hangs."""
+    import signal
+    import time
+    write_config(workdir / "c.json", out_dir="dp", max_steps=10**6, eval_interval=10**6, checkpoint_interval=0)
+    job = subprocess.Popen([mpiexec, "-n", "2", sys.executable, "-c", INTERRUPTIBLE], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, cwd=workdir)
+    pids = [workdir / "rank0.pid", workdir / "rank1.pid"]
+    try:
+        deadline = time.monotonic() + 60
+        while not (all(p.exists() and p.read_text() for p in pids) and (workdir / "dp" / "tinynn.lock").exists()):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate(timeout=5)
+            time.sleep(0.1)
+        time.sleep(1.0)  # into the steps
+        target = job.pid if whom == "mpiexec" else int(pids[int(whom[-1])].read_text())
+        os.kill(target, signal.SIGINT)
+        out, err = job.communicate(timeout=60)
+        return job.returncode, err
+    finally:
+        if job.poll() is None:  # hung: end it, ranks first
+            for p in pids:
+                try:
+                    os.kill(int(p.read_text()), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+            job.kill()
+            job.communicate()
+
+
+@pytest.mark.parametrize("whom", ["mpiexec", "rank0"])
+def test_ctrl_c_ends_every_rank_with_one_message(mpiexec, workdir, whom):
+    """Rank 0 stops and ends the job (130) as it exits: no rank is left waiting in a collective (one used to
+    sit in MPI_Finalize while the other spun in the Allreduce), and the other rank prints nothing."""
+    code, err = interrupted(mpiexec, workdir, whom)
+    assert code == 130, err
+    assert err.count("tinynn: interrupted") == 1, err
+
+
+def test_an_interrupt_of_another_rank_alone_ends_the_job(mpiexec, workdir):
+    code, err = interrupted(mpiexec, workdir, "rank1")
+    assert code == 130, err
+    assert "tinynn: error: rank 1 of 2: interrupted, and rank 0 did not end the job within 2 s" in err, err
+
+
+THREADS = """
+import os, sys, warnings
+if sys.argv[1] == "no-threadpoolctl":
+    sys.modules["threadpoolctl"] = None  # import threadpoolctl now raises ImportError
+warnings.simplefilter("always")
+warnings.showwarning = lambda message, *args, **kwargs: sys.stdout.write(f"notice: {message}\\n")
+from tinynn import distributed
+world = distributed.world()
+if sys.argv[1] != "no-threadpoolctl":
+    from threadpoolctl import threadpool_info
+    blas = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    sys.stdout.write(f"rank {world.rank}: blas {blas}, pool {os.environ.get('TINYNN_NUM_THREADS')}\\n")
+"""
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def test_ranks_on_one_machine_share_its_cores(mpiexec, workdir):
+    """Two ranks each running a BLAS thread per core (with MPICH polling besides) ran 6-11x slower than one
+    process on a 2-core machine: each rank gets its share."""
+    pytest.importorskip("threadpoolctl", reason="the [mpi] extra brings threadpoolctl")
+    env = {k: v for k, v in os.environ.items() if k not in distributed.THREAD_VARS}
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", THREADS, "share"], capture_output=True,
+                          text=True, timeout=120, cwd=workdir, env=env)
+    assert done.returncode == 0, done.stderr
+    share = max(1, cores() // 2)
+    assert sorted(done.stdout.splitlines()) == [f"rank {r}: blas [{share}], pool {share}" for r in (0, 1)]
+
+
+def test_a_thread_count_the_user_set_is_kept(mpiexec, workdir):
+    pytest.importorskip("threadpoolctl", reason="the [mpi] extra brings threadpoolctl")
+    env = {**{k: v for k, v in os.environ.items() if k not in distributed.THREAD_VARS},
+           "OPENBLAS_NUM_THREADS": str(cores())}
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", THREADS, "kept"], capture_output=True,
+                          text=True, timeout=120, cwd=workdir, env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"rank {r}: blas [{cores()}], pool None" for r in (0, 1)]
+
+
+def test_without_threadpoolctl_one_notice_says_what_to_set(mpiexec, workdir):
+    env = {k: v for k, v in os.environ.items() if k not in distributed.THREAD_VARS}
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", THREADS, "no-threadpoolctl"],
+                          capture_output=True, text=True, timeout=120, cwd=workdir, env=env)
+    assert done.returncode == 0, done.stderr
+    notices = done.stdout.splitlines()
+    assert len(notices) == 1 and "brings threadpoolctl" in notices[0], done.stdout
+    assert f"set OMP_NUM_THREADS={max(1, cores() // 2)} for mpiexec" in notices[0]
+
+
+def test_an_error_every_rank_has_is_printed_once(mpiexec, workdir):
+    done = launch(mpiexec, 2, "train", "--config", "missing.json", "--quiet", "--device", "cpu")
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if "tinynn" in line]
+    assert errors == ["tinynn: error: rank 0 of 2: config file not found: missing.json"], done.stderr
+
+
+def test_a_notice_every_rank_has_is_printed_once_and_whole(mpiexec, workdir):
+    script = ("import sys, warnings; from tinynn import distributed; from tinynn.errors import TinynnNotice; "
+              "warnings.simplefilter('always'); "
+              "warnings.showwarning = lambda message, *a, **k: distributed.say(f'tinynn: notice: {message}'); "
+              "distributed.world(); warnings.warn('the same on every rank', TinynnNotice)")
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["tinynn: notice: the same on every rank"], done.stderr

@@ -3,7 +3,7 @@
 `RunDir` is claimed before any training: out_dir is created (or the reason it cannot be is the error), a
 lock file naming the holder (pid, host) keeps a second run out, a checkpoint already there is replaced only
 with `--resume` or `--overwrite`, temporary files left by a killed save are removed, and the disk must have
-room for a checkpoint.
+room for two checkpoints (a save writes the new one before it removes the old).
 
 `Keeper` decides what is written. A checkpoint's weights are judged by a loss computed on them: the next
 step's training loss (its forward pass uses exactly those weights) or, at the last step, the validation
@@ -29,6 +29,7 @@ from tinynn import checkpoint
 from tinynn.errors import TinynnError, TinynnNotice
 
 LOCK_NAME = "tinynn.lock"
+EMPTY_LOCK_AGE_S = 60.0  # an empty lock this old is abandoned: see _abandoned_empty
 DIVERGENCE = 2.0  # a loss above twice the best so far means the run is diverging: keep the older checkpoint
 
 
@@ -58,11 +59,16 @@ class RunDir:
             warnings.warn(f"removed {orphan.name}, left in {self.dir} by a save that was interrupted", TinynnNotice)
 
     def check_disk(self, needed: int) -> None:
-        """A checkpoint of `needed` bytes must fit beside the current one (it is written, then renamed)."""
+        """Two checkpoints of `needed` bytes must fit: a save writes the new one beside the one before, then
+        renames it over that one. A checkpoint already in out_dir (resumed or overwritten) holds its share."""
+        replaced = self.checkpoint.stat().st_size if self.checkpoint.is_file() else 0
         free = shutil.disk_usage(self.dir).free
-        if free < needed:
+        if free + replaced < 2 * needed:
             raise TinynnError(f"out_dir {str(self.dir)!r} has {free / 2**20:,.1f} MiB free; a checkpoint needs "
-                              f"{needed / 2**20:,.1f} MiB")
+                              f"{needed / 2**20:,.1f} MiB, and a save writes the new one beside the one before "
+                              f"(room for two: {2 * needed / 2**20:,.1f} MiB"
+                              + (f", the {replaced / 2**20:,.1f} MiB of {self.checkpoint.name} included)"
+                                 if replaced else ")"))
 
     def _take_lock(self) -> None:
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -71,6 +77,11 @@ class RunDir:
                 fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 other = _read_lock(self.lock)
+                if other is None and _abandoned_empty(self.lock):
+                    warnings.warn(f"taking over {self.lock}, an empty lock left by a run that could not write it",
+                                  TinynnNotice)
+                    self.lock.unlink(missing_ok=True)
+                    continue
                 if not _is_stale(other):
                     who = f"process {other['pid']} on {other['host']}, since {other['started']}" if other else \
                         "an unreadable lock"
@@ -81,8 +92,13 @@ class RunDir:
                 continue
             except OSError as e:
                 raise TinynnError(f"out_dir {str(self.dir)!r} is not writable ({e.strerror or e})") from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(holder, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(holder, f)
+            except OSError as e:  # a full disk: an empty lock left behind would refuse every later run
+                self.lock.unlink(missing_ok=True)
+                raise TinynnError(f"out_dir {str(self.dir)!r}: cannot write its lock {self.lock.name} "
+                                  f"({e.strerror or e})") from None
             self._locked = True
             return
         raise TinynnError(f"out_dir {str(self.dir)!r}: another run took the lock {self.lock} at the same time")
@@ -100,6 +116,16 @@ def _read_lock(path: Path) -> dict | None:
         return holder if {"pid", "host", "started"} <= set(holder) else None
     except (OSError, ValueError, TypeError):
         return None
+
+
+def _abandoned_empty(path: Path) -> bool:
+    """An empty lock file older than EMPTY_LOCK_AGE_S: its run was killed, or found the disk full, between
+    creating it and writing its holder (microseconds apart), so no run holds it."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_size == 0 and time.time() - info.st_mtime > EMPTY_LOCK_AGE_S
 
 
 def _is_stale(holder: dict | None) -> bool:
@@ -152,7 +178,8 @@ class Keeper:
             checkpoint.save(self.path, **state)
         except checkpoint.SaveError as e:
             self.unwritten = state
-            warnings.warn(f"{e}; training goes on and tries again at the next checkpoint", TinynnNotice)
+            warnings.warn(f"{e}; training goes on, keeping step {state['step']}'s state in memory to write at the "
+                          "next checkpoint or at the end", TinynnNotice)
             return
         self.unwritten, self.saved_step = None, state["step"]
 

@@ -7,6 +7,13 @@ tensors that require grad keep `.grad`; intermediate gradients are dropped as so
 
     >>> x = tinynn.tensor([1.0, 2.0, 3.0], requires_grad=True)
     >>> (x * x).sum().backward(); x.grad.numpy()   # array([2., 4., 6.], dtype=float32)
+
+Python's protocols behave as in PyTorch, or refuse: `a == b` and `a != b` are elementwise (1 where true, 0
+elsewhere, in the operands' promoted dtype, so `(pred == y).mean()` is an accuracy), while a tensor hashes by
+identity and `is` compares identity; `bool(t)` is the truth of a one-element tensor's value, and an error for
+any other size; `len()` and iteration need at least one dimension; `np.asarray(t)` is `t.numpy()`, and a NumPy
+ufunc called on a tensor is refused (it would leave the graph: use the tensor's own ops); `.T` reverses the
+axes as NumPy's does; `repr` shows the values.
 """
 from __future__ import annotations
 
@@ -36,7 +43,10 @@ def is_grad_enabled() -> bool:
 
 class Tensor:
     __slots__ = ("data", "backend", "grad", "requires_grad", "_parents", "_backward", "__weakref__")
-    __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected operators
+    # NumPy arrays and scalars on the left of an operator defer to Tensor's reflected one, and a ufunc applied
+    # to a tensor is an error instead of a host array cut off from the graph
+    __array_ufunc__ = None
+    __hash__ = object.__hash__  # identity, as `==` is elementwise: tensors stay usable as dict keys
 
     def __init__(self, data, backend: backends.Backend, requires_grad=False, _parents=(), _backward=None):
         self.data = data
@@ -64,11 +74,36 @@ class Tensor:
         return int(np.prod(self.shape))
 
     def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __bool__(self):
+        if self.size != 1:
+            raise RuntimeError(f"the truth value of a tensor of shape {self.shape} ({self.size} values) is "
+                               "ambiguous: use .sum(), .max() or .item() to say which")
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
     def __repr__(self):
+        values = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"Tensor(shape={self.shape}, dtype={self.dtype}, backend={self.backend.name}{grad})"
+        return f"tensor({values}, shape={self.shape}, dtype={self.dtype}, backend={self.backend.name}{grad})"
+
+    def __array__(self, dtype=None, copy=None):
+        if copy is False:
+            raise ValueError("a tensor's values reach NumPy as a copy (np.asarray(t) is t.numpy())")
+        return self.numpy() if dtype is None else self.numpy().astype(dtype, copy=False)
 
     # --- to and from the host ---
     def numpy(self) -> np.ndarray:
@@ -150,6 +185,28 @@ class Tensor:
     def __pow__(self, exponent): return F.pow(self, exponent)
     def __matmul__(self, other): return F.matmul(self, other)
     def __getitem__(self, index): return F.getitem(self, index)
+    def __eq__(self, other): return self._equal(other, negate=False)
+    def __ne__(self, other): return self._equal(other, negate=True)
+
+    def _equal(self, other, negate: bool):
+        """Elementwise ==, or != with `negate`: 1 or 0 in the operands' promoted dtype (NumPy's rules, a Python
+        number taking the tensor's dtype where it can), never part of the graph."""
+        be = self.backend
+        if isinstance(other, Tensor):
+            if other.backend is not be:
+                raise ValueError(f"tensors on different backends: {be.name} and {other.backend.name}")
+            other_data = other.data
+        else:
+            array = np.asarray(other)
+            if array.dtype.kind not in "biuf":  # None, a string, ...: Python's answer (identity, so False)
+                return NotImplemented
+            dtype = np.result_type(self.dtype, other if array.ndim == 0 and not isinstance(other, np.ndarray)
+                                   else array)
+            other_data = be.from_numpy(np.asarray(array, dtype=dtype))
+        equal = be.binary("eq", self.data, other_data)
+        if negate:
+            equal = be.binary("sub", be.full((), 1, np.dtype(equal.dtype)), equal)
+        return Tensor(equal, be)
 
     def sum(self, axis=None, keepdims=False): return F.sum(self, axis, keepdims)
     def mean(self, axis=None, keepdims=False): return F.mean(self, axis, keepdims)
@@ -167,7 +224,8 @@ class Tensor:
 
     @property
     def T(self):
-        return F.transpose(self, -2, -1)
+        """The axes reversed, as NumPy's `.T` (a 1-d tensor is itself); `transpose()` swaps the last two."""
+        return self if self.ndim < 2 else F.permute(self, tuple(reversed(range(self.ndim))))
 
 
 def tensor(data, requires_grad=False, dtype=None, backend: backends.Backend | str | None = None) -> Tensor:
