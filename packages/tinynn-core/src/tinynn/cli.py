@@ -23,6 +23,7 @@ from tinynn.errors import TinynnError
 def cmd_train(args):
     from tinynn import config
     from tinynn.train import train
+    distributed.world()  # under mpiexec, connected first: rank 0 alone reports what loading the config says
     cfg = config.load(args.config, overrides={"--out-dir": ("out_dir", args.out_dir),
                                               "--max-steps": ("max_steps", args.max_steps)})
     result = train(cfg, device=args.device, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
@@ -188,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _notice(message, category, filename, lineno, file=None, line=None):
-    print(f"tinynn: notice: {message}", file=sys.stderr)
+    distributed.say(f"tinynn: notice: {message}")
 
 
 def main(argv=None) -> int:
@@ -203,8 +204,8 @@ def main(argv=None) -> int:
     except MemoryError:  # a backstop: train checks its estimate first (memory.py)
         return distributed.fail("out of memory: make the model, the batch or the vocabulary smaller", 2)
     except KeyboardInterrupt:
-        print("tinynn: interrupted", file=sys.stderr)
-        return 130
+        distributed.say("tinynn: interrupted")
+        return distributed.INTERRUPTED
     return 0
 
 
