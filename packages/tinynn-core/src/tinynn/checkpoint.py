@@ -1,5 +1,9 @@
 """Checkpoints: one safetensors file holding the weights, the optimizer state, and (as JSON metadata) the
-config, the tokenizer's characters, the step and the RNG state.
+config, the tokenizer, the step and the RNG state.
+
+A char tokenizer is its list of characters (`chars`); any other goes in `tokenizer` as its spec
+(tokenizer.py), with `chars` empty. `load` returns the spec either way, so a checkpoint written before BPE
+existed loads unchanged.
 
 Saving writes a temporary file beside the target (`<name>.tmp-<pid>`) and renames it over the target, so a
 run killed mid-save leaves the previous checkpoint intact; `remove_orphans` deletes what such a kill left.
@@ -25,13 +29,20 @@ class SaveError(TinynnError):
     """A checkpoint could not be written; the message names the path and the reason."""
 
 
-def save(path, *, model_state: dict, optimizer_state: dict, config: dict, chars: list[str], step: int,
-         rng_state: dict, history: dict) -> None:
+def save(path, *, model_state: dict, optimizer_state: dict, config: dict, step: int, rng_state: dict,
+         history: dict, chars: list[str] | None = None, tokenizer: dict | None = None) -> None:
+    """Write the checkpoint; the tokenizer is `chars` (a char tokenizer) or a `tokenizer` spec."""
     path = Path(path)
+    if tokenizer is not None and tokenizer.get("type") == "char":
+        chars, tokenizer = tokenizer["chars"], None
+    if (chars is None) == (tokenizer is None):
+        raise ValueError("a checkpoint holds one tokenizer: chars or a tokenizer spec")
     tensors = {f"model.{k}": np.ascontiguousarray(v) for k, v in model_state.items()}
     tensors.update({f"optim.{k}": np.ascontiguousarray(np.asarray(v)) for k, v in optimizer_state.items()})
-    metadata = {"format": FORMAT, "config": json.dumps(config), "chars": json.dumps(chars), "step": str(step),
+    metadata = {"format": FORMAT, "config": json.dumps(config), "chars": json.dumps(chars or []), "step": str(step),
                 "rng_state": json.dumps(rng_state), "history": json.dumps(history)}
+    if tokenizer is not None:
+        metadata["tokenizer"] = json.dumps(tokenizer)
     data = serialize(tensors, metadata=metadata)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
@@ -80,6 +91,8 @@ def load(path) -> dict:
             "rng_state": json.loads(metadata["rng_state"]),
             "history": json.loads(metadata["history"]),
         }
+        saved["tokenizer"] = json.loads(metadata["tokenizer"]) if "tokenizer" in metadata else \
+            {"type": "char", "chars": saved["chars"]}
     except (KeyError, ValueError) as e:
         raise TinynnError(f"checkpoint {path} has damaged metadata ({e})") from None
     for name, weights in saved["model"].items():

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from tinynn.data import FORMAT, META, stdlib_docstrings, token_dtype
 from tinynn.errors import TinynnError
-from tinynn.tokenizer import BPETokenizer, CharTokenizer, describe, last_cut, pieces
+from tinynn.tokenizer import BPETokenizer, CharTokenizer, describe, from_json_file, last_cut, pieces
 
 CHUNK_BYTES = 1 << 20
 OUTPUTS = ("train.bin", "val.bin", META, "meta.pkl", "tokenizer.json")
@@ -147,7 +147,7 @@ def _tokenizer(corpus: Corpus, name: str, vocab_size: int | None, progress: bool
             texts = (p for _, text in corpus.texts(bar, chunk_bytes) for p in pieces(text, 65536))
             return BPETokenizer.train(texts, vocab_size, progress=progress)
     if name.endswith(".json") or Path(name).is_file():
-        return BPETokenizer.from_file(name)
+        return from_json_file(name)
     raise TinynnError(f"--tokenizer must be char, bpe or the path of a tokenizer.json, got {name!r}")
 
 

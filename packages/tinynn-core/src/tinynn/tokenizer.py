@@ -173,17 +173,6 @@ class BPETokenizer:
                               f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
         return cls(tokenizer, source)
 
-    @classmethod
-    def from_file(cls, path) -> BPETokenizer:
-        path = Path(path)
-        if not path.is_file():
-            raise TinynnError(f"tokenizer file not found: {path}")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise TinynnError(f"{path} is not a tokenizer.json (not UTF-8 text)") from None
-        return cls.from_json(text, str(path))
-
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
@@ -272,6 +261,43 @@ def from_spec(spec: dict, source: str = "tokenizer"):
     if not isinstance(spec.get("json"), str):
         raise TinynnError(f"{source}: a bpe tokenizer's 'json' must be the text of a tokenizer.json")
     return BPETokenizer.from_json(spec["json"], source)
+
+
+def char_json(tok: CharTokenizer) -> str:
+    """A char tokenizer as a tokenizer.json that Hugging Face's tokenizers reads: a BPE over the characters
+    with no merges and no pre-tokenizer, whose decoder joins the tokens (`from_json` reads it back as char)."""
+    return json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": None, "post_processor": None, "decoder": {"type": "Fuse"},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {ch: i for i, ch in enumerate(tok.chars)}, "merges": []}}, ensure_ascii=False)
+
+
+def from_json(text: str, source: str):
+    """The tokenizer a tokenizer.json's text describes: char where it is char_json's shape (no tokenizers
+    library needed), else byte-level BPE."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TinynnError(f"{source} is not a tokenizer.json (not JSON: {e.msg} at line {e.lineno})") from None
+    model = raw.get("model") if isinstance(raw, dict) else None
+    if isinstance(model, dict) and model.get("type") == "BPE" and model.get("merges") == [] and \
+            raw.get("pre_tokenizer") is None and (raw.get("decoder") or {}).get("type") == "Fuse" and \
+            isinstance(model.get("vocab"), dict) and all(len(k) == 1 for k in model["vocab"]) and \
+            sorted(model["vocab"].values()) == list(range(len(model["vocab"]))) and not raw.get("added_tokens"):
+        return CharTokenizer.from_itos(sorted(model["vocab"], key=model["vocab"].get))
+    return BPETokenizer.from_json(text, source)
+
+
+def from_json_file(path):
+    path = Path(path)
+    if not path.is_file():
+        raise TinynnError(f"tokenizer file not found: {path}")
+    try:
+        return from_json(path.read_text(encoding="utf-8"), str(path))
+    except UnicodeDecodeError:
+        raise TinynnError(f"{path} is not a tokenizer.json (not UTF-8 text)") from None
 
 
 def describe(tokenizer) -> str:
