@@ -200,6 +200,9 @@ def export(state: dict, config: dict, tokenizer, out_dir, overwrite: bool = Fals
     notes = []
     if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not overwrite)):
         raise TinynnError(f"{out_dir} already exists and is not an empty folder: use --overwrite or another folder")
+    if tokenizer.vocab_size > config["vocab_size"]:
+        raise TinynnError(f"cannot export as GPT-2: the tokenizer has {tokenizer.vocab_size} tokens, more than the "
+                          f"model's vocab_size {config['vocab_size']}")
     head_bias = state.get("lm_head.bias")
     if head_bias is not None and np.any(head_bias != 0):
         raise TinynnError("cannot export as GPT-2: the head has a bias that is not zero (lm_head.bias, largest "
@@ -267,5 +270,8 @@ def export_checkpoint(path, out_dir, overwrite: bool = False) -> list[str]:
     from tinynn.tokenizer import from_spec
     saved = checkpoint.load(path)
     config = {f: saved["config"][f] for f in GPTConfig.__dataclass_fields__ if f in saved["config"]}
+    lacking = [f for f in ("block_size", "n_layer", "n_head", "n_embd") if f not in config]
+    if lacking or "wte.weight" not in saved["model"]:
+        raise TinynnError(f"checkpoint {path} holds no GPT ({'no ' + lacking[0] if lacking else 'no wte.weight'})")
     config["vocab_size"] = saved["model"]["wte.weight"].shape[0]
     return export(saved["model"], config, from_spec(saved["tokenizer"], f"checkpoint {path}"), out_dir, overwrite)
