@@ -1,7 +1,7 @@
 """`tinynn prepare`: a UTF-8 text file, a folder of them, or the built-in corpus -> a token folder in nanoGPT's
 layout (`train.bin`, `val.bin`, `meta.json`; see data.py), streamed with a progress bar.
 
-The text is read in chunks of about a MiB, cut where the tokenizer's ids do not depend on the cut
+The text is read in chunks of half a MiB, cut where the tokenizer's ids do not depend on the cut
 (tokenizer.last_cut), so memory holds a chunk at a time however large the corpus. The tokenizer is `char`
 (its characters are collected in a first pass), `bpe` (a byte-level BPE of `vocab_size` tokens trained in a
 first pass), or the path of a tokenizer.json. A folder's files are read in sorted order (hidden ones
@@ -29,7 +29,7 @@ from tinynn.data import FORMAT, META, stdlib_docstrings, token_dtype
 from tinynn.errors import TinynnError
 from tinynn.tokenizer import BPETokenizer, CharTokenizer, describe, from_json_file, last_cut, pieces
 
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 1 << 19  # a few MB of temporaries a chunk (its code points, ids)
 OUTPUTS = ("train.bin", "val.bin", META, "meta.pkl", "tokenizer.json")
 
 

@@ -80,7 +80,7 @@ class CharTokenizer:
     def _set(self, chars: list[str]):
         self.chars = chars
         self.index = {ch: i for i, ch in enumerate(chars)}
-        codes = np.array([ord(ch) for ch in chars], dtype=np.int64)
+        codes = np.array([ord(ch) for ch in chars], dtype=np.uint32)
         self._order = np.argsort(codes, kind="stable")
         self._codes = codes[self._order]  # sorted code points, searched to encode
 
@@ -89,12 +89,12 @@ class CharTokenizer:
         return len(self.chars)
 
     def encode(self, text: str) -> np.ndarray:
-        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.int64)  # (N,)
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # (N,) code points
         if not len(self._codes):
-            slots = np.zeros(len(codes), dtype=np.int64)
+            known, slots = np.zeros(len(codes), bool), np.zeros(len(codes), np.int64)
         else:
             slots = np.minimum(np.searchsorted(self._codes, codes), len(self._codes) - 1)
-        known = self._codes[slots] == codes if len(self._codes) else np.zeros(len(codes), bool)
+            known = self._codes[slots] == codes
         if not known.all():
             unknown = sorted({chr(c) for c in np.unique(codes[~known])})
             raise TinynnError(f"text has characters the tokenizer does not know: {''.join(unknown)!r}")
