@@ -164,3 +164,34 @@ def test_corrupt_and_foreign_token_folders(tmp_path):
         (out / name).unlink()
     with pytest.raises(TinynnError, match="train.bin not found"):
         TokenFolder(out)
+
+
+def test_training_data_picks_the_tokenizer_and_refuses_one_that_does_not_fit(tmp_path):
+    from tinynn.data import training_data
+    (tmp_path / "a.txt").write_text(TEXT)
+    text = str(tmp_path / "a.txt")
+    bpe = training_data(text, "bpe", 300, 8, 0.1)
+    assert isinstance(bpe.tokenizer, BPETokenizer) and bpe.in_memory == len(bpe.tokenizer.encode(TEXT))
+    with pytest.raises(TinynnError, match="tokenizer 'bpe' needs a vocab_size"):
+        training_data(text, "bpe", None, 8, 0.1)
+    prepare(text, str(tmp_path / "chars"), progress=False)
+    folder = training_data(str(tmp_path / "chars"), None, None, 8, 0.1)
+    assert isinstance(folder.tokenizer, CharTokenizer) and folder.in_memory == 0
+    assert isinstance(folder.batches.train, np.memmap)
+    with pytest.raises(TinynnError, match="tokenizer is 'bpe', but data .* was prepared with a char tokenizer"):
+        training_data(str(tmp_path / "chars"), "bpe", None, 8, 0.1)
+    # a checkpoint's (or GPT-2 folder's) tokenizer and the data's meta disagree: one line naming both
+    with pytest.raises(TinynnError, match=r"prepared with a char tokenizer of \d+ tokens, checkpoint c.safetensors "
+                                          r"has a bpe tokenizer of 300 tokens") as e:
+        training_data(str(tmp_path / "chars"), None, None, 8, 0.1, fixed=bpe.tokenizer,
+                      fixed_source="checkpoint c.safetensors")
+    _one_line(e)
+    gpt2 = tmp_path / "gpt2"  # nanoGPT's GPT-2 layout: ids and no meta
+    gpt2.mkdir()
+    bpe.tokenizer.encode(TEXT).astype(np.uint16).tofile(gpt2 / "train.bin")
+    np.zeros(0, np.uint16).tofile(gpt2 / "val.bin")
+    with pytest.raises(TinynnError, match="has no meta.json or meta.pkl: .*tokenizer.json must then be given"):
+        training_data(str(gpt2), None, None, 8, 0.1)
+    bpe.tokenizer.hf.save(str(tmp_path / "tokenizer.json"))
+    given = training_data(str(gpt2), str(tmp_path / "tokenizer.json"), None, 8, 0.1)
+    assert given.tokenizer.decode(given.batches.train[:50]) == TEXT[:len(given.tokenizer.decode(given.batches.train[:50]))]

@@ -18,13 +18,14 @@ import json
 import pickle
 import string
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tinynn import tokenizer as tokenizers
 from tinynn.errors import TinynnError
-from tinynn.tokenizer import CharTokenizer
+from tinynn.tokenizer import BPETokenizer, CharTokenizer, describe, from_json_file, pieces
 
 META = "meta.json"
 FORMAT = "tinynn-tokens-1"
@@ -199,3 +200,61 @@ class Batches:
             raise TinynnError(f"{self.source} holds token id {rows.max()} in its {split} tokens, outside the "
                               f"vocabulary of {self.vocab_size}: it was prepared with another tokenizer")
         return np.ascontiguousarray(rows[:, :-1]), np.ascontiguousarray(rows[:, 1:])  # x, y (B, T)
+
+
+@dataclass
+class TrainingData:
+    tokenizer: CharTokenizer | BPETokenizer
+    batches: Batches
+    first: np.ndarray  # the first training token, (1,): the sample's prompt when the config gives none
+    in_memory: int  # token ids held in memory (a token folder's stay on disk)
+
+
+def training_data(data: str | None, tokenizer: str | None, vocab_size: int | None, block_size: int,
+                  val_fraction: float, *, fixed=None, fixed_source: str = "", progress: bool = False) -> TrainingData:
+    """A run's tokenizer and batches. `data` is a token folder (memory-mapped), a UTF-8 text file or None (the
+    built-in corpus), both tokenized in memory; `tokenizer` is the config's: None (the folder's, or char),
+    "char", "bpe" (trained here on the text at `vocab_size`) or a tokenizer.json. `fixed` is a tokenizer the
+    run must use (a resumed checkpoint's, a GPT-2 folder's): data prepared with another is an error naming
+    both."""
+    if is_token_folder(data):
+        if vocab_size is not None:
+            raise TinynnError(f"vocab_size is for training a bpe tokenizer on text; data {data} is already tokenized")
+        folder = TokenFolder(data)
+        tok = folder.tokenizer
+        if tokenizer in ("char", "bpe") and tok is not None and tok.kind != tokenizer:
+            raise TinynnError(f"tokenizer is {tokenizer!r}, but data {data} was prepared with a {describe(tok)}")
+        if tokenizer not in (None, "char", "bpe"):
+            named = from_json_file(tokenizer)
+            if tok is not None and not named.same_as(tok):
+                raise TinynnError(f"tokenizer {tokenizer} is not the one data {data} was prepared with "
+                                  f"({describe(tok)})")
+            tok = named
+        if fixed is not None and tok is not None and not tok.same_as(fixed):
+            raise TinynnError(f"data {data} was prepared with a {describe(tok)}, {fixed_source} has a "
+                              f"{describe(fixed)}: prepare the data with that one (--tokenizer)")
+        tok = tok or fixed
+        if tok is None:
+            raise TinynnError(f"data {data} has no meta.json or meta.pkl: nanoGPT writes none for GPT-2's BPE, whose "
+                              "tokenizer.json must then be given (the tokenizer key, or --init-from a GPT-2 folder)")
+        vocab = max(tok.vocab_size, fixed.vocab_size if fixed is not None else 0)
+        batches = Batches.of(folder.train, folder.val, block_size, vocab, str(folder.path))
+        return TrainingData(tok, batches, np.asarray(folder.train[:1], dtype=np.int64), 0)
+    text = load_text(data)
+    if fixed is not None:
+        if tokenizer in ("char", "bpe") and fixed.kind != tokenizer:
+            raise TinynnError(f"tokenizer is {tokenizer!r}, but {fixed_source} has a {describe(fixed)}")
+        tok = fixed
+    elif tokenizer in (None, "char"):
+        tok = CharTokenizer(text)
+    elif tokenizer == "bpe":
+        if vocab_size is None:
+            raise TinynnError("tokenizer 'bpe' needs a vocab_size (e.g. 2048)")
+        tok = BPETokenizer.train(pieces(text, 65536), vocab_size, progress=progress)
+    else:
+        tok = from_json_file(tokenizer)
+    try:
+        tokens = tok.encode(text)
+    except TinynnError as e:
+        raise TinynnError(f"{data or 'the built-in corpus'}: {e}") from None
+    return TrainingData(tok, Batches(tokens, block_size, val_fraction), tokens[:1], len(tokens))
