@@ -194,4 +194,4 @@ def test_training_data_picks_the_tokenizer_and_refuses_one_that_does_not_fit(tmp
         training_data(str(gpt2), None, None, 8, 0.1)
     bpe.tokenizer.hf.save(str(tmp_path / "tokenizer.json"))
     given = training_data(str(gpt2), str(tmp_path / "tokenizer.json"), None, 8, 0.1)
-    assert given.tokenizer.decode(given.batches.train[:50]) == TEXT[:len(given.tokenizer.decode(given.batches.train[:50]))]
+    assert given.tokenizer.decode(given.batches.train) == TEXT
