@@ -19,7 +19,8 @@ import resource, sys
 resource.setrlimit(resource.RLIMIT_DATA, ({cap}, {cap}))
 from tinynn.cli import main
 code = main({argv!r})
-print("peak-rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print("peak-rss", int(status["VmHWM"].split()[0]) * 1024)  # this process's own peak (ru_maxrss counts the parent's)
 sys.exit(code)
 """
 
