@@ -201,18 +201,20 @@ class BPETokenizer:
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         return lambda ids: utf8.decode(b"".join(table[int(i)] for i in np.ravel(ids)))
 
-    @functools.cache
     def _token_bytes(self) -> list[bytes]:
-        inverse = {ch: b for b, ch in _bytes_to_unicode().items()}
-        special = {i: t.content for i, t in self.hf.get_added_tokens_decoder().items()}
-        table = []
-        for i in range(self.vocab_size):
-            token = self.hf.id_to_token(i)
-            if i in special or token is None:
-                table.append((special.get(i) or "").encode("utf-8"))
-            else:
-                table.append(bytes(inverse[ch] for ch in token if ch in inverse))
-        return table
+        """Each id's bytes: its byte-level characters mapped back through GPT-2's table (special tokens: their
+        text). Built on first use: a stream decoder needs it, encoding does not."""
+        if getattr(self, "_bytes", None) is None:
+            inverse = {ch: b for b, ch in _bytes_to_unicode().items()}
+            special = {i: t.content for i, t in self.hf.get_added_tokens_decoder().items()}
+            self._bytes = []
+            for i in range(self.vocab_size):
+                token = self.hf.id_to_token(i)
+                if i in special or token is None:
+                    self._bytes.append((special.get(i) or "").encode("utf-8"))
+                else:
+                    self._bytes.append(bytes(inverse[ch] for ch in token if ch in inverse))
+        return self._bytes
 
     def to_json(self) -> str:
         return self.hf.to_str()
@@ -221,8 +223,11 @@ class BPETokenizer:
         return {"type": "bpe", "json": self.to_json()}
 
     def same_as(self, other) -> bool:
-        return isinstance(other, BPETokenizer) and json.loads(other.to_json())["model"] == \
-            json.loads(self.to_json())["model"]
+        """The same ids for every text: the same merges, vocabulary and special tokens."""
+        if not isinstance(other, BPETokenizer):
+            return False
+        mine, theirs = json.loads(self.to_json()), json.loads(other.to_json())
+        return all(mine.get(k) == theirs.get(k) for k in ("model", "added_tokens", "pre_tokenizer", "normalizer"))
 
 
 def _mentions_byte_level(pre_tokenizer) -> bool:
