@@ -26,9 +26,11 @@ from tinynn.errors import TinynnError
 
 EOT = "<|endoftext|>"  # GPT-2's end-of-text token, kept as a special token by trained BPEs too
 MIN_BPE_VOCAB = 257  # the 256 byte tokens and EOT
-# A whitespace character between two others, not at a piece's start: GPT-2's split pattern never makes a
-# pre-token that crosses the point before it, nor one that differs when the text ends there (see last_cut).
-_CUT = re.compile(r"(?<=\S)\s(?=\S)")
+# A space, tab or line break between two characters that are not whitespace: GPT-2's split pattern never makes
+# a pre-token that crosses the point before it, nor one that differs when the text ends there (see last_cut).
+# Python's \S excludes more than the pattern's \s (\x1c-\x1f too), so the neighbours are surely not
+# whitespace; the cut character itself is whitespace in every definition.
+_CUT = re.compile(r"(?<=\S)[ \t\n\r](?=\S)")
 
 
 def pieces(text: str, size: int) -> list[str]:
