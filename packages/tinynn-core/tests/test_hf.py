@@ -43,10 +43,12 @@ def test_storage_is_gpt2s_and_load_gives_back_every_bit(tmp_path):
     assert config["activation_function"] == "gelu_new" and config["layer_norm_epsilon"] == 1e-5
     assert config["tie_word_embeddings"] is True and config["n_positions"] == 16
     pretrained = hf.load(folder)
-    assert pretrained.config == CONFIG and isinstance(pretrained.tokenizer, CharTokenizer)
-    for name, value in state.items():
-        assert pretrained.state[name].tobytes() == value.tobytes(), name
+    assert pretrained.config == {**CONFIG, "head_bias": False} and isinstance(pretrained.tokenizer, CharTokenizer)
+    assert sorted(pretrained.state) == sorted(set(state) - {"lm_head.bias"})  # GPT-2's head has no bias
+    for name, value in pretrained.state.items():
+        assert value.tobytes() == state[name].tobytes(), name
     model = hf.build(pretrained)
+    assert model.lm_head.bias is None
     logits, _ = model(np.array([[1, 2, 3]]))
     assert logits.shape == (1, 3, 40)
 
@@ -61,7 +63,7 @@ def test_untied_head_and_missing_biases_are_written_as_gpt2_can_hold_them(tmp_pa
     assert any("untied" in n for n in notes) and any("zeros" in n for n in notes)
     pretrained = hf.load(tmp_path / "out")
     np.testing.assert_array_equal(pretrained.state["lm_head.weight"], state["lm_head.weight"])
-    assert not pretrained.state["blocks.0.attn.qkv.bias"].any() and not pretrained.state["lm_head.bias"].any()
+    assert not pretrained.state["blocks.0.attn.qkv.bias"].any() and "lm_head.bias" not in pretrained.state
     assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == tok.eot_id
 
 

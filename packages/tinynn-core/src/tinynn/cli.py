@@ -25,7 +25,8 @@ def cmd_train(args):
     from tinynn.train import train
     distributed.world()  # under mpiexec, connected first: rank 0 alone reports what loading the config says
     cfg = config.load(args.config, overrides={"--out-dir": ("out_dir", args.out_dir),
-                                              "--max-steps": ("max_steps", args.max_steps)})
+                                              "--max-steps": ("max_steps", args.max_steps),
+                                              "--init-from": ("init_from", args.init_from)})
     result = train(cfg, device=args.device, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
     if not distributed.world().is_root:  # data-parallel: rank 0 alone reports
         return
@@ -37,9 +38,9 @@ def cmd_train(args):
 
 
 def cmd_generate(args):
-    from tinynn import checkpoint, generate, rng
+    from tinynn import checkpoint, generate, hf, rng
+    from tinynn import tokenizer as tokenizers
     from tinynn.config import from_dict
-    from tinynn.data import CharTokenizer
     from tinynn.model import GPT
     flags = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
              "seed": "--seed"}
@@ -47,21 +48,30 @@ def cmd_generate(args):
     if args.num_samples < 1:
         raise TinynnError(f"--num-samples must be at least 1, got {args.num_samples}")
     backend = backends.set_default(args.device)
-    saved = checkpoint.load(args.checkpoint)
-    tokenizer = CharTokenizer(saved["chars"])
-    cfg = from_dict(saved["config"], f"checkpoint {args.checkpoint}")
     rng.manual_seed(0)
-    model = GPT(cfg.model_config(tokenizer.vocab_size))
-    model.load_state_dict(saved["model"])
-    prompt = tokenizer.encode(args.prompt) if args.prompt else np.zeros(1, dtype=np.int64)
+    if hf.is_folder(args.checkpoint):  # a Hugging Face GPT-2 folder
+        pretrained = hf.load(args.checkpoint)
+        if pretrained.tokenizer is None:
+            raise TinynnError(f"{args.checkpoint} has no tokenizer.json to encode the prompt and decode the tokens")
+        model, tokenizer = hf.build(pretrained, dropout=0.0), pretrained.tokenizer
+    else:
+        saved = checkpoint.load(args.checkpoint)
+        tokenizer = tokenizers.from_spec(saved["tokenizer"], f"checkpoint {args.checkpoint}")
+        cfg = from_dict(saved["config"], f"checkpoint {args.checkpoint}")
+        model = GPT(cfg.model_config(saved["model"]["wte.weight"].shape[0] if "wte.weight" in saved["model"]
+                                     else tokenizer.vocab_size))
+        model.load_state_dict(saved["model"])
+    start_id = getattr(tokenizer, "eot_id", None) or 0  # no prompt: BPE starts a document, char its first character
+    prompt = tokenizer.encode(args.prompt) if args.prompt else np.array([start_id], dtype=np.int64)
     prompts = np.repeat(prompt[None, :], args.num_samples, axis=0)  # (N, T): the samples decode as one batch
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed,
                 "use_cache": not args.no_cache}
     start = time.perf_counter()
     if args.num_samples == 1:  # streamed: each token printed as soon as it is drawn
-        print(tokenizer.decode(prompt), end="", flush=True)
+        decode = tokenizer.stream_decoder()  # a character split over two BPE tokens comes out whole
+        print(decode(prompt) if args.prompt or tokenizer.kind == "char" else "", end="", flush=True)
         for ids in model.stream(prompts, args.max_new_tokens, **sampling):
-            print(tokenizer.decode(ids), end="", flush=True)
+            print(decode(ids), end="", flush=True)
         print()
     else:  # several samples: read back in blocks, printed whole at the end
         out = model.generate(prompts, args.max_new_tokens, **sampling)
@@ -70,6 +80,23 @@ def cmd_generate(args):
     made = args.num_samples * args.max_new_tokens
     print(f"{made} tokens in {seconds:.2f} s: {made / max(seconds, 1e-9):,.0f} tokens/s on {backend.device_name} "
           f"({backend.name}{', no cache' if args.no_cache else ''})", file=sys.stderr)
+
+
+def cmd_prepare(args):
+    from tinynn.prepare import prepare
+    meta = prepare(args.data, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                   val_fraction=args.val_fraction, overwrite=args.overwrite, progress=not args.quiet)
+    print(f"wrote {args.out}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
+          f"({meta['dtype']}), a {meta['tokenizer']['type']} tokenizer of {meta['vocab_size']:,} tokens")
+
+
+def cmd_export(args):
+    from tinynn import hf
+    from tinynn.errors import TinynnNotice
+    for note in hf.export_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite):
+        warnings.warn(note, TinynnNotice)
+    print(f"wrote {args.out}: config.json, model.safetensors and tokenizer.json "
+          "(transformers: GPT2LMHeadModel.from_pretrained)")
 
 
 def cmd_demo(args):
@@ -154,11 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="start afresh, replacing out_dir's checkpoint")
     p.add_argument("--out-dir", help="override the config's out_dir (default: the config's)")
     p.add_argument("--max-steps", type=int, help="override the config's max_steps (default: the config's)")
+    p.add_argument("--init-from", help="fine-tune a Hugging Face GPT-2 folder (default: the config's init_from)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
     p = command("generate", "sample text from a checkpoint")
-    p.add_argument("--checkpoint", required=True, help="a checkpoint written by tinynn train")
+    p.add_argument("--checkpoint", required=True,
+                   help="a checkpoint written by tinynn train, or a Hugging Face GPT-2 folder")
     p.add_argument("--prompt", default="", help="text to continue (default: the vocabulary's first character)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="characters to generate")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 picks the likeliest")
@@ -167,6 +196,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=1, help="samples decoded together as one batch")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context for every token")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("prepare", help="tokenize text into train.bin and val.bin (nanoGPT's layout)",
+                       description="Tokenize a UTF-8 text file, a folder of them or the built-in corpus into "
+                                   "train.bin, val.bin and meta.json, streamed.", formatter_class=_HelpWithDefaults)
+    p.add_argument("data", nargs="?", default=None, help="a text file or a folder of them (default: the built-in "
+                                                         "corpus)")
+    p.add_argument("--out", required=True, help="the folder to write (a config's data)")
+    p.add_argument("--tokenizer", default="char", help="char, bpe (trained on the data) or a tokenizer.json")
+    p.add_argument("--vocab-size", type=int, help="the bpe tokenizer's vocabulary, e.g. 2048 (default: none; "
+                                                   "--tokenizer bpe needs it)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="the share of tokens, at the end, for val.bin")
+    p.add_argument("--overwrite", action="store_true", help="replace the token files already in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("export", help="write a checkpoint as a Hugging Face GPT-2 folder",
+                       description="Write a checkpoint as a Hugging Face GPT-2 folder (config.json, "
+                                   "model.safetensors, tokenizer.json) that transformers loads.",
+                       formatter_class=_HelpWithDefaults)
+    p.add_argument("checkpoint", help="a checkpoint written by tinynn train")
+    p.add_argument("out", help="the folder to write")
+    p.add_argument("--format", choices=["hf"], required=True, help="hf: Hugging Face's GPT-2 layout")
+    p.add_argument("--overwrite", action="store_true", help="write into a folder that is not empty")
+    p.set_defaults(func=cmd_export)
 
     p = command("demo", "run the demos (all, or the numbered ones)")
     p.add_argument("which", nargs="*", type=int, help="demo numbers, 1 to 4 (default: all)")

@@ -25,8 +25,11 @@ class TrainConfig(Architecture):
     n_head: int = 2
     n_embd: int = 64
     # data
-    data: str | None = None  # a UTF-8 text file; None trains on the embedded stdlib-docstring corpus
-    val_fraction: float = 0.1
+    data: str | None = None  # a UTF-8 text file or a token folder (tinynn prepare, nanoGPT); None: the built-in corpus
+    val_fraction: float = 0.1  # of a text file (a token folder has its own val.bin)
+    tokenizer: str | None = None  # char, bpe (trained on the text) or a tokenizer.json; None: the folder's, or char
+    vocab_size: int | None = None  # the bpe tokenizer's vocabulary, learned from the text (at least 257)
+    init_from: str | None = None  # a Hugging Face GPT-2 folder to fine-tune: its weights, shape and tokenizer
     # optimisation
     batch_size: int = 16  # sequences per optimizer step, over all micro-batches and MPI ranks
     grad_accum_steps: int = 1  # micro-batches whose gradients add up before each optimizer step
@@ -89,6 +92,13 @@ class TrainConfig(Architecture):
             bad("grad_clip", f"must be positive or null, got {self.grad_clip}")
         if not self.out_dir.strip():
             bad("out_dir", "must not be empty")
+        if self.tokenizer is not None and self.tokenizer not in ("char", "bpe") and \
+                not self.tokenizer.endswith(".json"):
+            bad("tokenizer", f"must be char, bpe or the path of a tokenizer.json, got {self.tokenizer!r}")
+        if self.vocab_size is not None and self.tokenizer != "bpe":
+            bad("vocab_size", f"is for tokenizer 'bpe' (the tokenizer is {self.tokenizer or 'char'!r})")
+        if self.vocab_size is not None and self.vocab_size < 257:
+            bad("vocab_size", f"must be at least 257 (the 256 bytes and end-of-text), got {self.vocab_size}")
         return self
 
 

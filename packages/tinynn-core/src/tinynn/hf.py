@@ -5,10 +5,10 @@ GPT-2 is tinynn's GPT with three differences of storage, none of arithmetic:
 - its linear layers are `Conv1D`s, whose weights are stored (in, out): tinynn's `Linear` holds (out, in), so
   each is transposed on the way in and out;
 - its head is tied to the token embedding and has no bias. tinynn's GPT has a head of its own: loading copies
-  `wte` into the head and zeroes the head's bias, so the logits are exactly GPT-2's (fine-tuning then trains the
-  two apart). Export writes a tied head where the head still equals `wte`, else an untied one
-  (`tie_word_embeddings: false`, which transformers reads); a head bias that is not zero has no place in
-  GPT-2, and export refuses it;
+  `wte` into a head built without a bias (`head_bias: false`), so the logits are exactly GPT-2's, and
+  fine-tuning trains the two apart. Export writes a tied head where the head still equals `wte`, else an
+  untied one (`tie_word_embeddings: false`, which transformers reads); a head bias that is not zero (a model
+  trained with `bias: true` and `head_bias: true`) has no place in GPT-2, and export refuses it;
 - a model without biases (`bias: false`) is written with zero biases.
 Its GELU is the tanh approximation ("gelu_new") and its LayerNorm eps 1e-5, as tinynn's: a config.json with
 another activation, eps or layout is refused with the reason.
@@ -52,7 +52,7 @@ def is_folder(path) -> bool:
 
 @dataclass
 class Pretrained:
-    config: dict  # GPTConfig's fields: vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias
+    config: dict  # GPTConfig's fields: vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias, head_bias
     state: dict  # tinynn's state dict (GPT's parameter names)
     tokenizer: BPETokenizer | CharTokenizer | None  # None where the folder has no tokenizer.json
     path: Path
@@ -105,7 +105,7 @@ def read_config(folder) -> tuple[dict, bool]:
             raise TinynnError(f"{path}: {key} is {raw.get(key)!r}, which tinynn cannot compute exactly ({why})")
     dropout = raw.get("resid_pdrop", 0.0)
     fields["dropout"] = float(dropout) if isinstance(dropout, (int, float)) and 0 <= dropout < 1 else 0.0
-    fields["bias"] = True
+    fields["bias"], fields["head_bias"] = True, False
     return fields, raw.get("tie_word_embeddings", True) is not False
 
 
@@ -171,7 +171,6 @@ def load(folder) -> Pretrained:
         raise TinynnError(f"{where}: lm_head.weight has shape {tuple(head.shape)}, the config.json says "
                           f"{shapes['lm_head.weight']}")
     state["lm_head.weight"] = np.array(head, dtype=np.float32)  # a copy: fine-tuning trains it apart from wte
-    state["lm_head.bias"] = np.zeros(config["vocab_size"], np.float32)  # GPT-2's head has none: adds nothing
     tokenizer = from_json_file(folder / TOKENIZER) if (folder / TOKENIZER).is_file() else None
     if tokenizer is not None and tokenizer.vocab_size > config["vocab_size"]:
         raise TinynnError(f"{folder / TOKENIZER} has {tokenizer.vocab_size} tokens, more than the model's "
@@ -206,7 +205,8 @@ def export(state: dict, config: dict, tokenizer, out_dir, overwrite: bool = Fals
     head_bias = state.get("lm_head.bias")
     if head_bias is not None and np.any(head_bias != 0):
         raise TinynnError("cannot export as GPT-2: the head has a bias that is not zero (lm_head.bias, largest "
-                          f"{np.abs(head_bias).max():.3g}), and GPT-2's head has none; train with \"bias\": false")
+                          f"{np.abs(head_bias).max():.3g}), and GPT-2's head has none; train with \"head_bias\": "
+                          "false")
     tied = np.array_equal(state["lm_head.weight"], state["wte.weight"])
     if not tied:
         notes.append("the head differs from wte (it was trained apart): written untied (tie_word_embeddings false)")

@@ -30,6 +30,7 @@ class Architecture:
     n_embd: int = 256
     dropout: float = 0.0
     bias: bool = True
+    head_bias: bool = True  # with bias: the head's too (GPT-2's head has none: a GPT-2 folder loads with false)
 
     def problems(self):
         """(field, why) for each value a GPT cannot be built with, in the order they are checked; the types are
@@ -142,7 +143,7 @@ class GPT(Module):
         self.drop = Dropout(c.dropout)
         self.blocks = [Block(c.n_embd, c.n_head, c.n_layer, c.dropout, c.bias) for _ in range(c.n_layer)]
         self.ln_f = LayerNorm(c.n_embd, c.bias)
-        self.lm_head = Linear(c.n_embd, c.vocab_size, c.bias)
+        self.lm_head = Linear(c.n_embd, c.vocab_size, c.bias and c.head_bias)
 
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab); with targets (B, T), also the mean cross entropy."""

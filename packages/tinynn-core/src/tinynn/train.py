@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,10 @@ from tqdm.auto import tqdm
 
 from tinynn import checkpoint, distributed, memory, registry, rng
 from tinynn.config import TrainConfig, to_dict
-from tinynn.data import Batches, CharTokenizer, load_text
+from tinynn import hf
+from tinynn import tokenizer as tokenizers
+from tinynn.data import Batches, training_data
+from tinynn.errors import TinynnNotice
 from tinynn.errors import TinynnError
 from tinynn.model import GPT, Architecture
 from tinynn.optim import AdamW, cosine_lr, decay_groups
@@ -31,7 +35,7 @@ CHECKPOINT_NAME = "ckpt.safetensors"
 @dataclass
 class TrainResult:
     model: GPT
-    tokenizer: CharTokenizer
+    tokenizer: tokenizers.CharTokenizer | tokenizers.BPETokenizer
     history: dict  # step, train_loss, val_step, val_loss
     sample: str
     checkpoint: Path
@@ -58,24 +62,37 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
     if cfg.loss_plot:
         _require_matplotlib()
     run_dir = RunDir(cfg.out_dir, CHECKPOINT_NAME)
-    text = load_text(cfg.data)
+    pretrained = None
+    if cfg.init_from:
+        pretrained = hf.load(cfg.init_from)
+        cfg = _adopt(cfg, pretrained)
     saved = checkpoint.load(run_dir.checkpoint) if resume else None
-    tokenizer = CharTokenizer(saved["chars"] if saved else text)
     if saved:
         _check_same_model(saved["config"], cfg, run_dir.checkpoint)
-    memory.check(cfg, tokenizer.vocab_size, len(text), on_device=backend.is_gpu)
-    tokens = tokenizer.encode(text)
-    batches = Batches(tokens, cfg.block_size, cfg.val_fraction)
+        fixed, fixed_source = tokenizers.from_spec(saved["tokenizer"]), f"checkpoint {run_dir.checkpoint}"
+    elif pretrained:
+        fixed, fixed_source = pretrained.tokenizer, f"GPT-2 folder {cfg.init_from}"
+        if fixed is None and not (cfg.tokenizer or "").endswith(".json"):
+            raise TinynnError(f"GPT-2 folder {cfg.init_from} has no tokenizer.json: name the one its ids are of "
+                              "(the tokenizer key)")
+    else:
+        fixed, fixed_source = None, ""
+    data = training_data(cfg.data, cfg.tokenizer, cfg.vocab_size, cfg.block_size, cfg.val_fraction, fixed=fixed,
+                         fixed_source=fixed_source, progress=progress and world.is_root)
+    tokenizer, batches = data.tokenizer, data.batches
+    vocab_size = pretrained.config["vocab_size"] if pretrained else tokenizer.vocab_size
+    memory.check(cfg, vocab_size, data.in_memory, on_device=backend.is_gpu)
     try:  # checked now, not after the training it would end
-        prompt = tokenizer.encode(cfg.sample_prompt) if cfg.sample_prompt else tokens[:1]
+        prompt = tokenizer.encode(cfg.sample_prompt) if cfg.sample_prompt else data.first
     except TinynnError as e:
         raise TinynnError(f"sample_prompt: {e}") from None
     if world.is_root:
         run_dir.claim(resume=resume, overwrite=overwrite)
     try:
         if world.is_root:
-            run_dir.check_disk(memory.checkpoint_bytes(cfg, tokenizer.vocab_size))
-        model, history, ckpt_path = _train_loop(cfg, backend, world, tokenizer, batches, saved, run_dir, progress)
+            run_dir.check_disk(memory.checkpoint_bytes(cfg, vocab_size))
+        model, history, ckpt_path = _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved,
+                                                pretrained, run_dir, progress)
     finally:
         run_dir.release()
     if not world.is_root:  # rank 0 alone samples and plots
@@ -87,9 +104,11 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
     return TrainResult(model, tokenizer, history, sample, ckpt_path)
 
 
-def _train_loop(cfg, backend, world, tokenizer, batches, saved, run_dir, progress):
+def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pretrained, run_dir, progress):
     rng.manual_seed(cfg.seed)
-    model = GPT(cfg.model_config(tokenizer.vocab_size))
+    model = GPT(cfg.model_config(vocab_size))
+    if pretrained and not saved:
+        model.load_state_dict({**pretrained.state, "wpe.weight": pretrained.state["wpe.weight"][:cfg.block_size]})
     optimizer = AdamW(decay_groups(list(model.named_parameters()), cfg.weight_decay), lr=cfg.learning_rate,
                       betas=(cfg.beta1, cfg.beta2), max_grad_norm=cfg.grad_clip)
     history = {"step": [], "train_loss": [], "val_step": [], "val_loss": []}
@@ -103,7 +122,7 @@ def _train_loop(cfg, backend, world, tokenizer, batches, saved, run_dir, progres
 
     def state(step):
         return {"model_state": model.state_dict(), "optimizer_state": optimizer.state_dict(), "config": to_dict(cfg),
-                "chars": tokenizer.chars, "step": step, "rng_state": rng.get_state(), "history": history}
+                "tokenizer": tokenizer.spec(), "step": step, "rng_state": rng.get_state(), "history": history}
 
     split_for_eval = "val" if batches.has_val else "train"
     tokens_per_step = cfg.batch_size * cfg.block_size
@@ -152,9 +171,24 @@ def _kept(keeper: Keeper) -> str:
 
 def _check_same_model(saved_config: dict, cfg: TrainConfig, path: Path) -> None:
     for field in dataclasses.fields(Architecture):
-        if saved_config.get(field.name) != getattr(cfg, field.name):
+        if saved_config.get(field.name, field.default) != getattr(cfg, field.name):
             raise TinynnError(f"cannot resume from {path}: it has {field.name}={saved_config.get(field.name)!r}, "
                               f"the config says {getattr(cfg, field.name)!r}")
+
+
+def _adopt(cfg: TrainConfig, pretrained: hf.Pretrained) -> TrainConfig:
+    """The run's config with the GPT-2 folder's shape: its layers, heads, width and biases; a block_size below its
+    context keeps the first block_size positions (exact for sequences that long)."""
+    shape = {k: pretrained.config[k] for k in ("n_layer", "n_head", "n_embd", "bias")}
+    shape["head_bias"] = False
+    if cfg.block_size > pretrained.config["block_size"]:
+        raise TinynnError(f"block_size {cfg.block_size} is longer than the context of GPT-2 folder {cfg.init_from} "
+                          f"({pretrained.config['block_size']})")
+    differ = [f"{k} {v}" for k, v in shape.items() if getattr(cfg, k) != v and k != "head_bias"]
+    if differ:
+        warnings.warn(f"init_from: the model is {cfg.init_from}'s ({', '.join(differ)}), not the config's",
+                      TinynnNotice)
+    return dataclasses.replace(cfg, **shape)
 
 
 def _require_matplotlib():
