@@ -98,3 +98,21 @@ def test_tinynn_trained_checkpoint_exports_to_transformers(tmp_path, bpe):
     ids = np.arange(20) % saved["model"]["wte.weight"].shape[0]
     expected = _tinynn_logits(result.model.to("cpu").eval(), ids)
     assert_close(_hf_logits(exported, ids), expected, rtol=0, atol=RTOL * np.abs(expected).max(), what="logits")
+
+
+def test_fine_tuned_gpt2_exports_to_transformers_with_equal_logits(gpt2_folder, bpe, tmp_path):
+    """--init-from the folder, a few steps (the head trains apart from wte, and keeps no bias), export:
+    transformers reads the untied head and every bias, and computes tinynn's logits."""
+    folder, _ = gpt2_folder
+    text = tmp_path / "text.txt"
+    text.write_text(stdlib_docstrings()[:50_000])
+    cfg = TrainConfig(data=str(text), init_from=str(folder), n_head=4, block_size=32, batch_size=4, max_steps=3,
+                      warmup_steps=1, eval_interval=3, eval_steps=1, out_dir=str(tmp_path / "run"), sample_tokens=5)
+    result = train(cfg, device="cpu", progress=False)
+    notes = hf.export_checkpoint(result.checkpoint, tmp_path / "hf")
+    assert any("untied" in n for n in notes)
+    exported = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert exported.config.n_positions == 32  # the context the run kept
+    ids = bpe.encode("Return the value of")
+    expected = _tinynn_logits(result.model.to("cpu").eval(), ids)
+    assert_close(_hf_logits(exported, ids), expected, rtol=0, atol=RTOL * np.abs(expected).max(), what="logits")
