@@ -16,8 +16,8 @@ from tinynn.tokenizer import BPETokenizer, CharTokenizer, pieces
 
 # whitespace runs of every kind, digits, punctuation, contractions and characters of 2, 3 and 4 UTF-8 bytes:
 # what GPT-2's pre-tokenizer splits on
-TRICKY = st.lists(st.sampled_from(list("ab ZxY19'.,!?-\n\t\ré日🙂\x1c\xa0\u2028") + ["  ", "\n\n", "'s", " \n", "the ", " x"]),
-                  max_size=150).map("".join)
+TRICKY = st.lists(st.sampled_from(list("ab ZxY19'.,!?-\n\t\ré日🙂\x1c\xa0\u2028") +
+                                  ["  ", "\n\n", "'s", " \n", "the ", " x"]), max_size=150).map("".join)
 
 
 @pytest.fixture(scope="module")
