@@ -1,4 +1,5 @@
-"""The `tinynn` command: train, generate, demo, info and bench.
+"""The `tinynn` command: train, generate, prepare (text to token files), export (a GPT-2 folder), demo, info
+and bench.
 
 Bad input (a config key or flag, a missing file, a corrupt checkpoint, an unknown character in a prompt) prints
 one line, `tinynn: error: ...`, and exits with code 2; nothing already saved is touched. Warnings become
@@ -58,8 +59,8 @@ def cmd_generate(args):
         saved = checkpoint.load(args.checkpoint)
         tokenizer = tokenizers.from_spec(saved["tokenizer"], f"checkpoint {args.checkpoint}")
         cfg = from_dict(saved["config"], f"checkpoint {args.checkpoint}")
-        model = GPT(cfg.model_config(saved["model"]["wte.weight"].shape[0] if "wte.weight" in saved["model"]
-                                     else tokenizer.vocab_size))
+        vocab_size = saved["model"]["wte.weight"].shape[0] if "wte.weight" in saved["model"] else tokenizer.vocab_size
+        model = GPT(cfg.model_config(vocab_size))  # a fine-tuned GPT-2's may exceed its tokenizer's
         model.load_state_dict(saved["model"])
     start_id = getattr(tokenizer, "eot_id", None) or 0  # no prompt: BPE starts a document, char its first character
     prompt = tokenizer.encode(args.prompt) if args.prompt else np.array([start_id], dtype=np.int64)
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: TINYNN_DEVICE, else auto)")
         return p
 
-    p = command("train", "train a character-level GPT from a JSON config")
+    p = command("train", "train a GPT from a JSON config")
     p.add_argument("--config", required=True, help="path to the JSON config (README: Config reference)")
     p.add_argument("--resume", action="store_true", help="continue from out_dir's checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start afresh, replacing out_dir's checkpoint")
@@ -188,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("generate", "sample text from a checkpoint")
     p.add_argument("--checkpoint", required=True,
                    help="a checkpoint written by tinynn train, or a Hugging Face GPT-2 folder")
-    p.add_argument("--prompt", default="", help="text to continue (default: the vocabulary's first character)")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="characters to generate")
+    p.add_argument("--prompt", default="", help="text to continue (default: a BPE's end-of-text token, else the "
+                                                         "vocabulary's first character)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 picks the likeliest")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling")

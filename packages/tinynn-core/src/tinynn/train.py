@@ -16,13 +16,11 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from tinynn import checkpoint, distributed, memory, registry, rng
-from tinynn.config import TrainConfig, to_dict
-from tinynn import hf
+from tinynn import checkpoint, distributed, hf, memory, registry, rng
 from tinynn import tokenizer as tokenizers
+from tinynn.config import TrainConfig, to_dict
 from tinynn.data import Batches, training_data
-from tinynn.errors import TinynnNotice
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, TinynnNotice
 from tinynn.model import GPT, Architecture
 from tinynn.optim import AdamW, cosine_lr, decay_groups
 from tinynn.rundir import Keeper, RunDir
@@ -171,8 +169,9 @@ def _kept(keeper: Keeper) -> str:
 
 def _check_same_model(saved_config: dict, cfg: TrainConfig, path: Path) -> None:
     for field in dataclasses.fields(Architecture):
-        if saved_config.get(field.name, field.default) != getattr(cfg, field.name):
-            raise TinynnError(f"cannot resume from {path}: it has {field.name}={saved_config.get(field.name)!r}, "
+        saved = saved_config.get(field.name, field.default)  # a field the checkpoint predates: its default
+        if saved != getattr(cfg, field.name):
+            raise TinynnError(f"cannot resume from {path}: it has {field.name}={saved!r}, "
                               f"the config says {getattr(cfg, field.name)!r}")
 
 
