@@ -138,3 +138,22 @@ def test_checkpoint_carries_a_bpe_tokenizer_and_reads_old_char_ones(tmp_path):
                     **{**common, "model_state": state, "config": {**CONFIG, "vocab_size": tok.vocab_size}})
     with pytest.raises(TinynnError, match="the model has no blocks.1.mlp.fc.weight"):
         hf.export_checkpoint(tmp_path / "gpt.safetensors", tmp_path / "hf")
+
+
+def test_bfloat16_weights_are_widened_exactly(tmp_path):
+    """NumPy has no bfloat16: such a file (as transformers saves a bf16 model) is read by its layout."""
+    import struct
+    folder, _ = _folder(tmp_path)
+    weights = load_file(folder / "model.safetensors")
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for key, value in weights.items():
+        bits = (np.ascontiguousarray(value, np.float32).view(np.uint32) >> 16).astype("<u2")  # truncated to bf16
+        header[key] = {"dtype": "BF16", "shape": list(value.shape), "data_offsets": [offset, offset + bits.nbytes]}
+        blobs.append(bits.tobytes())
+        offset += bits.nbytes
+    text = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    pretrained = hf.load(folder)
+    widened = (weights["transformer.h.1.mlp.c_fc.weight"].view(np.uint32) & 0xFFFF0000).view(np.float32)
+    np.testing.assert_array_equal(pretrained.state["blocks.1.mlp.fc.weight"], widened.T)
+    assert pretrained.state["wte.weight"].dtype == np.float32

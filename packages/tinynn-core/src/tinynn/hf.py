@@ -11,7 +11,8 @@ GPT-2 is tinynn's GPT with three differences of storage, none of arithmetic:
   trained with `bias: true` and `head_bias: true`) has no place in GPT-2, and export refuses it;
 - a model without biases (`bias: false`) is written with zero biases.
 Its GELU is the tanh approximation ("gelu_new") and its LayerNorm eps 1e-5, as tinynn's: a config.json with
-another activation, eps or layout is refused with the reason.
+another activation, eps or layout is refused with the reason. Weights stored in float16 or bfloat16 are widened
+to float32 (exactly); a sharded folder (model.safetensors.index.json) is read shard by shard.
 
     >>> pretrained = hf.load("gpt2-folder")          # config, tinynn state dict, tokenizer
     >>> hf.export(state, model_config, tokenizer, "out/hf")
@@ -125,11 +126,29 @@ def _read_weights(folder: Path) -> dict[str, np.ndarray]:
     for path in files:
         try:
             with safe_open(str(path), framework="numpy") as f:
-                for key in f.keys():
-                    tensors[key] = f.get_tensor(key)
-        except (SafetensorError, OSError, ValueError, TypeError) as e:
+                bfloat16 = [key for key in f.keys() if f.get_slice(key).get_dtype() == "BF16"]
+                tensors.update({key: f.get_tensor(key) for key in f.keys() if key not in bfloat16})
+            tensors.update(_read_bfloat16(path, bfloat16))
+        except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
             raise TinynnError(f"{path} is corrupt or not a safetensors file ({str(e).splitlines()[0]})") from None
     return tensors
+
+
+def _read_bfloat16(path: Path, keys: list[str]) -> dict[str, np.ndarray]:
+    """bfloat16 tensors, which NumPy has no type for, widened to float32 exactly (a bfloat16 is the top half of
+    a float32's bits), read by the safetensors layout: an 8-byte header length, the JSON header, the data."""
+    out = {}
+    if not keys:
+        return out
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        for key in keys:
+            start, end = header[key]["data_offsets"]
+            f.seek(8 + size + start)
+            bits = np.frombuffer(f.read(end - start), dtype="<u2").astype(np.uint32) << 16
+            out[key] = bits.view(np.float32).reshape(header[key]["shape"])
+    return out
 
 
 def load(folder) -> Pretrained:
