@@ -157,3 +157,19 @@ def test_bfloat16_weights_are_widened_exactly(tmp_path):
     widened = (weights["transformer.h.1.mlp.c_fc.weight"].view(np.uint32) & 0xFFFF0000).view(np.float32)
     np.testing.assert_array_equal(pretrained.state["blocks.1.mlp.fc.weight"], widened.T)
     assert pretrained.state["wte.weight"].dtype == np.float32
+
+
+def test_a_sharded_folder_is_read_shard_by_shard(tmp_path):
+    folder, state = _folder(tmp_path)
+    weights = load_file(folder / "model.safetensors")
+    keys = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": keys[:10], "model-00002-of-00002.safetensors": keys[10:]}
+    for name, part in shards.items():
+        save_file({k: weights[k] for k in part}, folder / name, metadata={"format": "pt"})
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: name for name, part in shards.items() for k in part}}))
+    assert hf.load(folder).state["blocks.1.attn.qkv.weight"].tobytes() == state["blocks.1.attn.qkv.weight"].tobytes()
+    (folder / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(TinynnError, match="is not a safetensors index"):
+        hf.load(folder)
