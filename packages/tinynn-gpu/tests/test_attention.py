@@ -4,12 +4,7 @@ only powers of two), batch 1. Each runs with subgroup lanes (where the adapter h
 per row. The forward is the tiled kernel (every tile of TILES that fits the adapter) and, forced, the per-row
 one (every layout); the backward likewise (BACKWARD_TILES and more tiles, and the per-row kernels). Bounds
 are relative (Frobenius) errors; fp32 kernels measured ~3e-7 here."""
-import importlib.util
-import json
-import os
-import sys
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +13,9 @@ from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn.errors import TinynnError
-from tinynn_gpu.attention import (BACKWARD_TILES, LAYOUTS, TILES, BackwardTile, Tile, choose_backward_tile,
-                                  choose_tile, lane_sum_body, lanes_for, workgroup_bytes)
+from tinynn_gpu.ops.attention import LAYOUTS, lane_sum_body, lanes_for, workgroup_bytes
+from tinynn_gpu.ops.attention_backward_tiled import BACKWARD_TILES, BackwardTile, choose_backward_tile
+from tinynn_gpu.ops.attention_tiled import TILES, Tile, choose_tile
 
 RTOL_FORWARD = 1e-5  # y and lse
 RTOL_BACKWARD = 2e-5  # g_qkv: one more recomputation of the probabilities
@@ -79,22 +75,22 @@ def test_attention_matches_the_reference(subgroup_path, batch, seq, n_head, head
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seq=seq_lens, seed=st.integers(0, 2**31))
 @example(seq=70, seed=0)  # more query blocks (9 of 8 rows) than its two heads
-def test_every_layout(subgroup_path, monkeypatch, layout, seq, seed):
+def test_every_layout(setting, subgroup_path, monkeypatch, layout, seq, seed):
     """The per-row kernels, their forward included; head size 40: two lanes a row on the subgroup path."""
     if workgroup_bytes(40, *layout) > subgroup_path.attention.max_bytes:
         pytest.skip(f"layout {layout} needs more workgroup memory than this adapter has")
-    monkeypatch.setenv("TINYNN_ATTENTION_LAYOUT", f"{layout[0]}x{layout[1]}")
-    monkeypatch.setenv("TINYNN_ATTENTION_TILE", "0")
-    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "0")
+    setting("TINYNN_ATTENTION_LAYOUT", f"{layout[0]}x{layout[1]}")
+    setting("TINYNN_ATTENTION_TILE", "0")
+    setting("TINYNN_ATTENTION_BACKWARD_TILE", "0")
     check_against_reference(subgroup_path, 1, seq, 2, 40, seed)
 
 
 @pytest.mark.parametrize("head_size", [16, 64, 128])
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.integers(1, 2), seq=seq_lens, n_head=st.integers(1, 2), seed=st.integers(0, 2**31))
-def test_the_per_row_backward(subgroup_path, monkeypatch, head_size, batch, seq, n_head, seed):
+def test_the_per_row_backward(setting, subgroup_path, monkeypatch, head_size, batch, seq, n_head, seed):
     """The per-row backward at head sizes where the tiled one runs by default."""
-    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "0")
+    setting("TINYNN_ATTENTION_BACKWARD_TILE", "0")
     check_against_reference(subgroup_path, batch, seq, n_head, head_size, seed)
 
 
@@ -105,14 +101,14 @@ EXTRA_BACKWARD_TILES = (BackwardTile(32, 16, 2), BackwardTile(16, 8, 1))
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.integers(1, 2), seq=seq_lens, n_head=st.integers(1, 2), data=st.data())
-def test_every_backward_tile(subgroup_path, monkeypatch, batch, seq, n_head, data):
+def test_every_backward_tile(setting, subgroup_path, monkeypatch, batch, seq, n_head, data):
     """The tiled backward with each tile that fits this adapter (the H200's 32x32x2 needs 44.7 KB: on lavapipe's
     32 KiB it is refused, and the tiles beside it run), at one of the head sizes it fits."""
     max_bytes = subgroup_path.attention.max_bytes
     runs = [(tile, hs) for tile in BACKWARD_TILES + EXTRA_BACKWARD_TILES for hs in (32, 64, 128)
             if not tile.check(hs, max_bytes)]
     tile, head_size = data.draw(st.sampled_from(runs), label="tile, head size")
-    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", str(tile))
+    setting("TINYNN_ATTENTION_BACKWARD_TILE", str(tile))
     check_against_reference(subgroup_path, batch, seq, n_head, head_size, data.draw(st.integers(0, 2**31)))
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -135,15 +131,15 @@ def test_the_backward_stays_on_the_gpu_where_the_dq_slices_exceed_a_binding(pois
 
 
 
-def test_backward_tile_choice(monkeypatch):
+def test_backward_tile_choice(setting, monkeypatch):
     """The first tile of BACKWARD_TILES that fits the head size and workgroup memory; none: the per-row kernels."""
     assert choose_backward_tile(64, 49152) == BACKWARD_TILES[0] and choose_backward_tile(64, 32768) == (16, 16, 1)
     assert choose_backward_tile(32, 49152) == (32, 32, 4) and choose_backward_tile(128, 49152) == (16, 16, 1)
     assert choose_backward_tile(128, 32768) is None  # the per-row kernels
     assert choose_backward_tile(20, 49152) is None and choose_backward_tile(16, 49152) is None  # no even split
-    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "0")
+    setting("TINYNN_ATTENTION_BACKWARD_TILE", "0")
     assert choose_backward_tile(64, 49152) is None
-    monkeypatch.setenv("TINYNN_ATTENTION_BACKWARD_TILE", "32x24x2")
+    setting("TINYNN_ATTENTION_BACKWARD_TILE", "32x24x2")
     with pytest.raises(TinynnError, match="TINYNN_ATTENTION_BACKWARD_TILE"):
         choose_backward_tile(64, 49152)
 
@@ -152,25 +148,25 @@ def test_backward_tile_choice(monkeypatch):
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=st.integers(1, 2), seq=seq_lens, n_head=st.integers(1, 2), head_size=head_sizes,
        seed=st.integers(0, 2**31))
-def test_every_tile(subgroup_path, monkeypatch, tile, batch, seq, n_head, head_size, seed):
+def test_every_tile(setting, subgroup_path, monkeypatch, tile, batch, seq, n_head, head_size, seed):
     """The tiled forward with each tile, at head sizes it fits here (the default tile's are the first test's)."""
     assume(not tile.check(head_size, subgroup_path.attention.max_bytes))
-    monkeypatch.setenv("TINYNN_ATTENTION_TILE", str(tile))
+    setting("TINYNN_ATTENTION_TILE", str(tile))
     check_against_reference(subgroup_path, batch, seq, n_head, head_size, seed, backward=False)
 
 
-def test_tile_choice(monkeypatch):
+def test_tile_choice(setting, monkeypatch):
     """The first tile of TILES that fits the workgroup memory, passed over where another pads the head's vec4
     columns less (a row of 16 threads over head size 32's 8 columns); none: the per-row forward."""
     assert choose_tile(64, 49152) == TILES[0] and choose_tile(128, 49152) == Tile(32, 32, 2)
     assert choose_tile(128, 32768) == Tile(16, 32, 2) and choose_tile(64, 16384) is None
     assert choose_tile(32, 49152) == choose_tile(16, 49152) == Tile(64, 32, 4)  # 8 threads a row, not 16
-    monkeypatch.setenv("TINYNN_ATTENTION_TILE", "32x32")
+    setting("TINYNN_ATTENTION_TILE", "32x32")
     with pytest.raises(TinynnError, match="TINYNN_ATTENTION_TILE"):
         choose_tile(64, 49152)
 
 
-def test_the_forward_follows_the_tile_setting_of_the_moment(gpu, monkeypatch):
+def test_the_forward_follows_the_tile_setting_of_the_moment(setting, gpu, monkeypatch):
     """The forward's shader is chosen once per head size and TINYNN_ATTENTION_TILE, so a change of the
     variable on a live backend still takes effect (tests and experiments/attention_tiles.py rely on it)."""
     attention = gpu.attention
@@ -178,11 +174,11 @@ def test_the_forward_follows_the_tile_setting_of_the_moment(gpu, monkeypatch):
         pytest.skip("the adapter's workgroup memory fits no tile")
     tiled, tile = attention._tiled_shader(16)
     assert tiled is not None and tile == choose_tile(16, attention.max_bytes)
-    monkeypatch.setenv("TINYNN_ATTENTION_TILE", "0")
+    setting("TINYNN_ATTENTION_TILE", "0")
     assert attention._tiled_shader(16) == (None, None)
-    monkeypatch.setenv("TINYNN_ATTENTION_TILE", str(TILES[-1]))
+    setting("TINYNN_ATTENTION_TILE", str(TILES[-1]))
     assert attention._tiled_shader(16)[1] == TILES[-1]
-    monkeypatch.delenv("TINYNN_ATTENTION_TILE")
+    setting("TINYNN_ATTENTION_TILE", None)
     assert attention._tiled_shader(16) == (tiled, tile)
 
 
@@ -198,48 +194,22 @@ def test_unsupported_head_size_runs_the_reference(poisoned, monkeypatch):
     assert poisoned.fallbacks == Counter({"attention_forward": 1, "attention_backward": 1})
 
 
-def test_attention_tiles_runs_the_path_it_names(gpu, monkeypatch, tmp_path):
-    """experiments/attention_tiles.py's per-row sweep with --paths workgroup times the per-row kernels (forward
-    and backward) with one thread a row, as its rows say (lanes 1): the runtime reads TINYNN_SUBGROUPS once
-    (Runtime.subgroups), at start, and the tiled backward is the default where a tile fits."""
-    path = Path(__file__).parents[1] / "experiments" / "attention_tiles.py"
-    spec = importlib.util.spec_from_file_location("attention_tiles", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    if "timestamp-query" not in gpu.ctx.features:
-        pytest.skip("the script times kernels with timestamps")
-    monkeypatch.setattr(script, "heat", lambda gpu, seconds: None)  # the timings are not the point here
-    # the script runs on the backend spied on below: after backends.reset_discovery (test_backend.py) its own
-    # backends.select("gpu") would make another
-    select = backends.select
-    monkeypatch.setattr(backends, "select", lambda device=None: gpu if device == "gpu" else select(device))
-    monkeypatch.setattr(gpu.rt, "subgroups", gpu.rt.subgroups)  # the session's backend, as it was after
-    attention, lanes, per_row_backward = gpu.attention, [], []
-    shader, plan = attention._shader, attention._backward_plan
-
-    def sweeping():
-        return bool(os.environ.get("TINYNN_ATTENTION_LAYOUT"))  # the per-row sweep sets it
-
-    def shader_spy(head_size):
-        if sweeping():
-            lanes.append(lanes_for(head_size, gpu.rt.subgroups))
-        return shader(head_size)
-
-    def plan_spy(qkv_shape, n_head):
-        found = plan(qkv_shape, n_head)
-        if sweeping():
-            per_row_backward.append(found[0] is None)
-        return found
-    monkeypatch.setattr(attention, "_shader", shader_spy)
-    monkeypatch.setattr(attention, "_backward_plan", plan_spy)
-    monkeypatch.setattr(sys, "argv", [str(path), "--shapes", "tiny", "--layouts", "8x4", "--paths", "workgroup",
-                                      "--tiles", "", "--backward-tiles", "", "--reps", "1",
-                                      "--json", str(tmp_path / "rows.json")])
-    script.main()
-    rows = json.loads((tmp_path / "rows.json").read_text())
-    assert [row["lanes"] for row in rows if "layout" in row] == [1]
-    assert lanes and set(lanes) == {1}, f"the per-row kernels ran with {sorted(set(lanes))} lanes a row"
-    assert per_row_backward and all(per_row_backward), "the per-row sweep timed the tiled backward"
+def test_the_per_row_kernels_take_their_lanes_from_the_runtime(setting, gpu, monkeypatch):
+    """The runtime reads TINYNN_SUBGROUPS once (Runtime.subgroups): without subgroups the per-row kernels give a row
+    one thread, and compute what the reference does; with no tile forced, the tiled backward is the default where
+    a tile fits."""
+    n_head, head_size = 2, 16
+    monkeypatch.setattr(gpu.rt, "subgroups", False)
+    setting("TINYNN_ATTENTION_LAYOUT", "8x4")
+    setting("TINYNN_ATTENTION_TILE", "0")
+    setting("TINYNN_ATTENTION_BACKWARD_TILE", "0")
+    shader, rows = gpu.attention._shader(head_size)
+    assert rows == 8 and shader.label.endswith(" 8x4x1"), shader.label
+    assert gpu.attention._backward_plan((2, 9, 3 * n_head * head_size), n_head) == (None, None)
+    check_against_reference(gpu, 2, 9, n_head, head_size, seed=0)
+    setting("TINYNN_ATTENTION_BACKWARD_TILE", None)
+    tile = choose_backward_tile(head_size, gpu.attention.max_bytes)
+    assert gpu.attention._backward_plan((2, 9, 3 * n_head * head_size), n_head)[1] == tile
 
 
 def test_more_heads_than_a_dispatch_dimension_holds(poisoned, monkeypatch):

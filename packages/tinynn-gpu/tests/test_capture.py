@@ -55,13 +55,13 @@ def path(request, gpu):
     """Each test with direct wgpu-native calls (later replays recorded inline, and on the worker thread) and
     through wgpu-py's methods."""
     rt = gpu.rt
-    calls, reason, threaded, before = rt.native, rt.native_reason, rt.recorder is not None, rt.recorder
+    calls, reason, threaded, before = rt.native, rt.native_reason, rt.record_thread is not None, rt.record_thread
     assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
     if request.param == "methods":
         rt.use_native(None, "switched off by the test")
     else:
         rt.use_native(calls, reason, threaded=request.param == "threaded")
-    assert before is None or before is rt.recorder or before._shutdown  # a switch ends the old worker
+    assert before is None or before is rt.record_thread or before._shutdown  # a switch ends the old worker
     yield request.param
     rt.use_native(calls, reason, threaded)
 

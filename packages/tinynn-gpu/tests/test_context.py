@@ -4,7 +4,8 @@ import re
 import pytest
 import wgpu
 
-from tinynn_gpu import context, group_sum
+from tinynn_gpu.ops import group_sum
+from tinynn_gpu.runtime import context, wgsl
 
 
 def entry_points(source: str) -> list[str]:
@@ -16,7 +17,7 @@ def build_every_kernel(storage_buffers: int) -> list[str]:
     adapter = context.choose_adapter(wgpu.gpu.enumerate_adapters_sync())
     device = adapter.request_device_sync(required_limits={"max-storage-buffers-per-shader-stage": storage_buffers})
     failed = []
-    sources = [context.kernel_source(name) for name in context.KERNEL_FILES] + \
+    sources = [wgsl.kernel_source(name) for name in context.KERNEL_FILES] + \
         [group_sum.source(name, subgroups=False) for name in ("layernorm", "cross_entropy")]  # no-subgroup form
     for code in sources:
         module = device.create_shader_module(code=code)

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 import tinynn
 from tinynn import backends
 from tinynn.model import GPT, GPTConfig
-from tinynn_gpu.matmul_blocked import Epilogue
-from tinynn_gpu.matmul_rows import RowsMatmul
+from tinynn_gpu.matmul.problem import Epilogue
+from tinynn_gpu.matmul.rows import RowsMatmul
 
 REF = backends.reference()
 SETTINGS = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

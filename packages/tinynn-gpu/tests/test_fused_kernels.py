@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tinynn import backends
-from tinynn_gpu import backend as gpu_backend
-from tinynn_gpu import group_sum, multi_tensor
-from tinynn_gpu.multi_tensor import ADAMW_CHUNK, SQUARES_CHUNK
+from tinynn_gpu.ops import layernorm as layernorm_ops
+from tinynn_gpu.ops import group_sum, multi_tensor
+from tinynn_gpu.ops.multi_tensor import ADAMW_CHUNK, SQUARES_CHUNK
 
 REF = backends.reference()
 RTOL = 1e-5
@@ -124,8 +124,8 @@ def test_layernorm_backward(subgroup_path, monkeypatch, rows, cols, weight, bias
     """One dispatch, or with rows in several splits (split_rows 7) a finish after it; g_add folded into g_x;
     the column sums' workgroups 1 to 1024 columns wide (in the kernel's Values: 1 to 256)."""
     gpu, g = subgroup_path, np.random.default_rng(seed)
-    monkeypatch.setattr(gpu_backend, "LAYERNORM_SPLIT_ROWS", split_rows)
-    monkeypatch.setattr(gpu_backend, "LAYERNORM_GROUP_COLS", {1: {0: group_cols}, 4: {0: group_cols}})
+    monkeypatch.setattr(layernorm_ops, "SPLIT_ROWS", split_rows)
+    monkeypatch.setattr(layernorm_ops, "GROUP_COLS", {1: {0: group_cols}, 4: {0: group_cols}})
     x, dy = (g.standard_normal((rows, cols)) * 2).astype(np.float32), g.standard_normal((rows, cols)).astype(np.float32)
     w = g.standard_normal(cols).astype(np.float32) if weight else None
     b = g.standard_normal(cols).astype(np.float32) if bias else None
@@ -162,7 +162,7 @@ def test_layernorm_widths_cover_every_form():
 def test_layernorm_every_form(subgroup_path, monkeypatch, rows, cols):
     """The forward and the backward (g_add, rows in splits of 7 and their finish) in each of the kernel's forms."""
     gpu, g = subgroup_path, np.random.default_rng(rows * 10_000 + cols)
-    monkeypatch.setattr(gpu_backend, "LAYERNORM_SPLIT_ROWS", 7)
+    monkeypatch.setattr(layernorm_ops, "SPLIT_ROWS", 7)
     x, dy, g_add = ((g.standard_normal((rows, cols)) * 2).astype(np.float32) for _ in range(3))
     w, b = (g.standard_normal(cols).astype(np.float32) for _ in range(2))
     y, mean, rstd = gpu.layernorm_forward(*(gpu.from_numpy(a) for a in (x, w, b)), 1e-5)
@@ -178,7 +178,7 @@ def test_layernorm_every_form(subgroup_path, monkeypatch, rows, cols):
 
 @pytest.mark.parametrize("cols, group_cols", [(256, 1), (511, 4), (512, 4), (768, 4), (770, 8)])
 def test_layernorm_backward_column_groups_by_width(gpu, monkeypatch, cols, group_cols):
-    """The column workgroups' width comes from LAYERNORM_GROUP_COLS by the Value width and C, in the kernel's Values
+    """The column workgroups' width comes from layernorm.py's GROUP_COLS by the Value width and C, in the kernel's Values
     (a vec4 where C is a multiple of 4: 4 columns are 1 Value, 16 are 4; floats at 511 and 770), and the gradients
     agree with it."""
     seen, dispatch = [], gpu.rt.dispatch

@@ -7,11 +7,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinynn_gpu import add_data, group_sum, matmul_data, relu_data, scale_data
-from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, LessonMatmul, MatmulSelector
+from tinynn_gpu import add_data, matmul_data, relu_data, scale_data
+from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES
+from tinynn_gpu.matmul.lesson import LessonMatmul
+from tinynn_gpu.matmul.selection import MatmulSelector
+from tinynn_gpu.ops import group_sum
 from tinynn.numpy_backend import NUMPY
-from tinynn_gpu.matmul_blocked import BlockConfig, BlockedMatmul, Epilogue, generate, generate_pair, problem_plan
-from tinynn_gpu.matmul_paired import PairedMatmul
+from tinynn_gpu.matmul.blocked import BlockedMatmul, generate, generate_pair
+from tinynn_gpu.matmul.configs import BlockConfig
+from tinynn_gpu.matmul.problem import Epilogue, problem_plan
+from tinynn_gpu.matmul.paired import PairedMatmul
 
 RTOL = 1e-5
 
@@ -315,8 +320,8 @@ def test_a_grid_past_65535_block_rows(poisoned, n):
     assert_matmul_result(poisoned, out, epilogue, expected, a, b, False, False)
 
 
-def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):
-    monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
+def test_autotune_times_every_variant_and_caches_the_winner(setting, gpu, tmp_path, monkeypatch, rng):
+    setting("TINYNN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(MatmulSelector, "tune_min_macs", 0)  # this small shape is tuned too
     tuner = MatmulSelector(gpu.rt, autotune=True)
     a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 33)).astype(np.float32)
@@ -335,8 +340,8 @@ def test_autotune_times_every_variant_and_caches_the_winner(gpu, tmp_path, monke
     assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
 
 
-def test_a_matmul_too_small_to_repay_tuning_takes_the_default_variant(gpu, tmp_path, monkeypatch, rng):
-    monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
+def test_a_matmul_too_small_to_repay_tuning_takes_the_default_variant(setting, gpu, tmp_path, monkeypatch, rng):
+    setting("TINYNN_CACHE_DIR", str(tmp_path))
     tuner = MatmulSelector(gpu.rt, autotune=True)
     monkeypatch.setattr(tuner, "_tune", lambda *args: pytest.fail("a small matmul was tuned"))
     m, n, k = 128, 1024, 256  # a generation window's MLP matmul: 2^25 multiply-adds
@@ -347,10 +352,10 @@ def test_a_matmul_too_small_to_repay_tuning_takes_the_default_variant(gpu, tmp_p
     assert tuner.choices == {f"ta=0 tb=0 shared=0 b=1 m={m} n={n} k={k}": MatmulSelector.default_variant(1, m, n, k)}
 
 
-def test_a_variant_can_be_forced(gpu, monkeypatch):
-    monkeypatch.setenv("TINYNN_MATMUL", "lesson8")
+def test_a_variant_can_be_forced(setting, gpu, monkeypatch):
+    setting("TINYNN_MATMUL", "lesson8")
     assert MatmulSelector(gpu.rt).variant("lesson8").describe() == "lesson tiled 8x8"
-    monkeypatch.setenv("TINYNN_MATMUL", "nope")
+    setting("TINYNN_MATMUL", "nope")
     with pytest.raises(ValueError, match="not a variant"):
         MatmulSelector(gpu.rt)
 
@@ -479,7 +484,7 @@ def test_embedding_backward_over_many_chunks(poisoned, rng):
 def test_multi_tensor_kernels_compile_for_every_slot_count(gpu):
     """lavapipe binds 32 storage buffers (7 AdamW slots, 30 for the norm); an H200 takes all 64: check the WGSL
     for both."""
-    from tinynn_gpu.multi_tensor import MAX_SLOTS, generate
+    from tinynn_gpu.ops.multi_tensor import MAX_SLOTS, generate
     for slots, square_slots in ((1, 1), (gpu.multi.slots, gpu.multi.square_slots), (MAX_SLOTS, MAX_SLOTS)):
         for subgroups in {False, "subgroup" in gpu.ctx.features}:
             gpu.rt.device.create_shader_module(code=generate(slots, square_slots, subgroups))
@@ -494,5 +499,5 @@ def test_variants_differing_only_in_group_run_their_own_kernels(gpu, rng):
         mm, out = BlockedMatmul(gpu.rt, BlockConfig(32, 32, 8, 4, 4, group=group)), gpu.rt.empty((70, 50))
         mm.record(da, db, out, 1, 70, 50, 40, False, False, False)
         np.testing.assert_allclose(gpu.to_numpy(out), a @ b, rtol=1e-4, atol=1e-4)
-        pipelines.append(gpu.rt.pipeline(mm.modules[(False, False, False, False), False], "matmul_main"))
+        pipelines.append(gpu.rt.kernels.pipeline(mm.modules[(False, False, False, False), False], "matmul_main"))
     assert pipelines[0] is not pipelines[1]

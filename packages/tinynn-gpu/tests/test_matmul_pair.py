@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tinynn import backends
-from tinynn_gpu.matmul import PAIR_SPLITS, SEPARATE, MatmulSelector
-from tinynn_gpu.matmul_blocked import BlockConfig, Epilogue
-from tinynn_gpu.matmul_paired import PairedMatmul
+from tinynn_gpu.matmul.configs import PAIR_SPLITS, BlockConfig
+from tinynn_gpu.matmul.problem import Epilogue
+from tinynn_gpu.matmul.selection import SEPARATE, MatmulSelector
+from tinynn_gpu.matmul.paired import PairedMatmul
 
 from test_backend import CFG, captured_losses
 from test_kernels import assert_matmul_result, epilogue_for, matmul_cases, operands, reference, rel_err
@@ -205,8 +206,8 @@ def test_linear_backward_paired_keeps_a_plan_per_epilogue(poisoned, paired):
                 np.testing.assert_allclose(gpu.to_numpy(actual), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_tuning_a_pair_times_it_against_the_two_apart_and_caches_the_winner(gpu, tmp_path, monkeypatch, rng):
-    monkeypatch.setenv("TINYNN_CACHE_DIR", str(tmp_path))
+def test_tuning_a_pair_times_it_against_the_two_apart_and_caches_the_winner(setting, gpu, tmp_path, monkeypatch, rng):
+    setting("TINYNN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(MatmulSelector, "tune_min_macs", 0)
     tuner = MatmulSelector(gpu.rt, autotune=True)
     tuner.candidates = tuner.candidates[:2]  # lavapipe times on the CPU: a few of each kind
@@ -231,9 +232,9 @@ def test_tuning_a_pair_times_it_against_the_two_apart_and_caches_the_winner(gpu,
     assert (record is None) == (cached[key] == SEPARATE)
 
 
-def test_a_forced_variant_keeps_matmuls_apart(paired, monkeypatch, rng):
+def test_a_forced_variant_keeps_matmuls_apart(setting, paired, monkeypatch, rng):
     gpu = paired
-    monkeypatch.setenv("TINYNN_MATMUL", "lesson8")
+    setting("TINYNN_MATMUL", "lesson8")
     arrays = [gpu.from_numpy(rng.standard_normal((8, 8)).astype(np.float32)) for _ in range(3)]
     problem = (*arrays, 1, 8, 8, 8, False, False, False, Epilogue())
     assert MatmulSelector(gpu.rt).plan_pair(problem, problem) is None
@@ -255,7 +256,7 @@ def test_a_replayed_training_step_with_paired_gradients(paired, monkeypatch):
 
 
 def paired_pipelines(gpu):
-    return {pipe for shader in gpu.rt.shaders.values() if shader.label.startswith("matmul pair")
+    return {pipe for shader in gpu.rt.kernels.shaders.values() if shader.label.startswith("matmul pair")
             for entry, pipe in shader.pipelines.items() if entry == "matmul_pair_main"}
 
 

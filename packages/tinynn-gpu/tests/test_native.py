@@ -12,7 +12,7 @@ import wgpu
 
 import tinynn
 
-from tinynn_gpu import native, replay, runtime
+from tinynn_gpu.runtime import kernels, native, replay, runtime, transfer
 
 WGSL = """
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
@@ -54,8 +54,8 @@ def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
     rt, calls = gpu.rt, gpu.rt.native
     assert calls is not None, gpu.rt.native_reason
     out = rt.empty((4,))
-    launch = rt.prepare(rt.shader(WGSL, "one"), "main", 1, (0,))
-    pipe, group = launch.pipeline, rt.bind_group((launch, out.buffer))
+    launch = rt.prepare(rt.shader(WGSL, "one"), "main", 1, ("out",))
+    pipe, group = launch.pipeline, rt.kernels.bind_group((launch, out.buffer))
 
     def record(groups):
         encoder, compute_pass = calls.begin()
@@ -69,7 +69,7 @@ def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
         else:
             calls.submit([record(groups)])
     with pytest.raises(wgpu.GPUError, match="65535"):
-        submit(runtime.MAX_GROUPS + 1)
+        submit(kernels.MAX_GROUPS + 1)
     submit(1)  # the device still works
     assert gpu.to_numpy(out)[0] == 1.0
 
@@ -108,7 +108,7 @@ def test_a_read_back_fills_each_part_from_its_offset(gpu):
     assert calls is not None, rt.native_reason
     src = gpu.from_numpy(np.arange(8, dtype=np.float32))
     staging = rt.device.create_buffer(size=32, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-    rt._copy(src.buffer, 0, staging, 0, 32)
+    rt.recording.copy(src.buffer, 0, staging, 0, 32)
     rt.flush()
     head, tail = np.zeros(3, np.float32), np.zeros(2, np.float32)
     calls.read(staging._internal, [(0, head), (24, tail)])
@@ -217,8 +217,8 @@ def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
     if rt.native is None:
         pytest.fail(f"the direct path should work on {gpu.device_name}: {rt.native_reason}")
     rt.use_native(rt.native, "", threaded=True)
-    rt.recorder.submit(lambda: None).result()  # its thread starts with its first job
-    (thread,) = rt.recorder._threads
+    rt.record_thread.submit(lambda: None).result()  # its thread starts with its first job
+    (thread,) = rt.record_thread._threads
     assert thread.is_alive()
     del rt
     gc.collect()
@@ -230,7 +230,7 @@ def test_a_runtimes_worker_thread_ends_with_the_runtime(gpu):
 def ahead_path(request, gpu):
     """Later replays recorded before the call returns, then on the worker thread."""
     rt = gpu.rt
-    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
+    calls, reason, threaded = rt.native, rt.native_reason, rt.record_thread is not None
     assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
     rt.use_native(calls, reason, threaded=request.param == "threaded")
     yield request.param
@@ -313,7 +313,7 @@ def test_a_step_recorded_for_other_inputs_is_recorded_again(gpu, monkeypatch, ah
     made, released = counted_aheads(monkeypatch, gpu.rt)
     x, step = doubling_step(gpu)
     for value, staged in ((10.0, True), (20.0, False), (30.0, True), (40.0, True)):
-        monkeypatch.setattr(runtime, "STAGED_WRITE_BYTES", 1 << 20 if staged else 0)
+        monkeypatch.setattr(transfer, "STAGED_WRITE_BYTES", 1 << 20 if staged else 0)
         gpu.write_(x.data, np.full(4, value, np.float32))
         assert step().numpy().tolist() == [3.0 * value] * 4
     wait(list(step.tape.aheads) + list(gpu.rt.orphaned_aheads))
@@ -357,7 +357,7 @@ def test_a_tape_dropped_while_its_next_step_records_is_released_after(gpu, monke
     it works, though the tape is dropped and the runtime's caches forget them, and what it recorded is
     released by the runtime's thread once done."""
     rt = gpu.rt
-    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
+    calls, reason, threaded = rt.native, rt.native_reason, rt.record_thread is not None
     rt.use_native(calls, reason, threaded=True)
     made, released = counted_aheads(monkeypatch, gpu.rt)
     gate, init = threading.Event(), replay.Ahead.__init__
@@ -431,7 +431,7 @@ def test_a_replay_counts_its_wait_for_the_recording_thread_and_still_raises_its_
     """A replay whose step the recording thread is still recording waits for it: the wait counts in record_wait_us
     (`tinynn bench`'s record_wait_us_per_step), and the recording's error raises as it did before it was timed."""
     rt = gpu.rt
-    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
+    calls, reason, threaded = rt.native, rt.native_reason, rt.record_thread is not None
     rt.use_native(calls, reason, threaded=True)
     gate, init, failures = threading.Event(), replay.Ahead.__init__, []
 
@@ -474,7 +474,7 @@ def test_a_replay_counts_its_wait_for_the_recording_thread_and_still_raises_its_
 def eager_path(request, gpu):
     """A test run with the eager recorder on direct wgpu-native calls, then on wgpu-py's methods."""
     rt = gpu.rt
-    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
+    calls, reason, threaded = rt.native, rt.native_reason, rt.record_thread is not None
     assert calls is not None, f"the direct path should work on {gpu.device_name}: {reason}"
     rt.use_native(calls if request.param == "direct" else None, reason or "switched off by the test", threaded)
     yield request.param
@@ -489,9 +489,9 @@ def test_both_eager_paths_record_dispatches_copies_writes_and_reads_in_order(gpu
     kept = rt.copy(doubled)  # ends the pass: a copy between dispatches
     rt.write(a, np.ones(6, np.float32))  # staged behind the open encoder's commands
     summed = gpu.binary("add", kept, a)
-    assert rt.encoder is not None
+    assert rt.recording.encoder is not None
     out = np.empty(3, np.float32)
-    assert rt.read(summed, out, start=3).tolist() == [7.0, 9.0, 11.0] and rt.encoder is None
+    assert rt.read(summed, out, start=3).tolist() == [7.0, 9.0, 11.0] and rt.recording.encoder is None
     assert gpu.to_numpy(doubled).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert gpu.to_numpy(a).tolist() == [1.0] * 6
 
@@ -499,7 +499,7 @@ def test_both_eager_paths_record_dispatches_copies_writes_and_reads_in_order(gpu
 def test_both_eager_paths_time_passes_and_profile_each_dispatch(gpu, eager_path):
     rt = gpu.rt
     a = gpu.from_numpy(np.arange(256, dtype=np.float32))
-    assert rt.time_pass(lambda: gpu.binary("add", a, a), reps=3) > 0 and rt.compute_pass is None
+    assert rt.time_pass(lambda: gpu.binary("add", a, a), reps=3) > 0 and rt.recording.compute_pass is None
     rows = rt.profile(lambda: gpu.to_numpy(gpu.binary("mul", gpu.binary("add", a, a), a)))
     assert [row["calls"] for row in rows] == [2] and rows[0]["ms"] > 0
 
@@ -510,8 +510,8 @@ def test_both_eager_paths_raise_a_bad_dispatch_and_then_work(gpu, eager_path):
     rt = gpu.rt
     out = rt.empty((4,))
     with pytest.raises(wgpu.GPUError, match="65535"):
-        rt.dispatch(rt.shader(WGSL, "one"), "main", (runtime.MAX_GROUPS + 1, 1, 1), {0: out})
+        rt.dispatch(rt.shader(WGSL, "one"), "main", (kernels.MAX_GROUPS + 1, 1, 1), {"out": out})
         rt.flush()
-    assert rt.encoder is None and rt.compute_pass is None
-    rt.dispatch(rt.shader(WGSL, "one"), "main", 1, {0: out})
+    assert rt.recording.encoder is None and rt.recording.compute_pass is None
+    rt.dispatch(rt.shader(WGSL, "one"), "main", 1, {"out": out})
     assert gpu.to_numpy(out)[0] == 1.0

@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tinynn import backends
-from tinynn_gpu.packing import MAX_SLOTS, generate
+from tinynn_gpu.ops.pack import MAX_SLOTS, generate
 
 REF = backends.reference()
 shape = st.one_of(st.just(()), st.tuples(st.integers(0, 40)), st.tuples(st.integers(1, 9), st.integers(1, 9)))

@@ -5,9 +5,10 @@ import struct
 import numpy as np
 import pytest
 
-from tinynn_gpu.context import KERNEL_FILES, kernel_source
-from tinynn_gpu.matmul import lesson_source
-from tinynn_gpu.params import ParamsLayout
+from tinynn_gpu.matmul.lesson import lesson_source
+from tinynn_gpu.runtime.context import KERNEL_FILES
+from tinynn_gpu.runtime.params import ParamsLayout
+from tinynn_gpu.runtime.wgsl import kernel_source
 
 WGSL = """
 struct Params {
@@ -116,7 +117,7 @@ def test_shaders_that_differ_only_in_a_constant_run_their_own_code(gpu):
     for constant in ("2.0", "3.0"):
         shader = rt.shader(COPY.replace("CONSTANT", constant), "same label")
         out = rt.empty((5,))
-        rt.dispatch(shader, "main", 1, {0: x, 2: out}, {"n": 5, "add": 0.5})
+        rt.dispatch(shader, "main", 1, {"a": x, "out": out}, {"n": 5, "add": 0.5})
         results.append(rt.read(out))
     np.testing.assert_array_equal(results[0], np.arange(5) * 2 + 0.5)
     np.testing.assert_array_equal(results[1], np.arange(5) * 3 + 0.5)

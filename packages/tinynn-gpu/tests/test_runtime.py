@@ -35,7 +35,7 @@ def test_memory_stats_count_arrays_in_use_pooled_and_the_peak(gpu):
     assert gpu.memory_stats()["pooled_bytes"] == freed["pooled_bytes"] - 4096
     del c
     gpu.empty_cache()
-    assert gpu.memory_stats()["pooled_bytes"] == 0 and not any(rt.free.values())
+    assert gpu.memory_stats()["pooled_bytes"] == 0 and not any(rt.pool.free.values())
     with pytest.raises(wgpu.GPUValidationError):  # the pool trimmed it: destroyed, not just forgotten
         rt.queue.write_buffer(buffer, 0, b"\0" * 4)
 
@@ -43,7 +43,7 @@ def test_memory_stats_count_arrays_in_use_pooled_and_the_peak(gpu):
 def test_the_pool_sizes_an_array_by_the_limit_in_force(gpu, monkeypatch):
     """The pool remembers each (shape, dtype)'s size bucket, never one clamped to a binding limit in force
     only at the time; its shapes are Python ints however they were asked for."""
-    from tinynn_gpu.runtime import TooLarge
+    from tinynn_gpu.runtime.arrays import TooLarge
     rt = gpu.rt
     with monkeypatch.context() as patched:
         patched.setattr(rt, "max_binding", 4000)
@@ -59,7 +59,7 @@ def test_the_pool_sizes_an_array_by_the_limit_in_force(gpu, monkeypatch):
 def test_scratch_grows_by_buckets_and_refuses_what_no_binding_holds(gpu, monkeypatch):
     """A scratch array is reused while big enough, replaced by a whole bucket when not, and one past the
     binding limit is refused like any array (a kernel bound to a smaller one would write past its end)."""
-    from tinynn_gpu.runtime import TooLarge
+    from tinynn_gpu.runtime.arrays import TooLarge
     rt = gpu.rt
     first = rt.scratch(5, 100)
     assert rt.scratch(5, 60) is first and first.size >= 100
@@ -107,9 +107,9 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
     assert gpu_step["host_us_per_replayed_dispatch"] > 0 and gpu_step["host_us_per_eager_dispatch"] > 0
     assert gpu_step["peak_memory_bytes"] > 0
     rt = backends.select("gpu").rt  # the backend the command used (an earlier test may have reset discovery)
-    assert (gpu_step["record_thread_us_per_dispatch"] is None) == (rt.recorder is None)
-    assert (gpu_step["record_wait_us_per_step"] is None) == (rt.recorder is None)
-    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
+    assert (gpu_step["record_thread_us_per_dispatch"] is None) == (rt.record_thread is None)
+    assert (gpu_step["record_wait_us_per_step"] is None) == (rt.record_thread is None)
+    calls, reason, threaded = rt.native, rt.native_reason, rt.record_thread is not None
     rt.use_native(calls, reason, threaded=True)
     try:  # a worker thread's busy time is reported beside the caller's
         assert main(args + ["--no-cpu"]) in (0, None)
@@ -138,7 +138,7 @@ def test_a_read_back_returns_what_the_last_dispatch_wrote(gpu, direct):
     or wgpu-py's map_sync (without the direct calls). Reads of several sizes and offsets, each right behind the
     dispatch that writes it."""
     rt = gpu.rt
-    calls, reason, threaded = rt.native, rt.native_reason, rt.recorder is not None
+    calls, reason, threaded = rt.native, rt.native_reason, rt.record_thread is not None
     if not direct:
         rt.use_native(None, "switched off by the test")
     try:
@@ -170,16 +170,16 @@ def test_staged_writes_land_in_order_with_the_dispatches_around_them_in_one_queu
 
 
 def test_a_staged_write_larger_than_the_upload_buffer_grows_it_and_a_huge_one_is_written_at_once(gpu, monkeypatch):
-    from tinynn_gpu import runtime
+    from tinynn_gpu.runtime import transfer
     rt = gpu.rt
-    monkeypatch.setattr(runtime, "STAGED_WRITE_BYTES", 64 * 1024)
+    monkeypatch.setattr(transfer, "STAGED_WRITE_BYTES", 64 * 1024)
     small, big, huge = rt.empty((4,)), rt.empty((8192,)), rt.empty((20000,))
     rt.write(small, np.arange(4, dtype=np.float32))
-    size = rt.upload_buffer.size
+    size = rt.transfer.upload_buffer.size
     x = np.arange(8192, dtype=np.float32)
     x[: size // 4 + 1] = -1.0
     rt.write(big, x)  # past the buffer (the small write submitted first, then a larger buffer)
-    assert rt.upload_buffer.size >= x.nbytes
+    assert rt.transfer.upload_buffer.size >= x.nbytes
     rt.write(huge, np.full(20000, 3.0, np.float32))  # past STAGED_WRITE_BYTES: a queue write of its own
     np.testing.assert_array_equal(gpu.to_numpy(small), np.arange(4))
     np.testing.assert_array_equal(gpu.to_numpy(big), x)
@@ -193,7 +193,7 @@ def test_time_pass_times_back_to_back_dispatches_in_one_pass(gpu):
     rt.flush()
     dispatches, submissions = rt.counters["dispatches"], rt.counters["submissions"]
     ms = rt.time_pass(lambda: sums.append(gpu.binary("add", a, a)), reps=5)
-    assert ms > 0 and rt.compute_pass is None
+    assert ms > 0 and rt.recording.compute_pass is None
     assert rt.counters["dispatches"] == dispatches + 5 and rt.counters["submissions"] == submissions + 1
     assert np.array_equal(gpu.to_numpy(sums[-1]), 2 * np.arange(1 << 16, dtype=np.float32))
     with pytest.raises(RuntimeError, match="inside a captured step or a profile"):
@@ -254,7 +254,7 @@ def test_prepare_gives_one_launch_per_content_and_its_bind_groups_are_per_buffer
     rt = gpu.rt
 
     def doubling(n, value=2.0, groups=1):
-        return rt.prepare("elementwise", "scalar_main", groups, (0, 2), {"n": n, "op": 1, "value": value})
+        return rt.prepare("elementwise", "scalar_main", groups, ("a", "out"), {"n": n, "op": 1, "value": value})
     launch = doubling(4)
     assert doubling(4) is launch
     assert all(other is not launch for other in (doubling(8), doubling(4, value=3.0), doubling(4, groups=2)))

@@ -2,7 +2,7 @@
 reason otherwise, and compile errors still raise."""
 import pytest
 
-from tinynn_gpu import context, unchecked
+from tinynn_gpu.runtime import context, unchecked
 
 
 def test_the_backend_compiles_without_runtime_checks(gpu):
@@ -11,8 +11,8 @@ def test_the_backend_compiles_without_runtime_checks(gpu):
     assert gpu.describe()["shader_runtime_checks"] == "off"
 
 
-def test_the_setting_keeps_the_checks(gpu, monkeypatch):
-    monkeypatch.setenv("TINYNN_SHADER_CHECKS", "1")
+def test_the_setting_keeps_the_checks(setting, gpu, monkeypatch):
+    setting("TINYNN_SHADER_CHECKS", "1")
     assert unchecked.probe(gpu.rt.device) == (None, "TINYNN_SHADER_CHECKS=1")
     checked = context.GpuContext(gpu.ctx.adapter, gpu.rt.device, gpu.ctx.info, gpu.ctx.limits, gpu.ctx.features,
                                  checks_reason="TINYNN_SHADER_CHECKS=1")
