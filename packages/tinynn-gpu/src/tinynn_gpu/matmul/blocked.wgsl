@@ -59,9 +59,9 @@
 // pair's module only), `problem` (one problem's bindings, loads, stores and split-K finish, written once per problem
 // with {{P}} its names' suffix: "" for the first, "2" for the second) and `product` (one workgroup's block of a
 // problem: written into matmul_main, and twice into matmul_pair_main).
-// Bindings: 0:a 1:b 2:out 3:params 4:bias 5:residual 6:pre 7:row_sums, a pair's second problem 10:a2 11:b2
-// 12:out2 13:params2; the finishes read the split slices from 8:parts and 9:row_parts (a pair's second problem's
-// from 14:parts2 and 15:row_parts2). Unused ones are bound to small stand-ins.
+// Bindings: a, b, out, params, bias, residual, pre, row_sums, and a pair's second problem's a2, b2, out2, params2;
+// the finishes read the split slices from parts and row_parts (a pair's second problem's from parts2 and
+// row_parts2). Unused ones are bound to small stand-ins.
 // vec4 variants read a and b as vec4s: a quad along a contiguous m or n is one tile entry; quads along a
 // contiguous k are loaded 4 rows at a time and transposed into the tile (4x fewer load instructions).
 

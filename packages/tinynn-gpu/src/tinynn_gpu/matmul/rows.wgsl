@@ -7,7 +7,7 @@
 // per output each add 16 of them, then one adds the 4. The epilogue is matmul_blocked.wgsl's: bias, then GELU
 // (the value before it kept in `pre` for the backward), then the residual. Launched by matmul_rows.py;
 // a (M, K), b (N, K), K a multiple of 4; out, pre and residual (M, N), bias (N).
-// Bindings: 0:a 1:b 2:out 3:params 4:bias 5:residual 6:pre
+// Bindings: a, b, out, params, bias, residual, pre
 
 struct Params { m: u32, n: u32, k: u32, has_bias: u32, activation: u32, has_residual: u32 }
 

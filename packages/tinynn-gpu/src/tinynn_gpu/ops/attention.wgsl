@@ -28,8 +28,8 @@
 // the queries it owns and saves it for the dK/dV kernel (FlashAttention-2's separate pre-pass would cost a
 // dispatch for a few microseconds of work).
 //
-// Bindings: 0 qkv, 1 g (the gradient of y), 2 out (y, or the gradient of qkv), 3 params, 4 lse (B, nh, T),
-// 5 y (read by the backward), 6 delta (B, nh, T).
+// Bindings: qkv, g (the gradient of y), out (y, or the gradient of qkv), params, lse (B, nh, T), y (read by
+// the backward), delta (B, nh, T).
 
 const HS4: u32 = {{HS4}}u;
 const LANES: u32 = {{LANES}}u;

@@ -24,8 +24,8 @@
 // It runs in place of attention.wgsl's two per-row backward kernels where a tile fits, being faster
 // (experiments/attention_tiles.py times both).
 //
-// Bindings: 0 qkv (B, T, 3C), 1 g (B, T, C), 2 out (the gradient of qkv), 3 params, 4 lse (B, nh, T),
-// 5 y (B, T, C), 6 part (the slices of dQ: per (batch, head), key block kb holds the rows kb*KEYS..T-1).
+// Bindings: qkv (B, T, 3C), g (B, T, C), out (the gradient of qkv), params, lse (B, nh, T), y (B, T, C),
+// part (the slices of dQ: per (batch, head), key block kb holds the rows kb*KEYS..T-1).
 
 const HS4: u32 = {{HS4}}u;
 const KEYS: u32 = {{KEYS}}u;  // keys per workgroup

@@ -20,7 +20,7 @@
 // It runs in place of attention.wgsl's per-row forward where a tile fits, being faster
 // (experiments/attention_tiles.py times both).
 //
-// Bindings: 0 qkv (B, T, 3C), 2 y (B, T, C), 3 params, 4 lse (B, nh, T).
+// Bindings: qkv (B, T, 3C), out = y (B, T, C), params, lse (B, nh, T).
 
 const HS4: u32 = {{HS4}}u;
 const ROWS: u32 = {{ROWS}}u;  // queries per workgroup

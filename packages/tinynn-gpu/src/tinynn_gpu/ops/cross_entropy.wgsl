@@ -5,7 +5,7 @@
 // backward: one thread per logit, scaled by that count (count_main counts them where the caller has none).
 // A target outside [0, C) that is not ignore_index sets bit TARGET_ERROR in `errors`, which the runtime
 // raises at the next read-back (the NumPy backend raises the same error at once).
-// Bindings: 0:logits 1:targets 2:probs 3:params 4:rows 5:result 6:g_loss 7:grad 8:errors 9:count
+// Bindings: logits, targets, probs, params, rows, result, g_loss, grad, errors, count
 
 struct Params { n: u32, cols: u32, ignore_index: i32 }  // logits are (n, cols)
 

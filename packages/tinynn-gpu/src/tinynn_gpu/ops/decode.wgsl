@@ -21,19 +21,24 @@ struct Params {
     step: i32,         // advance_'s increment
 }
 
-@group(0) @binding(0) var<storage, read> qkv: array<f32>;
-@group(0) @binding(1) var<storage, read> k_cache: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read_write> tokens: array<i32>;
+// every entry point: the sequence length, the parameters
 @group(0) @binding(5) var<storage, read_write> length: array<i32>;
-@group(0) @binding(6) var<storage, read_write> v_cache_out: array<f32>;
-@group(0) @binding(7) var<storage, read_write> ids: array<i32>;
-@group(0) @binding(8) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+// embed_window: the token and position tables, the token ring, the embedded window
 @group(0) @binding(9) var<storage, read> wte: array<f32>;
 @group(0) @binding(10) var<storage, read> wpe: array<f32>;
-@group(0) @binding(11) var<storage, read> logits: array<f32>;
+@group(0) @binding(4) var<storage, read_write> tokens: array<i32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+// kv_cache_write: the step's qkv into the caches
+@group(0) @binding(0) var<storage, read> qkv: array<f32>;
 @group(0) @binding(12) var<storage, read_write> k_cache_out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> v_cache_out: array<f32>;
+// attention_decode: qkv's query against the caches, into out
+@group(0) @binding(1) var<storage, read> k_cache: array<f32>;
+@group(0) @binding(8) var<storage, read> v_cache: array<f32>;
+// sample_tokens: the logits, the ids drawn (and the token ring)
+@group(0) @binding(11) var<storage, read> logits: array<f32>;
+@group(0) @binding(7) var<storage, read_write> ids: array<i32>;
 
 const LOWEST = -3.0e38;  // below every finite score: a start for maxima that is not a constant infinity
 

@@ -2,7 +2,7 @@
 // An op code picks the formula, so one pipeline serves every op of a family; the switch costs far less
 // than the memory traffic. backend.py refuses an unknown code before dispatch; here one writes NaN (or
 // INT_SENTINEL) rather than computing another op.
-// Bindings: 0:a 1:b 2:out 3:params 4:c, and for the int32 kernels 5:a 6:b 7:out.
+// Bindings: a, b, out, params, c, and for the int32 kernels a_int, b_int, out_int.
 
 struct Params {
     n: u32,                          // elements

@@ -1,6 +1,6 @@
 """Multi-tensor optimizer kernels, generated from multi_tensor.wgsl for as many tensors per dispatch
 as the device's storage-binding count allows (at most 64): AdamW (4 bindings a tensor) and the gradient
-norm's sums of squares (1: lavapipe's 32 storage bindings take 7 tensors for AdamW, 30 for the norm)."""
+norm's sums of squares (1: a device with 32 storage bindings takes 7 tensors for AdamW, 30 for the norm)."""
 from __future__ import annotations
 
 import numpy as np

@@ -9,7 +9,7 @@
 // every slot has its own binding set and its own copy of the loop. Inside a chunk neighbouring threads
 // take neighbouring elements: every load and store is coalesced.
 //
-// Bindings: 0:step 1:scale 2:partials 3:params 4:table, then per slot i: 5+4i:param 6+4i:grad 7+4i:m 8+4i:v
+// Bindings: step, scale, partials, params, table, then per slot i: param_i, grad_i, m_i, v_i
 // (sum_squares_main binds only the grads, so it may have more slots: those past AdamW's declare only a grad).
 
 struct Params {

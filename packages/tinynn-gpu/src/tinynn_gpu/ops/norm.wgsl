@@ -1,7 +1,7 @@
 // The global gradient norm, and the clip coefficient, without leaving the GPU: multi_tensor.wgsl's
 // sum_squares_main leaves per-workgroup sums of squares in `partials`; here one workgroup adds them, takes
 // the square root and, where `clip` is set, turns it into min(1, max_norm / (norm + 1e-6)).
-// Bindings: 0:partials 2:norm 3:params 4:coefficient
+// Bindings: partials, norm, params, coefficient
 
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(2) var<storage, read_write> norm: array<f32>;

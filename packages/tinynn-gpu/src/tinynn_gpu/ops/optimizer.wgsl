@@ -2,7 +2,7 @@
 // Values that change every step (the learning rate) come in the small `step` buffer rather than the
 // uniform, so the uniform and the bind group of each parameter stay the same from step to step.
 // `scale` is the gradient-clip coefficient (1 without clipping), computed on the GPU: no host sync.
-// Bindings: 0:param 1:grad 2:buf1 3:params 5:step 6:scale
+// Bindings (by name, as Python binds them): param_, grad, buf1 (the momentum buffer), params, step, scale
 
 @group(0) @binding(0) var<storage, read_write> param_: array<f32>;
 @group(0) @binding(1) var<storage, read> grad: array<f32>;

@@ -4,7 +4,7 @@
 // WGSL cannot index bindings, so packing.py writes one binding and one switch case per slot ({{...}} below; a
 // switch, since Tint refuses an if-else chain longer than 127), and the access of each side: pack reads the
 // slots and writes flat, unpack the reverse. Words are copied as u32, so any 32-bit dtype moves bit for bit.
-// Bindings: 2: flat, 3: params, 4: ends, 5 + i: slot i.
+// Bindings: flat, params, ends, and slot_i for each slot i.
 
 struct Params {
     count: u32,  // elements in this group's slots

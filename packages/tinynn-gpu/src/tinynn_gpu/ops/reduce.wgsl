@@ -4,7 +4,7 @@
 // - reduce_columns_main (inner > 1): one workgroup per 32 adjacent columns of one outer index, 8 threads
 //   per column each folding every 8th row, so a warp reads 32 consecutive floats of a row.
 // group_sum is filled in by group_sum.py: subgroup operations where the device has them.
-// Bindings: 0:a 2:out 3:params. out is (outer, inner).
+// Bindings: a, out, params. out is (outer, inner).
 
 struct Params { outer: u32, r: u32, inner: u32, op: u32 }  // op: 0 sum, 1 max
 

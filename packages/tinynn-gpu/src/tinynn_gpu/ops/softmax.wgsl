@@ -1,7 +1,7 @@
 // Softmax and log-softmax over the last axis, forward and backward: one 256-thread workgroup per row.
 // The causal variant masks keys after each query (rows are (..., T_q) queries over L = T_k keys) inside
 // the same pass, so the masked scores are never written.
-// Bindings: 0:a 1:b 2:out 3:params.
+// Bindings: a, b, out, params.
 
 struct Params {
     rows: u32,

@@ -1,7 +1,7 @@
 // Layout kernels: every permute, broadcast, basic slice and concatenation is a copy between a contiguous
 // array and a strided view of another (shape, strides, offset), up to 6 dims after merging. The copies
 // move 32-bit words, never reading them as floats, so float32 and int32 arrays come out bit for bit.
-// Bindings: 0:src 2:dst 3:params.
+// Bindings: src, dst, params.
 
 struct Params {
     n: u32,                          // elements of the view

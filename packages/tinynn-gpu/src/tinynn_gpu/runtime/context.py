@@ -90,7 +90,10 @@ def choose_adapter(adapters):
 
 
 def create() -> GpuContext:
-    """Pick an adapter, open the device with the adapter's own limits, compile every kernel module."""
+    """Pick an adapter, open the device with the adapter's own limits, compile every kernel module. The settings
+    are read afresh here, once per process: core's data parallelism names this rank's adapter by setting
+    TINYNN_ADAPTER_INDEX in the environment before it opens the backend (tinynn/distributed.py)."""
+    settings.reload()
     try:
         import wgpu
     except ImportError as e:

@@ -18,7 +18,6 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import wgpu
 
 from tinynn_gpu.runtime import native, settings
 from tinynn_gpu.runtime.arrays import FLOAT32, GpuArray

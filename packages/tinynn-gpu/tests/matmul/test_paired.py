@@ -15,7 +15,7 @@ from tinynn_gpu.matmul.selection import SEPARATE, MatmulSelector
 from tinynn_gpu.matmul.paired import PairedMatmul
 
 from test_backend import CFG, captured_losses
-from test_kernels import assert_matmul_result, epilogue_for, matmul_cases, operands, reference, rel_err
+from test_blocked import assert_matmul_result, epilogue_for, matmul_cases, operands, reference, rel_err
 
 # blocks the H200's tuning pairs (small: lavapipe runs them on the CPU), one of each design: vec4 loads, double
 # buffers, loads two tiles ahead, BK 32, 96 wide

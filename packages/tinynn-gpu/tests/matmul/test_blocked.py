@@ -1,24 +1,19 @@
-"""GPU kernels against a float64 NumPy reference, with every output poisoned (NaN) before the run.
-Shapes are drawn by hypothesis: sizes off the tile grid, B = 1, M/N/K = 1, K much larger than the tile."""
-import json
-
+"""The register-blocked matmul (matmul/blocked.py) against a float64 NumPy reference, every output poisoned (NaN)
+before the run. Shapes are drawn by hypothesis: sizes off the tile grid, B = 1, M/N/K = 1, K much larger than the tile."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinynn_gpu import add_data, matmul_data, relu_data, scale_data
-from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES
-from tinynn_gpu.matmul.lesson import LessonMatmul
-from tinynn_gpu.matmul.selection import MatmulSelector
-from tinynn_gpu.ops import group_sum
 from tinynn.numpy_backend import NUMPY
 from tinynn_gpu.matmul.blocked import BlockedMatmul, generate, generate_pair
+from tinynn_gpu.matmul.configs import BLOCK_CONFIGS
 from tinynn_gpu.matmul.configs import BlockConfig
-from tinynn_gpu.matmul.problem import Epilogue, problem_plan
 from tinynn_gpu.matmul.paired import PairedMatmul
+from tinynn_gpu.matmul.problem import Epilogue, problem_plan
 
 RTOL = 1e-5
+dims = st.one_of(st.integers(1, 3), st.integers(4, 70), st.sampled_from([1, 15, 16, 17, 31, 32, 33]))
 
 
 def rel_err(actual, expected):
@@ -28,7 +23,6 @@ def rel_err(actual, expected):
     return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
-dims = st.one_of(st.integers(1, 3), st.integers(4, 70), st.sampled_from([1, 15, 16, 17, 31, 32, 33]))
 matmul_cases = st.tuples(st.integers(1, 3), dims, dims, st.one_of(dims, st.integers(200, 700)),
                          st.booleans(), st.booleans(), st.booleans(), st.integers(0, 2**31))
 
@@ -55,19 +49,6 @@ def matmul_err(actual, a, b, ta, tb):
     rel_err(actual, exact)  # its shape and NaN checks
     return float(np.linalg.norm(np.asarray(actual, np.float64) - exact) /
                  max(np.linalg.norm(reference(np.abs(a), np.abs(b), ta, tb)), 1e-30))
-
-
-@pytest.mark.parametrize("tile", LESSON_TILES)
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case=matmul_cases)
-def test_lesson_matmul_every_tile(poisoned, tile, case):
-    batch, m, n, k, ta, tb, shared, _ = case
-    gpu = poisoned
-    kernel = LessonMatmul(gpu.rt, tile)
-    a, b = operands(case)
-    da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((batch, m, n))  # held: buffers stay ours
-    kernel.record(da, db, out, batch, m, n, k, ta, tb, shared)
-    assert matmul_err(gpu.to_numpy(out), a, b, ta, tb) <= RTOL
 
 
 def epilogue_for(case, gpu):
@@ -140,23 +121,6 @@ def check_blocked(gpu, config, case):
     assert_matmul_result(gpu, out, epilogue, expected, a, b, ta, tb)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case=matmul_cases)
-def test_lesson_matmul_leaves_the_epilogue_to_the_backend(poisoned, case):
-    """The lesson's kernel has no epilogue: the backend applies it with separate ops, to the same result."""
-    batch, m, n, k, ta, tb, shared, _ = case
-    gpu = poisoned
-    a, b = operands(case)
-    epilogue, expected = epilogue_for(case, gpu)
-    selector, gpu.mm = gpu.mm, MatmulSelector(gpu.rt, autotune=False)
-    gpu.mm.forced = "lesson16"
-    try:
-        out = gpu._matmul(gpu.from_numpy(a), gpu.from_numpy(b), ta, tb, epilogue)
-    finally:
-        gpu.mm = selector
-    assert_matmul_result(gpu, out, epilogue, expected, a, b, ta, tb)
-
-
 quads = st.integers(1, 40).map(lambda q: 4 * q)
 
 
@@ -196,6 +160,8 @@ SHARED_ROW_SUMS = (BlockConfig(32, 64, 16, 4, 4), BlockConfig(64, 64, 16, 8, 4),
                    BlockConfig(64, 96, 16, 8, 4, vec4=True, double=True), BlockConfig(32, 64, 8, 4, 4, double=True),
                    BlockConfig(128, 128, 16, 8, 8, vec4=True, double=True, pad=False),
                    BlockConfig(32, 64, 16, 4, 4, splits=4, double=True), BlockConfig(32, 96, 16, 4, 4))
+
+
 SHARED_FORM = "the loop's last barrier has passed"  # the comment on the shared form's reduction after the loop
 
 
@@ -320,68 +286,6 @@ def test_a_grid_past_65535_block_rows(poisoned, n):
     assert_matmul_result(poisoned, out, epilogue, expected, a, b, False, False)
 
 
-def test_autotune_times_every_variant_and_caches_the_winner(setting, gpu, tmp_path, monkeypatch, rng):
-    setting("TINYNN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(MatmulSelector, "tune_min_macs", 0)  # this small shape is tuned too
-    tuner = MatmulSelector(gpu.rt, autotune=True)
-    a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 33)).astype(np.float32)
-    da, db, out = gpu.from_numpy(a), gpu.from_numpy(b), gpu.rt.empty((40, 33))
-    tuner.record(da, db, out, 1, 40, 33, 24, False, False, False)
-    assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
-    cached = json.loads((tmp_path / "matmul-autotune.json").read_text())["choices"][tuner.cache_key]
-    assert list(cached.values()) == [tuner.choices[next(iter(cached))]]
-    assert list(cached.values())[0] in tuner.candidates  # a blocked variant: the lesson's tiles are not tried
-
-    def no_tuning(*args):
-        raise AssertionError("the cached choice should have been used")
-    again = MatmulSelector(gpu.rt, autotune=True)
-    monkeypatch.setattr(again, "_tune", no_tuning)
-    again.record(da, db, out, 1, 40, 33, 24, False, False, False)
-    assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
-
-
-def test_a_matmul_too_small_to_repay_tuning_takes_the_default_variant(setting, gpu, tmp_path, monkeypatch, rng):
-    setting("TINYNN_CACHE_DIR", str(tmp_path))
-    tuner = MatmulSelector(gpu.rt, autotune=True)
-    monkeypatch.setattr(tuner, "_tune", lambda *args: pytest.fail("a small matmul was tuned"))
-    m, n, k = 128, 1024, 256  # a generation window's MLP matmul: 2^25 multiply-adds
-    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-    out = gpu.rt.empty((m, n))
-    tuner.record(gpu.from_numpy(a), gpu.from_numpy(b), out, 1, m, n, k, False, False, False)
-    assert rel_err(gpu.to_numpy(out), a.astype(np.float64) @ b) <= RTOL
-    assert tuner.choices == {f"ta=0 tb=0 shared=0 b=1 m={m} n={n} k={k}": MatmulSelector.default_variant(1, m, n, k)}
-
-
-def test_a_variant_can_be_forced(setting, gpu, monkeypatch):
-    setting("TINYNN_MATMUL", "lesson8")
-    assert MatmulSelector(gpu.rt).variant("lesson8").describe() == "lesson tiled 8x8"
-    setting("TINYNN_MATMUL", "nope")
-    with pytest.raises(ValueError, match="not a variant"):
-        MatmulSelector(gpu.rt)
-
-
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case=matmul_cases)
-def test_backend_matmul(poisoned, case):
-    batch, m, n, k, ta, tb, shared, _ = case
-    gpu = poisoned
-    a, b = operands(case)
-    got = gpu.to_numpy(gpu.matmul(gpu.from_numpy(a), gpu.from_numpy(b), ta, tb))
-    assert matmul_err(got, a, b, ta, tb) <= RTOL
-
-
-def test_lesson_entries_numpy_in_numpy_out(poisoned, rng):
-    a, b = rng.standard_normal((3, 37, 20)).astype(np.float32), rng.standard_normal((3, 20, 9)).astype(np.float32)
-    assert rel_err(matmul_data(a, b), a.astype(np.float64) @ b) <= RTOL
-    assert rel_err(matmul_data(a[0], b[0]), a[0].astype(np.float64) @ b[0]) <= RTOL
-    x, y = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
-    np.testing.assert_array_equal(relu_data(x), np.maximum(x, 0))
-    assert rel_err(scale_data(x, -1.5), x * -1.5) <= RTOL
-    assert rel_err(add_data(x, y), x.astype(np.float64) + y) <= RTOL
-    with pytest.raises(ValueError, match="inner dimensions"):
-        matmul_data(a, a)
-
-
 def test_gelu_epilogues_at_extreme_inputs(poisoned):
     """The blocked matmul's GELU epilogues (the forward's GELU and its `pre`, the backward's gradient of it) against
     the elementwise op's, from common.wgsl's same functions (test_backend_ops checks those against float64 at the
@@ -406,88 +310,6 @@ def test_gelu_epilogues_at_extreme_inputs(poisoned):
     kernel.record(gpu.from_numpy(np.ones((n, 1), np.float32)), ones, out, 1, n, 4, 1, False, False, False,
                   Epilogue(pre=gpu.from_numpy(np.repeat(x[:, None], 4, 1)), activation_grad="gelu"))
     np.testing.assert_allclose(gpu.to_numpy(out), want_grad, rtol=1e-6, atol=1e-37)
-
-
-def test_elementwise_over_65535_workgroups(poisoned, rng):
-    """More than 65535 * 256 elements need the 2-D dispatch grid."""
-    x = rng.standard_normal(65535 * 256 + 1000).astype(np.float32)
-    gpu = poisoned
-    got = gpu.to_numpy(gpu.scalar("mul", gpu.from_numpy(x), 2.0))
-    np.testing.assert_array_equal(got, x * 2)
-
-
-@pytest.mark.parametrize("shape,axes", [((3000, 7), (0,)), ((5, 100_000), (1,)), ((2, 3, 4, 5), (1, 3)),
-                                        ((200_000,), (0,))])
-def test_reductions_split_long_axes(poisoned, shape, axes, rng):
-    x = rng.standard_normal(shape).astype(np.float32)
-    gpu = poisoned
-    assert rel_err(gpu.to_numpy(gpu.sum(gpu.from_numpy(x), axes)), x.astype(np.float64).sum(axis=axes)) <= RTOL
-    np.testing.assert_array_equal(gpu.to_numpy(gpu.max(gpu.from_numpy(x), axes)), x.max(axis=axes))
-
-
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=st.integers(1, 40), cols=st.one_of(st.integers(1, 300), st.sampled_from([255, 256, 257, 1000])),
-       seed=st.integers(0, 2**31))
-def test_row_kernels_any_width(subgroup_path, rows, cols, seed):
-    """The row kernels for widths below, at and above a workgroup's 256 threads and a team's 32 (or a
-    subgroup's width), rows not a multiple of a workgroup's 8 (LayerNorm, cross entropy)."""
-    gpu, ref = subgroup_path, __import__("tinynn").backends.reference()
-    g = np.random.default_rng(seed)
-    x = (g.standard_normal((rows, cols)) * 3).astype(np.float32)
-    w, b = g.standard_normal(cols).astype(np.float32), g.standard_normal(cols).astype(np.float32)
-    dx, dw, db = gpu.from_numpy(x), gpu.from_numpy(w), gpu.from_numpy(b)
-    for name, args in [("softmax_forward", ()), ("log_softmax_forward", ())]:
-        assert rel_err(gpu.to_numpy(getattr(gpu, name)(dx, *args)), getattr(ref, name)(x.astype(np.float64))) <= RTOL
-    for ours, theirs in zip(gpu.layernorm_forward(dx, dw, db, 1e-5), ref.layernorm_forward(x.astype(np.float64),
-                                                                                          w, b, 1e-5)):
-        assert rel_err(gpu.to_numpy(ours), theirs) <= RTOL
-    t = g.integers(0, cols, rows)
-    loss, _, _ = gpu.cross_entropy_forward(dx, gpu.from_numpy(t), -100)
-    ref_loss, _, _ = ref.cross_entropy_forward(x.astype(np.float64), t, -100)
-    # a loss near 0 (the target's probability near 1) is log(1 + d) in float32: accurate relative to 1, not d
-    assert abs(gpu.to_numpy(loss) - ref_loss) <= RTOL * max(abs(ref_loss), 1.0)
-
-
-def test_row_kernels_keep_a_launch_per_path(subgroup_path, monkeypatch):
-    """LayerNorm's and cross entropy's forwards keep their launches under the path, not the shader (looked up
-    only on a miss): one shape on each path (the parameters before this one ran it too) runs that path's
-    kernels. Either kernel gives the right numbers, so only the shader shows a stale launch."""
-    gpu, used, launch = subgroup_path, {}, subgroup_path.rt.launch
-
-    def spy(prepared, arrays):  # entry point -> shader, of every launch (not only the op's)
-        used[prepared.entry] = prepared.shader
-        launch(prepared, arrays)
-    monkeypatch.setattr(gpu.rt, "launch", spy)
-    x = gpu.from_numpy(np.ones((3, 40), np.float32))
-    gpu.layernorm_forward(x, None, None, 1e-5)
-    gpu.cross_entropy_forward(x, gpu.from_numpy(np.zeros(3, np.int64)), -100)
-    assert used["layernorm_forward_main"] is group_sum.shader(gpu.rt, "layernorm", *group_sum.row_values(40))
-    for entry in ("cross_entropy_forward_rows_main", "cross_entropy_forward_mean_main"):
-        assert used[entry] is group_sum.shader(gpu.rt, "cross_entropy")
-
-
-@pytest.mark.parametrize("shape", [(1, 4096, 4096, 4096), (1, 1024, 1024, 1024), (1, 2048, 256, 256),
-                                   (1, 256, 256, 2048), (1, 2048, 256, 1024), (1, 65, 256, 2048),
-                                   (64, 128, 128, 64), (1, 1, 1, 1)])
-def test_default_variant_is_a_shipped_candidate(gpu, shape):
-    assert MatmulSelector.default_variant(*shape) in MatmulSelector(gpu.rt, autotune=False).candidates
-
-
-def test_embedding_backward_over_many_chunks(poisoned, rng):
-    """Enough positions that the backward splits them into chunks and adds the partial tables."""
-    gpu, ref = poisoned, __import__("tinynn").backends.reference()
-    idx, g = rng.integers(0, 7, 5000), rng.standard_normal((5000, 16)).astype(np.float32)
-    got = gpu.to_numpy(gpu.embedding_backward(gpu.from_numpy(g), gpu.from_numpy(idx), 7))
-    assert rel_err(got, ref.embedding_backward(g.astype(np.float64), idx, 7)) <= RTOL
-
-
-def test_multi_tensor_kernels_compile_for_every_slot_count(gpu):
-    """lavapipe binds 32 storage buffers (7 AdamW slots, 30 for the norm); an H200 takes all 64: check the WGSL
-    for both."""
-    from tinynn_gpu.ops.multi_tensor import MAX_SLOTS, generate
-    for slots, square_slots in ((1, 1), (gpu.multi.slots, gpu.multi.square_slots), (MAX_SLOTS, MAX_SLOTS)):
-        for subgroups in {False, "subgroup" in gpu.ctx.features}:
-            gpu.rt.device.create_shader_module(code=generate(slots, square_slots, subgroups))
 
 
 def test_variants_differing_only_in_group_run_their_own_kernels(gpu, rng):
