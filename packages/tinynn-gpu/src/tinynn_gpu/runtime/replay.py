@@ -111,7 +111,9 @@ class Ahead:
 
 
 class Replayer:
-    """`Runtime.replay`: a part of the runtime, whose queue, pool, recording path and recording thread it uses."""
+    """`Runtime.replay` for one recording path, chosen with the recorder (`Runtime.use_native`): MethodReplayer or
+    NativeReplayer. A part of the runtime, whose queue, pool and recording thread it uses."""
+    direct = False  # whether the program holds native handles
 
     def __init__(self, runtime):
         self.rt = runtime
@@ -121,67 +123,31 @@ class Replayer:
         With `result` (an array the step wrote), returns a copy of it; with the direct calls made by the command
         buffer of the step's last dispatch that uses it, which copies it for the host too, and the next read-back
         of that copy (`Runtime.read`, `early_read`) waits for that command buffer alone."""
-        direct = self.rt.native is not None
-        compiled = tape.programs.get(direct)
+        compiled = tape.programs.get(self.direct)
         if compiled is None:
-            compiled = tape.programs[direct] = compile_program(tape.events, direct,
-                                                               None if result is None else tape.result_event)
+            compiled = tape.programs[self.direct] = compile_program(tape.events, self.direct,
+                                                                    None if result is None else tape.result_event)
         program, result_at = compiled
         self.rt.early_read = None  # this step runs after the last one's result: a read-back of that waits for it too
         self.release_orphans()
         ahead = self._recorded(tape.aheads.popleft()) if tape.aheads else None  # raises the recording's error
-        inputs = []  # the staged writes' copies (source, offset, destination, offset, bytes)
-        if direct and self.rt.recording.encoder is None and self.rt.transfer.staged_copies and program and program[0][0] == "dispatches":
-            # only staged writes are waiting (a step's inputs): they ride in the first command buffer
-            inputs = [(self.rt.transfer.upload_buffer._internal, at, buffer._internal, offset, nbytes)
-                      for buffer, offset, at, nbytes in self.rt.transfer.staged_copies]
-            self.rt.transfer.staged_copies.clear()
-            self.rt.transfer.upload_staged()
-        else:
-            self.rt.flush()
-        read = self._read_buffer(tape, result, tape.turn) if direct else None
-        if ahead is not None and not ahead.fits(self.rt.native, inputs, result, read):
-            ahead.release()  # recorded for other inputs (or the other path, or turn): recorded again below
-            ahead = None
-            self.rt.orphaned_aheads.extend(tape.aheads)  # and so were those after it: released once recorded
-            tape.aheads.clear()
-        if not direct:
-            out = self._replay_methods(program, result)
-            submissions = sum(kind == "dispatches" for kind, _ in program)
-        else:
-            keep = (tape.events, self.rt.transfer.upload_buffer, tape.read_buffers)
-            if ahead is None:
-                ahead = Ahead(self.rt.native, program, inputs, result, self._result_array(result), keep, result_at,
-                              read)
-            out = ahead.out
-            indices = ahead.submit()
-            submissions = len(indices)
-            if read is not None:
-                self.rt.early_read = (weakref.ref(out), read, indices[ahead.read_number])
-            tape.turn = (tape.turn + 1) % READ_TURNS
-            while len(tape.aheads) < RECORDED_AHEAD:
-                turn = (tape.turn + len(tape.aheads)) % READ_TURNS
-                tape.aheads.append(self._record_ahead(program, inputs, result, keep, result_at,
-                                                      self._read_buffer(tape, result, turn)))
-        self.rt.counters["dispatches"] += tape.dispatches
-        self.rt.counters["submissions"] += submissions
-        self.rt.counters["queue_writes"] += sum(kind == "write" for kind, _ in program)
-        self.rt.counters["replays"] += 1
+        out, submissions = self.run(tape, program, result_at, result, ahead)
+        counters = self.rt.counters
+        counters["dispatches"] += tape.dispatches
+        counters["submissions"] += submissions
+        counters["queue_writes"] += sum(kind == "write" for kind, _ in program)
+        counters["replays"] += 1
         return out
+
+    def _drop(self, tape, ahead: Ahead) -> None:
+        """A replay recorded ahead that this one cannot use (other inputs, the other path, another turn), and those
+        recorded after it, released (those once recorded)."""
+        ahead.release()
+        self.rt.orphaned_aheads.extend(tape.aheads)
+        tape.aheads.clear()
 
     def _result_array(self, result: GpuArray | None) -> GpuArray | None:
         return None if result is None else self.rt.empty(result.shape, result.dtype)
-
-    def _read_buffer(self, tape, result: GpuArray | None, turn: int) -> tuple | None:
-        """(MAP_READ buffer, byte offset of the error flags in it, the error-flags buffer) that the replay of a
-        turn copies its result and the flags into for the host: `READ_TURNS` buffers per tape, taken in turns, so
-        that the replays recorded ahead copy into the others while the host reads one."""
-        if result is None:
-            return None
-        flags_at = _round4(result.nbytes)
-        if not tape.read_buffers:
-            tape.read_buffers[:] = [self.rt.read_back_buffer(flags_at + 4) for _ in range(READ_TURNS)]
-        return tape.read_buffers[turn], flags_at, self.rt.error_flags.buffer
 
     def _recorded(self, future: Future) -> Ahead:
         """The replay a future recorded, its recording's error raised. Where the recording thread is still at it,
@@ -191,21 +157,6 @@ class Replayer:
             future.exception()
             self.rt.counters["record_wait_us"] += 1e6 * (time.perf_counter() - t0)
         return future.result()
-
-    def _record_ahead(self, program, inputs, result, keep, result_at, read) -> Future:
-        """A later replay's `Ahead`, recorded on the worker thread (`recorder`), else here. Either way its
-        error, if any, raises in the replay that would use it, not in this one, whose step is submitted."""
-        try:
-            out = self._result_array(result)  # the pool is not the thread's to use
-            args = (self.rt.native, program, inputs, result, out, keep, result_at, read)
-            if self.rt.record_thread is not None:
-                return self.rt.record_thread.submit(self._timed_ahead, *args)
-            done = Future()
-            done.set_result(Ahead(*args))
-        except Exception as e:
-            done = Future()
-            done.set_exception(e)
-        return done
 
     def release_orphans(self) -> None:
         """Release the recordings of dropped tapes (capture.py) once recorded, here rather than on the
@@ -217,13 +168,15 @@ class Replayer:
             elif future.exception() is None:  # a recording that failed released what it had made
                 future.result().release()
 
-    def _timed_ahead(self, *args) -> Ahead:
-        """`Ahead(*args)` on the recording thread, its busy time counted (`tinynn bench` reports it)."""
-        t0 = time.perf_counter()
-        try:
-            return Ahead(*args)
-        finally:
-            self.rt.counters["record_thread_us"] += 1e6 * (time.perf_counter() - t0)
+
+class MethodReplayer(Replayer):
+    """Through wgpu-py's methods: each replay recorded and submitted when it is called, its result copied after it."""
+
+    def run(self, tape, program, result_at, result, ahead) -> tuple:
+        self.rt.flush()
+        if ahead is not None:  # recorded through the direct calls, before a switch to this path
+            self._drop(tape, ahead)
+        return self._replay_methods(program, result), sum(kind == "dispatches" for kind, _ in program)
 
     def _replay_methods(self, program, result: GpuArray | None) -> GpuArray | None:
         for kind, item in program:
@@ -245,6 +198,75 @@ class Replayer:
         if out is not None:
             self.rt.copy_into(result, out)
         return out
+
+
+class NativeReplayer(Replayer):
+    """Through the direct calls: each replay submits command buffers recorded ahead (`Ahead`), then records the
+    next ones, on the recording thread where there is one."""
+    direct = True
+
+    def run(self, tape, program, result_at, result, ahead) -> tuple:
+        rt, transfer = self.rt, self.rt.transfer
+        inputs = []  # the staged writes' copies (source, offset, destination, offset, bytes)
+        if rt.recording.encoder is None and transfer.staged_copies and program and program[0][0] == "dispatches":
+            # only staged writes are waiting (a step's inputs): they ride in the first command buffer
+            inputs = [(transfer.upload_buffer._internal, at, buffer._internal, offset, nbytes)
+                      for buffer, offset, at, nbytes in transfer.staged_copies]
+            transfer.staged_copies.clear()
+            transfer.upload_staged()
+        else:
+            rt.flush()
+        read = self._read_buffer(tape, result, tape.turn)
+        if ahead is not None and not ahead.fits(rt.native, inputs, result, read):
+            self._drop(tape, ahead)  # recorded again below
+            ahead = None
+        keep = (tape.events, transfer.upload_buffer, tape.read_buffers)
+        if ahead is None:
+            ahead = Ahead(rt.native, program, inputs, result, self._result_array(result), keep, result_at, read)
+        out = ahead.out
+        indices = ahead.submit()
+        if read is not None:
+            rt.early_read = (weakref.ref(out), read, indices[ahead.read_number])
+        tape.turn = (tape.turn + 1) % READ_TURNS
+        while len(tape.aheads) < RECORDED_AHEAD:
+            turn = (tape.turn + len(tape.aheads)) % READ_TURNS
+            tape.aheads.append(self._record_ahead(program, inputs, result, keep, result_at,
+                                                  self._read_buffer(tape, result, turn)))
+        return out, len(indices)
+
+    def _read_buffer(self, tape, result: GpuArray | None, turn: int) -> tuple | None:
+        """(MAP_READ buffer, byte offset of the error flags in it, the error-flags buffer) that the replay of a
+        turn copies its result and the flags into for the host: `READ_TURNS` buffers per tape, taken in turns, so
+        that the replays recorded ahead copy into the others while the host reads one."""
+        if result is None:
+            return None
+        flags_at = _round4(result.nbytes)
+        if not tape.read_buffers:
+            tape.read_buffers[:] = [self.rt.read_back_buffer(flags_at + 4) for _ in range(READ_TURNS)]
+        return tape.read_buffers[turn], flags_at, self.rt.error_flags.buffer
+
+    def _record_ahead(self, program, inputs, result, keep, result_at, read) -> Future:
+        """A later replay's `Ahead`, recorded on the worker thread (`Runtime.record_thread`), else here. Either way
+        its error, if any, raises in the replay that would use it, not in this one, whose step is submitted."""
+        try:
+            out = self._result_array(result)  # the pool is not the thread's to use
+            args = (self.rt.native, program, inputs, result, out, keep, result_at, read)
+            if self.rt.record_thread is not None:
+                return self.rt.record_thread.submit(self._timed_ahead, *args)
+            done = Future()
+            done.set_result(Ahead(*args))
+        except Exception as e:
+            done = Future()
+            done.set_exception(e)
+        return done
+
+    def _timed_ahead(self, *args) -> Ahead:
+        """`Ahead(*args)` on the recording thread, its busy time counted (`tinynn bench` reports it)."""
+        t0 = time.perf_counter()
+        try:
+            return Ahead(*args)
+        finally:
+            self.rt.counters["record_thread_us"] += 1e6 * (time.perf_counter() - t0)
 
 
 def compile_program(events, direct: bool, result_event: int | None = None) -> tuple[list, int | None]:

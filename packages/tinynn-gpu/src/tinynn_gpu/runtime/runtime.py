@@ -5,7 +5,7 @@
 - `recording` (recorder.py): the open encoder and pass, through wgpu-py's methods or wgpu-native's C functions,
   chosen once (`use_native`);
 - `transfer` (transfer.py): writes and read-backs; `profiler` (profiling.py); `replayer` (replay.py), which runs
-  captured steps (capture.py) again.
+  captured steps (capture.py) again, on the recording's path (chosen with it).
 
 Ops only record dispatches (`launch`, `dispatch`): they go into one compute pass, submitted only when something
 must reach the queue (a write, a read-back, destroying buffers: `flush`). The host waits only in `read`.
@@ -25,7 +25,7 @@ from tinynn_gpu.runtime.kernels import KernelCache, Launch
 from tinynn_gpu.runtime.pool import STORAGE_USAGE, BufferPool, _bucket, _round4
 from tinynn_gpu.runtime.profiling import Profiler
 from tinynn_gpu.runtime.recorder import MethodRecorder, NativeRecorder
-from tinynn_gpu.runtime.replay import Replayer
+from tinynn_gpu.runtime.replay import MethodReplayer, NativeReplayer
 from tinynn_gpu.runtime.transfer import Transfer
 
 # cores from which a replay records a later one on a worker thread (replay.py); on 2 cores the worker would
@@ -47,8 +47,6 @@ class Runtime:
         self.transfer = Transfer(self)
         self.write, self.read = self.transfer.write, self.transfer.read
         self.profiler = Profiler(self)
-        self.replayer = Replayer(self)
-        self.replay = self.replayer.replay
         self.tape = None  # while capturing a step (capture.py): the Tape recording it
         self.stand_ins = []  # `stand_in`'s arrays
         self.scratches = {}  # `scratch`'s arrays: i -> (array, its size)
@@ -71,8 +69,11 @@ class Runtime:
         if self.recording is not None:
             self.flush()
         self.native, self.native_reason, self.early_read = calls, reason, None
-        self.recording = MethodRecorder(self.device, self._opened) if calls is None else \
-            NativeRecorder(calls, self._opened)
+        if calls is None:
+            self.recording, self.replayer = MethodRecorder(self.device, self._opened), MethodReplayer(self)
+        else:
+            self.recording, self.replayer = NativeRecorder(calls, self._opened), NativeReplayer(self)
+        self.replay = self.replayer.replay
         if threaded is None:
             threaded = (os.cpu_count() or 1) >= RECORD_THREAD_CPUS
         if self.record_thread is not None and not (calls and threaded):
