@@ -75,9 +75,10 @@ def every_kernel():
                          enable + attention.source(hs, rows, splits, lanes)) for rows, splits in attention.LAYOUTS)
     yield from ((f"attention tiled hs{hs} {tile}", attention_tiled.tiled_source(hs, tile))
                 for hs in (16, 20, 64, 128) for tile in attention_tiled.TILES)
-    yield from ((f"attention backward hs{hs} {tile}", attention_backward_tiled.backward_tiled_source(hs, tile))
-                for hs in (32, 64, 128) for tile in attention_backward_tiled.BACKWARD_TILES + (attention_backward_tiled.BackwardTile(32, 16, 2),
-                                                                                 attention_backward_tiled.BackwardTile(16, 8, 1))
+    backward = attention_backward_tiled
+    yield from ((f"attention backward hs{hs} {tile}", backward.backward_tiled_source(hs, tile))
+                for hs in (32, 64, 128) for tile in backward.BACKWARD_TILES + (backward.BackwardTile(32, 16, 2),
+                                                                               backward.BackwardTile(16, 8, 1))
                 if not tile.check(hs, 1 << 20))
 
 

@@ -1,14 +1,13 @@
 """The register-blocked matmul (matmul/blocked.py) against a float64 NumPy reference, every output poisoned (NaN)
-before the run. Shapes are drawn by hypothesis: sizes off the tile grid, B = 1, M/N/K = 1, K much larger than the tile."""
+before the run. Shapes are drawn by hypothesis: sizes off the tile grid, B = 1, M/N/K = 1, K much larger than the
+tile."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import given, HealthCheck, settings, strategies as st
 
 from tinynn.numpy_backend import NUMPY
 from tinynn_gpu.matmul.blocked import BlockedMatmul, generate, generate_pair
-from tinynn_gpu.matmul.configs import BLOCK_CONFIGS
-from tinynn_gpu.matmul.configs import BlockConfig
+from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, BlockConfig
 from tinynn_gpu.matmul.paired import PairedMatmul
 from tinynn_gpu.matmul.problem import Epilogue, problem_plan
 
@@ -128,6 +127,8 @@ quads = st.integers(1, 40).map(lambda q: 4 * q)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=st.tuples(st.integers(1, 2), quads, quads, st.one_of(quads, st.sampled_from([260, 516])), st.booleans(),
                       st.booleans(), st.booleans(), st.integers(0, 2**31)))
+
+
 def test_vec4_loads(poisoned, config, case):
     """Shapes whose contiguous dimensions are multiples of 4, where the vec4-load code runs."""
     batch, m, n, k, ta, tb, shared, _ = case
@@ -139,6 +140,8 @@ def test_vec4_loads(poisoned, config, case):
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.booleans(),
                       st.booleans(), st.booleans(), st.integers(0, 2**31)))
+
+
 def test_aligned_tiles_load_unchecked(poisoned, config, case):
     """Shapes of whole tiles (M, N, K multiples of the block, every split with work): the variant whose loads
     skip the bounds checks runs, and agrees with float64."""

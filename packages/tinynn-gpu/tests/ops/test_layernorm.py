@@ -2,12 +2,10 @@
 Values a step), the backward's splits and column groups, with subgroups and without."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import given, HealthCheck, settings, strategies as st
 
 from tinynn import backends
-from tinynn_gpu.ops import group_sum
-from tinynn_gpu.ops import layernorm as layernorm_ops
+from tinynn_gpu.ops import group_sum, layernorm as layernorm_ops
 
 REF = backends.reference()
 
@@ -101,9 +99,9 @@ def test_layernorm_every_form(subgroup_path, monkeypatch, rows, cols):
 
 @pytest.mark.parametrize("cols, group_cols", [(256, 1), (511, 4), (512, 4), (768, 4), (770, 8)])
 def test_layernorm_backward_column_groups_by_width(gpu, monkeypatch, cols, group_cols):
-    """The column workgroups' width comes from layernorm.py's GROUP_COLS by the Value width and C, in the kernel's Values
-    (a vec4 where C is a multiple of 4: 4 columns are 1 Value, 16 are 4; floats at 511 and 770), and the gradients
-    agree with it."""
+    """The column workgroups' width comes from layernorm.py's GROUP_COLS by the Value width and C, in the kernel's
+    Values (a vec4 where C is a multiple of 4: 4 columns are 1 Value, 16 are 4; floats at 511 and 770), and the
+    gradients agree with it."""
     seen, dispatch = [], gpu.rt.dispatch
     monkeypatch.setattr(gpu.rt, "dispatch", lambda *args: (seen.append(args[1:5:3]), dispatch(*args))[1])
     g = np.random.default_rng(cols)
