@@ -3,7 +3,8 @@ before the run. Shapes are drawn by hypothesis: sizes off the tile grid, B = 1, 
 tile."""
 import numpy as np
 import pytest
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tinynn.numpy_backend import NUMPY
 from tinynn_gpu.matmul.blocked import BlockedMatmul, generate, generate_pair
@@ -127,8 +128,6 @@ quads = st.integers(1, 40).map(lambda q: 4 * q)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=st.tuples(st.integers(1, 2), quads, quads, st.one_of(quads, st.sampled_from([260, 516])), st.booleans(),
                       st.booleans(), st.booleans(), st.integers(0, 2**31)))
-
-
 def test_vec4_loads(poisoned, config, case):
     """Shapes whose contiguous dimensions are multiples of 4, where the vec4-load code runs."""
     batch, m, n, k, ta, tb, shared, _ = case
@@ -140,8 +139,6 @@ def test_vec4_loads(poisoned, config, case):
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=st.tuples(st.integers(1, 2), st.integers(1, 2), st.integers(1, 2), st.integers(1, 3), st.booleans(),
                       st.booleans(), st.booleans(), st.integers(0, 2**31)))
-
-
 def test_aligned_tiles_load_unchecked(poisoned, config, case):
     """Shapes of whole tiles (M, N, K multiples of the block, every split with work): the variant whose loads
     skip the bounds checks runs, and agrees with float64."""

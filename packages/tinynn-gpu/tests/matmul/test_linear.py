@@ -1,7 +1,8 @@
 """The backend's matmul and linear ops (matmul/linear.py) against float64 NumPy, outputs poisoned with NaN: linear
 layers with their epilogues, on drawn edge shapes."""
 import numpy as np
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from test_blocked import matmul_cases, matmul_err, operands, rel_err
 from tinynn import backends

@@ -5,7 +5,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn_gpu.matmul.configs import PAIR_SPLITS, BlockConfig
@@ -77,8 +78,6 @@ def test_a_linear_layers_gradients_in_whole_tiles(poisoned, rows, columns, steps
 
 
 # K 100 in 2 splits gives a K chunk of 64, K 40 in 3 one of 16; K 20 in 2 one of 16, K 150 in 3 one of 64
-
-
 @pytest.mark.parametrize("k, k2, swapped", [(100, 40, False), (20, 150, True)], ids=["in order", "swapped"])
 @pytest.mark.parametrize("seed2", [1 | 2 | 4, 1 | 4 | 16], ids=["gelu", "gelu grad"])
 @pytest.mark.parametrize("tile", TILES, ids=lambda c: c.name)
@@ -96,8 +95,6 @@ def test_the_row_sums_first_and_the_other_epilogue_second(poisoned, tile, k, k2,
 
 
 # N 52 and 20: both store quads; 52 and 19 (either first): one N off the quads, so the module stores floats for both
-
-
 @pytest.mark.parametrize("n, n2", [(52, 20), (52, 19), (19, 52)])
 @pytest.mark.parametrize("swapped", [False, True])
 @pytest.mark.parametrize("seed2", [1 | 2 | 4, 1 | 4 | 16], ids=["gelu", "gelu grad"])

@@ -8,7 +8,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import assume, example, given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn.errors import TinynnError

@@ -4,7 +4,8 @@ smaller and larger than a workgroup; decoding's few-row matmul. Then a whole gen
 steps replayed, the same tokens as the CPU."""
 import numpy as np
 import pytest
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tinynn
 from tinynn import backends

@@ -1,7 +1,8 @@
 """Embeddings and their gradients (ops/embedding.py) against NumPy, outputs poisoned with NaN, on drawn edge shapes."""
 import numpy as np
 import pytest
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tinynn import backends
 

@@ -2,7 +2,8 @@
 Values a step), the backward's splits and column groups, with subgroups and without."""
 import numpy as np
 import pytest
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn_gpu.ops import group_sum, layernorm as layernorm_ops

@@ -2,7 +2,8 @@
 against float64 NumPy, with subgroups and without."""
 import numpy as np
 import pytest
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn_gpu.matmul.blocked import generate
@@ -95,8 +96,6 @@ def test_global_norm_and_adamw_over_many_tensors(subgroup_path, monkeypatch, sha
     [1021, 1027, 2047, 2049, 2050, 2051, 3071, 4099, 8189, 16387, 16390],
     [1 + i % 7 for i in range(70)] + [4097, 2 * ADAMW_CHUNK + 5],
 ], ids=["1-to-7-elements", "n-mod-4-tails-at-chunk-edges", "more-tensors-than-slots"])
-
-
 def test_global_norm_and_adamw_edges(subgroup_path, monkeypatch, shapes, workgroups):
     """The kernels' edges: tensors shorter than a thread's four-element step, sizes just off a multiple of
     four at a chunk's edges (the one-element tail loops; nothing written past the end: the poisoned tails);

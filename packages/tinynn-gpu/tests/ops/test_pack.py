@@ -1,7 +1,8 @@
 """pack and unpack against the NumPy reference, bit for bit, with outputs poisoned (NaN) first: many arrays
 (more than one dispatch's slots), empty and scalar ones, float32 with inf and NaN among the values, int32."""
 import numpy as np
-from hypothesis import example, given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from tinynn import backends
 from tinynn_gpu.ops.pack import MAX_SLOTS, generate

@@ -1,7 +1,8 @@
 """Sums and maxima (ops/reduce.py) against NumPy, in one dispatch whatever the axes, with subgroups and without."""
 import numpy as np
 import pytest
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 RTOL = 1e-5
 FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

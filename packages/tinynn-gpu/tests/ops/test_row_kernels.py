@@ -1,6 +1,7 @@
 """The row-team kernels (softmax, LayerNorm, cross entropy: ops/group_sum.py's teams) at any width, against NumPy."""
 import numpy as np
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tinynn_gpu.ops import group_sum
 
