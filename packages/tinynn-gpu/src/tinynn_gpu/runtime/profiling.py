@@ -23,7 +23,7 @@ class Profiler:
         if "timestamp-query" not in rt.ctx.features:
             raise RuntimeError(f"{rt.ctx.name} has no timestamp-query feature")
         if rt.tape is not None:
-            rt.tape.broken = "the step profiles itself"
+            rt.not_capturable("the step profiles itself")
             return []
         rt.flush()
         queries = rt.device.create_query_set(type="timestamp", count=QUERY_CAPACITY)
