@@ -7,7 +7,9 @@ import pytest
 from hypothesis import settings
 
 from tinynn import backends
-from tinynn_gpu import group_sum, runtime
+from tinynn_gpu.runtime import runtime
+from tinynn_gpu.ops import group_sum
+from tinynn_gpu.runtime import settings as gpu_settings
 
 
 # CI draws the same examples on every run, so a submission passes or fails on its code, not on the draw;
@@ -40,7 +42,7 @@ def poisoned(gpu, monkeypatch):
         arr = plain_empty(self, shape, dtype)
         if arr.dtype == np.float32 and arr.buffer is not None:
             n = arr.buffer.size // 4
-            self.dispatch("elementwise", "fill_main", -(-n // 256), {2: arr}, {"n": n, "value": float("nan")})
+            self.dispatch("elementwise", "fill_main", -(-n // 256), {"out": arr}, {"n": n, "value": float("nan")})
             made.append((self, arr))  # the lesson's NumPy entries have a runtime of their own
         return arr
     monkeypatch.setattr(runtime.Runtime, "empty", empty)
@@ -51,6 +53,21 @@ def poisoned(gpu, monkeypatch):
             rt.flush()
             tail = np.frombuffer(rt.device.queue.read_buffer(arr.buffer, arr.nbytes), np.float32)
             assert np.isnan(tail).all(), f"a kernel wrote past the end of a {arr.shape} array"
+
+
+@pytest.fixture
+def setting(monkeypatch):
+    """setting(name, value): a TINYNN_ variable set (None: unset) for the test and read into the package's settings
+    (runtime/settings.py), which read the environment once; both restored after it."""
+    def set_(name, value):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+        gpu_settings.reload()
+    yield set_
+    monkeypatch.undo()
+    gpu_settings.reload()
 
 
 @pytest.fixture

@@ -10,9 +10,10 @@ import pytest
 from tinynn import backends
 from tinynn.backends import Backend
 from tinynn.tensor import Tensor
-from tinynn_gpu import capture, fallback
+from tinynn_gpu import fallback
+from tinynn_gpu.runtime import capture
 from tinynn_gpu.backend import WgpuBackend
-from tinynn_gpu.runtime import GpuArray
+from tinynn_gpu.runtime.arrays import GpuArray
 
 
 def operands(name, rng):

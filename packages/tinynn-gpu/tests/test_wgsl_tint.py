@@ -10,10 +10,13 @@ import re
 
 import pytest
 
-from tinynn_gpu import attention, group_sum, matmul_blocked, multi_tensor, packing
-from tinynn_gpu.context import KERNEL_FILES, kernel_source
-from tinynn_gpu.matmul import BLOCK_CONFIGS, LESSON_TILES, lesson_source
-from tinynn_gpu.matmul_blocked import BlockConfig
+from tinynn_gpu.matmul import blocked as matmul_blocked
+from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, BlockConfig
+from tinynn_gpu.matmul.lesson import lesson_source
+from tinynn_gpu.ops import attention, attention_backward_tiled, attention_tiled, group_sum, multi_tensor
+from tinynn_gpu.ops import pack as packing
+from tinynn_gpu.runtime.context import KERNEL_FILES
+from tinynn_gpu.runtime.wgsl import kernel_source
 
 if os.environ.get("TINYNN_REQUIRE_GPU") == "1":  # nox's tests-gpu installs it: there it must run
     import wgpudawn
@@ -70,11 +73,12 @@ def every_kernel():
             enable = "enable subgroups;\n" if lanes > 1 else ""
             yield from ((f"attention hs{hs} {rows}x{splits} lanes={lanes}",
                          enable + attention.source(hs, rows, splits, lanes)) for rows, splits in attention.LAYOUTS)
-    yield from ((f"attention tiled hs{hs} {tile}", attention.tiled_source(hs, tile))
-                for hs in (16, 20, 64, 128) for tile in attention.TILES)
-    yield from ((f"attention backward hs{hs} {tile}", attention.backward_tiled_source(hs, tile))
-                for hs in (32, 64, 128) for tile in attention.BACKWARD_TILES + (attention.BackwardTile(32, 16, 2),
-                                                                                 attention.BackwardTile(16, 8, 1))
+    yield from ((f"attention tiled hs{hs} {tile}", attention_tiled.tiled_source(hs, tile))
+                for hs in (16, 20, 64, 128) for tile in attention_tiled.TILES)
+    backward = attention_backward_tiled
+    yield from ((f"attention backward hs{hs} {tile}", backward.backward_tiled_source(hs, tile))
+                for hs in (32, 64, 128) for tile in backward.BACKWARD_TILES + (backward.BackwardTile(32, 16, 2),
+                                                                               backward.BackwardTile(16, 8, 1))
                 if not tile.check(hs, 1 << 20))
 
 

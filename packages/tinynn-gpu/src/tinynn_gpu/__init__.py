@@ -12,7 +12,7 @@ __all__ = ["create_backend", "matmul_data", "scale_data", "add_data", "relu_data
 
 
 def create_backend():
-    from tinynn_gpu.context import create
+    from tinynn_gpu.runtime.context import create
     ctx = create()  # first: it names the reason when wgpu is missing, which importing the backend would hide
     from tinynn_gpu.backend import WgpuBackend
     return WgpuBackend(ctx)

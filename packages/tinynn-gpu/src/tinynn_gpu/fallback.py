@@ -9,8 +9,7 @@ How the refusal is found is decided per op, once, here:
   its operand.
 - The eager forward's ops (REFUSE_IN_OP) pass every operand through `bindable` (float32 on the GPU) or a dtype
   check before they write anything but arrays of their own, so their wrapper (`refused_in_op`) only catches the
-  refusal (2-core machine, experiments/eager_host_cost.py --recorded 30, minimum: 5.83-5.86 us an eager dispatch
-  against 6.04-6.22 with the operand check; catching in each op's body, with no wrapper, 5.63-5.68).
+  refusal: no operand is checked twice on the eager forward's path.
 - Every other op is wrapped by `with_cpu_fallback`, which checks its operands before it runs: in-place and
   list-taking ops must not stop half-way through their arrays.
 """
@@ -20,8 +19,7 @@ import functools
 import inspect
 
 from tinynn.backends import Backend
-from tinynn_gpu.pool import FLOAT32, PooledArray
-from tinynn_gpu.runtime import GpuArray, OnCpu, TooLarge
+from tinynn_gpu.runtime.arrays import FLOAT32, GpuArray, OnCpu, PooledArray, TooLarge
 
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
 INT_AWARE = {"full", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
@@ -89,16 +87,15 @@ def with_cpu_fallback(cls, name):
 def on_cpu(backend, name: str, reason, *args, **kwargs):
     """The NumPy reference's answer to op `name` (counted in `fallbacks`), where the GPU refused its operands for
     `reason` (a string, or the TooLarge or OnCpu raised); a step being captured is then not replayed."""
-    if backend.rt.tape is not None:
-        backend.rt.tape.broken = f"{name} ran on the CPU ({reason})"
+    backend.rt.not_capturable(f"{name} ran on the CPU ({reason})")
     return getattr(Backend, name)(backend, *args, **kwargs)
 
 
 def refused_in_op(cls, name):
     """cls's op `name` (one of REFUSE_IN_OP) wrapped: the NumPy reference's answer where it refuses its operands.
-    The wrapper takes the op's own parameters, not *args and **kwargs, which cost ~0.2 us more a call: ~3% of an
-    eager dispatch, each of which passes here (2-core machine, experiments/eager_host_cost.py --recorded 30). So
-    its source is written here from the op's signature (as dataclasses writes an __init__), once, at import."""
+    The wrapper takes the op's own parameters, written here from the op's signature (as dataclasses writes an
+    __init__), once, at import: a wrapper taking *args and **kwargs cost 3% more instructions per eager dispatch,
+    each of which passes here (BENCHMARKS.md)."""
     gpu_op = getattr(cls, name)
     signature = inspect.signature(gpu_op)
     params = list(signature.parameters)  # self and the op's arguments, named as Backend names them

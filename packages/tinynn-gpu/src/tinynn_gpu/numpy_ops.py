@@ -5,7 +5,7 @@ usable, the CPU otherwise or when an input exceeds the GPU's binding limit. Resu
     >>> c = matmul_data(a, b)   # a (B, M, K) or (M, K), b (B, K, N) or (K, N)
 
 scale, add and relu run the lesson module's own entries (lesson.wgsl, with its 16-byte `Params`);
-matmul_data runs the backend's matmul, which picks the fastest variant (matmul.py).
+matmul_data runs the backend's matmul, which picks the fastest variant (matmul/selection.py).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _gpu():
 def _on_gpu(gpu_fn, cpu_fn, *arrays):
     gpu = _gpu()
     if gpu is not None:
-        from tinynn_gpu.runtime import TooLarge  # imports wgpu: only once a GPU backend exists
+        from tinynn_gpu.runtime.arrays import TooLarge  # imports wgpu: only once a GPU backend exists
         try:
             return gpu_fn(gpu, *[gpu.rt.upload(np.ascontiguousarray(a, dtype=np.float32)) for a in arrays])
         except TooLarge:
@@ -33,7 +33,7 @@ def _on_gpu(gpu_fn, cpu_fn, *arrays):
 def _elementwise(gpu, entry, a, b=None, scalar_bits=0):
     lesson = gpu.mm.variant("lesson16")
     out = gpu.rt.empty(a.shape)
-    bindings = {0: a, 2: out} if b is None else {0: a, 1: b, 2: out}
+    bindings = {"a": a, "out": out} if b is None else {"a": a, "b": b, "out": out}
     gpu.rt.dispatch(lesson.module, entry, -(-a.size // 256), bindings, {"p0": a.size, "p1": scalar_bits})
     return gpu.rt.read(out)
 

@@ -1,0 +1,122 @@
+"""Matmul configurations: `BlockConfig`, the blocking of the register-blocked kernel (blocked.py), and the
+candidates the selector chooses among (selection.py): the lesson's tiles and BLOCK_CONFIGS."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+    group: int = 8
+    splits: int = 1  # split-K: this many workgroups share each output block's K range
+    vec4: bool = False  # global loads of 4 floats at once where the shape allows (`uses_vec4`)
+    double: bool = False  # two tiles in workgroup memory: the next one's loads overlap this one's products
+    # ahead = 2 (double-buffered): the global loads run two tiles ahead, into a second set of registers, so that
+    # a load has two steps of products to arrive in instead of one;
+    ahead: int = 1
+    # spread: vec4 loads of an operand stored with k contiguous give each thread one quad of k, written into 4
+    # tile rows, instead of a 4 x 4 block transposed (which leaves three quarters of the threads without loads);
+    # no shipped candidate uses it (experiments/matmul_designs.py measures it).
+    spread: bool = False
+    # each tile row padded by a vec4, against bank conflicts where a warp stores neighbouring k of a row (scalar
+    # loads of an operand stored with k contiguous); vec4-load stashes write 512 bytes a warp, 4 wavefronts
+    # either way. Unpadded, 128x128x16 double-buffered tiles take 32 KB, which every Vulkan adapter offers.
+    pad: bool = True
+
+    @property
+    def name(self) -> str:
+        split = f" split{self.splits}" if self.splits > 1 else ""
+        return (f"{self.bm}x{self.bn}x{self.bk}/{self.tm}x{self.tn}{split}{' vec4' * self.vec4}{' db' * self.double}"
+                f"{' unpadded' * (not self.pad)}{f' ahead{self.ahead}' * (self.ahead > 1)}{' spread' * self.spread}")
+
+    @property
+    def buffers(self) -> int:
+        return 2 if self.double else 1
+
+    @property
+    def workgroup_bytes(self) -> int:
+        """The A and B tiles (rows of BM/4 and BN/4 vec4s, padded or not)."""
+        return 16 * self.buffers * self.bk * (self.bm // 4 + self.bn // 4 + 2 * self.pad)
+
+    def uses_vec4(self, m, n, k, transpose_a, transpose_b) -> bool:
+        """vec4 loads need each operand's contiguous dimension to be a multiple of 4 (so every quad is
+        aligned and whole); other shapes run the scalar-load code of the same configuration."""
+        return self.vec4 and (m if transpose_a else k) % 4 == 0 and (k if transpose_b else n) % 4 == 0
+
+    def aligned(self, m, n, k, splits, k_chunk) -> bool:
+        """Every tile of the shape lies whole inside the operands and every split has work: the loads need no
+        bounds checks (the stores keep theirs)."""
+        return m % self.bm == 0 and n % self.bn == 0 and k % self.bk == 0 and (splits - 1) * k_chunk < k
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def check_device(self, limits: dict) -> None:
+        """`check` against a device's limits (its adapter's dict, WebGPU's defaults where one is missing)."""
+        self.check(limits.get("max-compute-invocations-per-workgroup", 256),
+                   limits.get("max-compute-workgroup-storage-size", 16384))
+
+    def check(self, max_threads=256, max_workgroup_bytes=16384) -> None:
+        if self.tm % 4 or self.tn % 4 or self.bm % self.tm or self.bn % self.tn or self.bk < 1 or \
+                (self.vec4 and self.bk % 4):
+            raise ValueError(f"matmul config {self.name}: TM, TN must be multiples of 4 dividing BM, BN")
+        if self.spread and (self.bk % 8 or self.bm % 16 or self.bn % 16):  # a warp's 2 quads of k by 16 rows
+            raise ValueError(f"matmul config {self.name}: spread loads need BK a multiple of 8, BM and BN of 16")
+        if self.ahead not in (1, 2) or (self.ahead > 1 and not self.double):
+            raise ValueError(f"matmul config {self.name}: loads run 1 or 2 tiles ahead, 2 only double-buffered")
+        if not 1 <= self.threads <= max_threads:
+            raise ValueError(f"matmul config {self.name}: {self.threads} threads, the device allows {max_threads}")
+        if self.workgroup_bytes > max_workgroup_bytes:
+            raise ValueError(f"matmul config {self.name}: tiles exceed {max_workgroup_bytes} bytes of workgroup memory")
+
+
+
+LESSON_TILES = (8, 16, 32)
+# The candidates the autotune times: each won some training shape of the benchmark models, or 4096^2 (small blocks
+# and split-K where M = 2048 meets a small N or K, big blocks for big outputs); BENCHMARKS.md's "Kernel tuning
+# notes" say which, by how much, and where each was measured.
+BLOCK_CONFIGS = (
+    BlockConfig(32, 64, 16, 4, 4),
+    BlockConfig(64, 64, 16, 4, 4),
+    BlockConfig(64, 64, 16, 4, 4, double=True),
+    BlockConfig(64, 64, 16, 8, 4),
+    BlockConfig(128, 64, 16, 8, 4),
+    BlockConfig(128, 128, 16, 8, 8),
+    BlockConfig(128, 128, 16, 8, 8, vec4=True),
+    BlockConfig(64, 64, 16, 8, 4, splits=4),
+    BlockConfig(128, 64, 16, 8, 8, splits=2),
+    BlockConfig(64, 32, 16, 4, 4, splits=4),
+    BlockConfig(128, 128, 16, 8, 8, splits=4, vec4=True),
+    BlockConfig(64, 64, 16, 4, 4, splits=8, vec4=True),
+    BlockConfig(64, 64, 16, 4, 4, splits=4, vec4=True, double=True),
+    BlockConfig(32, 64, 16, 4, 4, splits=8, vec4=True, double=True),
+    BlockConfig(64, 64, 32, 4, 4),
+    BlockConfig(128, 64, 32, 8, 4, splits=2),
+    BlockConfig(64, 64, 32, 8, 4, splits=4, vec4=True),
+    BlockConfig(32, 64, 32, 4, 4, splits=4, vec4=True, double=True),
+    # unpadded, so that double-buffered 128x128 tiles fit 32 KB of workgroup memory
+    BlockConfig(128, 128, 16, 8, 8, vec4=True, double=True, pad=False),
+    BlockConfig(128, 128, 16, 8, 8, splits=2, vec4=True, double=True, pad=False),
+    BlockConfig(128, 128, 16, 8, 8, splits=4, vec4=True, double=True, pad=False),
+    BlockConfig(64, 64, 16, 8, 4, vec4=True, double=True),
+    # global loads two tiles ahead: a long K split over few output blocks
+    BlockConfig(64, 64, 16, 8, 4, splits=4, vec4=True, double=True, ahead=2),
+    # blocks 96 wide, so that sides of 384, 1152 and 1536 give workgroup counts in whole waves of a 132-SM GPU
+    BlockConfig(128, 96, 16, 8, 8, vec4=True),
+    BlockConfig(64, 96, 16, 8, 4),
+    BlockConfig(64, 96, 16, 8, 4, splits=2, vec4=True, double=True),
+    BlockConfig(64, 96, 16, 8, 4, vec4=True, double=True),
+    # split 3: a square weight gradient's workgroups in about one wave
+    BlockConfig(128, 128, 16, 8, 8, splits=3, vec4=True, double=True, pad=False),
+    # split 6: a small weight gradient's workgroups in one wave
+    BlockConfig(64, 64, 16, 8, 4, splits=6, vec4=True, double=True),
+    # a tile a pair of the lesson's gradient matmuls takes (paired.py)
+    BlockConfig(128, 64, 16, 8, 8, vec4=True, double=True),
+)
+PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls

@@ -1,0 +1,259 @@
+"""Matmul kernels and the choice between them.
+
+Two families: the lesson's tiled kernel (lesson.wgsl, tile 8, 16 or 32) and the generated register-blocked
+kernel (blocked.py), and for a few rows rows.py's. All record `out[B,M,N] = op(a) @ op(b)` for any M, N, K, either operand stored
+transposed, b shared by every batch (a weight).
+
+`MatmulSelector` picks a variant per real shape (layout, batch, M, N, K): a model trains on a handful of
+shapes, each worth its own choice (split-K, say, wins on some and loses on their neighbours).
+TINYNN_MATMUL=<variant> forces one variant everywhere (the lesson's tile exercise: lesson8, lesson16,
+lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) the
+first matmul of a shape big enough to be worth it (`tune_min_macs`) times every candidate on the real
+operands, with GPU timestamps where the adapter has them, and the winner is kept in a JSON file keyed by
+adapter and wgpu version (TINYNN_CACHE_DIR, default ~/.cache/tinynn). Without tuning, `default_variant` is a
+fixed choice from a sweep of the benchmark models' shapes (BENCHMARKS.md).
+
+Two independent matmuls (a linear layer's input and weight gradients) can also run as one dispatch
+(`plan_pair`, paired.py): tuning times every block configuration with a split count each against the two
+one after the other, and keeps whichever is faster under the pair's own key. Without tuning (a software adapter)
+they stay apart.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import wgpu
+
+from tinynn_gpu.matmul.blocked import BlockedMatmul
+from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, PAIR_SPLITS, BlockConfig
+from tinynn_gpu.matmul.lesson import LessonMatmul
+from tinynn_gpu.matmul.paired import PairedMatmul
+from tinynn_gpu.matmul.problem import Epilogue, shape_key
+from tinynn_gpu.matmul.rows import RowsMatmul
+from tinynn_gpu.runtime import settings
+
+# 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
+# 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
+# 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3);
+# 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db); 10: quad stores (every ranking
+# moved), a 128x64 vec4 db candidate
+CACHE_VERSION = 10
+SEPARATE = "separate"  # plan_pair's choice where two matmuls run faster one after the other
+
+
+
+
+class MatmulSelector:
+    # a matmul of fewer multiply-adds takes a few microseconds with any variant: tuning it (~50 ms) would not pay
+    # back, and a growing generation window (`--no-cache`) would tune one new shape per token
+    tune_min_macs = 1 << 26
+    heat_seconds = 1.0  # of load before timing (time_variants): paid once per tuned shape, the choice cached
+
+    def __init__(self, runtime, autotune: bool | None = None):
+        self.rt = runtime
+        now = settings.current()
+        if autotune is None:
+            autotune = now.autotune if now.autotune is not None else not runtime.ctx.is_software
+        self.autotune = autotune
+        self.variants = {f"lesson{t}": t for t in LESSON_TILES}  # name -> lesson tile, or a BlockConfig
+        self.variants.update({f"blocked {c.name}": c for c in BLOCK_CONFIGS})
+        self.candidates = [f"blocked {c.name}" for c in BLOCK_CONFIGS]  # what tuning tries: never a lesson tile
+        # two independent matmuls in one dispatch (plan_pair): every block of BLOCK_CONFIGS, a split count each
+        tiles = dict.fromkeys(dataclasses.replace(c, splits=1) for c in BLOCK_CONFIGS)
+        self.pair_candidates = {f"paired {tile.name} {s}+{s2}": (tile, (s, s2))
+                                for tile in tiles for s in PAIR_SPLITS for s2 in PAIR_SPLITS}
+        self._built = {}
+        self.choices: dict[str, str] = {}  # exact shape key -> variant name
+        checks = "unchecked" if runtime.ctx.unchecked else "checked"  # the checks change what is fastest
+        self.cache_key = f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}|{checks}"
+        self.cache_path = now.cache_dir / "matmul-autotune.json"
+        if self.autotune:
+            self.choices.update(self._read_cache().get(self.cache_key, {}))
+        self.forced = now.matmul  # one variant for every shape, e.g. "lesson8"
+        if self.forced and self.forced not in self.variants:
+            raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
+        self.rows = RowsMatmul(runtime)
+        self.last = None
+
+    def describe(self) -> str:
+        return self.last or "not used yet"
+
+    def variant(self, name: str):
+        if name not in self._built:
+            config = self.variants[name]
+            self._built[name] = LessonMatmul(self.rt, config) if isinstance(config, int) else \
+                BlockedMatmul(self.rt, config)
+        return self._built[name]
+
+    @staticmethod
+    def default_variant(batch, m, n, k) -> str:
+        """The choice without tuning, from a sweep of the benchmark models' shapes (BENCHMARKS.md):
+        big blocks for big outputs; a long K over an output too small to fill the GPU split into slices."""
+        blocks = batch * -(-m // 64) * -(-n // 64)  # 64 x 64 output blocks; 264 fill the 132 SMs twice
+        if blocks >= 1024:
+            return "blocked 128x128x16/8x8"
+        if min(m, n) < 64:
+            return "blocked 32x64x16/4x4 split8 vec4 db" if k >= 1024 else "blocked 32x64x16/4x4"
+        if blocks < 264 and k >= 2048:  # a weight gradient: K is the batch's tokens
+            return "blocked 64x64x16/4x4 split8 vec4"
+        if blocks < 264 and k >= 768:
+            return "blocked 64x64x16/8x4 split4"
+        return "blocked 64x64x16/8x4" if blocks >= 264 else "blocked 64x64x16/4x4"
+
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
+        """Record out = epilogue(op(a) @ op(b)) with this shape's variant; True: the epilogue was applied."""
+        record, self.last = self.plan(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+        return record(a, b, out, epilogue)
+
+    @staticmethod
+    def default_pair(first: tuple, second: tuple) -> str:
+        """The choice for two matmuls without tuning: one after the other (pairs win where tuning measures it)."""
+        return SEPARATE
+
+    def plan_pair(self, first: tuple, second: tuple):
+        """Two independent matmuls, each (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue) on
+        real operands (tuning runs them): record(a, b, out, epilogue, a2, b2, out2, epilogue2) running both in one
+        dispatch (PairedMatmul), where that was measured faster than one after the other; else None, and each
+        goes its own way (`plan`). A pair fills a GPU that either alone would leave partly idle."""
+        if self.forced or any(self.rows.fits(p[3], p[4], p[6], p[7], p[8], p[10]) for p in (first, second)):
+            return None
+        key = "pair " + " + ".join(shape_key(*p[3:10]) for p in (first, second))
+        name = self.choices.get(key)
+        if name != SEPARATE and name not in self.pair_candidates:
+            worth_tuning = sum(p[3] * p[4] * p[5] * p[6] for p in (first, second)) >= self.tune_min_macs
+            if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:
+                name = self._tune_pair(key, first, second)
+            else:
+                name = self.default_pair(first, second)
+            self.choices[key] = name
+        if name == SEPARATE:
+            return None
+        variant = self.pair_variant(name)
+        run = variant.plan(first[3:], second[3:])
+        description = variant.describe()
+
+        def record(*arrays):
+            self.last = description
+            run(*arrays)
+        return record
+
+    def pair_variant(self, name: str) -> PairedMatmul:
+        if name not in self._built:
+            tile, splits = self.pair_candidates[name]
+            self._built[name] = PairedMatmul(self.rt, tile, splits)
+        return self._built[name]
+
+    def time_pair(self, first: tuple, second: tuple, reps=8, rounds=2) -> dict[str, float]:
+        """Milliseconds per call (as `time_variants`) of the two matmuls one after the other, each with its own
+        choice (SEPARATE), and of every pair candidate that fits; `plan_pair`'s arguments."""
+        alone = [self.plan(*p)[0] for p in (first, second)]
+        runs = {SEPARATE: lambda: [record(p[0], p[1], p[2], p[10]) for record, p in zip(alone, (first, second))]}
+        for name, (tile, _) in self.pair_candidates.items():
+            if self._fits_config(tile):
+                record = self.pair_variant(name).plan(first[3:], second[3:])
+                runs[name] = lambda record=record: record(*first[:3], first[10], *second[:3], second[10])
+        return self._time_runs(runs, reps, rounds)
+
+    def _tune_pair(self, key, first, second) -> str:
+        times = self.time_pair(first, second)
+        return self._keep(key, min(times, key=times.get))
+
+    def plan(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
+        """This shape's variant (chosen, and tuned on these operands where that is worth it) made ready for the
+        epilogue's parts: (record(a, b, out, epilogue) -> bool, True where it applies the epilogue; the variant's
+        description, which whoever runs it keeps in `last`). The backend keeps both per shape, so an eager matmul
+        seen before goes straight to its dispatches."""
+        if not self.forced and self.rows.fits(batch, m, k, transpose_a, transpose_b, epilogue):  # decoding
+            variant = self.rows
+        else:
+            key = shape_key(batch, m, n, k, transpose_a, transpose_b, shared_b)
+            name = self.forced or self.choices.get(key)
+            if name not in self.variants:
+                worth_tuning = batch * m * n * k >= self.tune_min_macs
+                if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:  # (the profiler)
+                    name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b))
+                else:
+                    name = self.default_variant(batch, m, n, k)
+                self.choices[key] = name
+            variant = self.variant(name)
+        return variant.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue), variant.describe()
+
+    def time_variants(self, args, names=None, reps=8, rounds=2) -> dict[str, float]:
+        """Milliseconds per call of each variant on these operands (`reps` calls back to back in one timed
+        pass where the adapter has timestamps): the best of `rounds` rounds over all of them. Every variant
+        is compiled first, then all of them run back to back for `heat_seconds` before any is timed: a GPU
+        left idle while the host compiles drops its clock to 345 MHz within a second and needs about a second
+        of load to climb back to 1980 (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be
+        ranked by the clock."""
+        names = [n for n in (names or self.candidates) if self._fits(n)]
+        return self._time_runs({name: lambda name=name: self.variant(name).record(*args) for name in names},
+                               reps, rounds)
+
+    def _time_runs(self, runs: dict, reps: int, rounds: int) -> dict[str, float]:
+        """`time_variants` for any functions that record dispatches: milliseconds per call of each."""
+        for run in runs.values():  # compiled before the heating starts: compiling them all can take seconds
+            run()
+        heat_until = time.perf_counter() + (0.0 if self.rt.ctx.is_software else self.heat_seconds)
+        while True:
+            for run in runs.values():
+                run()
+            self.rt.sync()
+            if time.perf_counter() >= heat_until:
+                break
+        times = {}
+        for _ in range(rounds):
+            for name, run in runs.items():
+                times[name] = min(times.get(name, float("inf")), self._time(run, reps))
+        return times
+
+    def _time(self, run, reps) -> float:
+        if "timestamp-query" in self.rt.ctx.features:  # all of its kernels counted (split-K adds a finish)
+            return self.rt.time_pass(run, reps)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            run()
+        self.rt.sync()
+        return (time.perf_counter() - t0) / reps * 1e3
+
+    def _fits(self, name) -> bool:
+        config = self.variants[name]
+        if isinstance(config, int):
+            return config ** 2 <= self.rt.ctx.limits.get("max-compute-invocations-per-workgroup", 256)
+        return self._fits_config(config)
+
+    def _fits_config(self, config: BlockConfig) -> bool:
+        try:
+            config.check_device(self.rt.ctx.limits)
+            return True
+        except ValueError:
+            return False
+
+    def _tune(self, key, args) -> str:
+        times = self.time_variants(args)
+        return self._keep(key, min(times, key=times.get))
+
+    def _keep(self, key: str, name: str) -> str:
+        """A tuned choice into the cache file."""
+        cache = self._read_cache()
+        cache.setdefault(self.cache_key, {})[key] = name
+        self._write_cache(cache)
+        return name
+
+    def _read_cache(self) -> dict:
+        try:
+            data = json.loads(self.cache_path.read_text())
+            return data["choices"] if data.get("version") == CACHE_VERSION else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}  # no cache yet, or an unreadable one: tune again
+
+    def _write_cache(self, cache: dict) -> None:
+        try:
+            self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache_path.with_name(f"{self.cache_path.name}.tmp-{os.getpid()}")  # ranks tune at once
+            tmp.write_text(json.dumps({"version": CACHE_VERSION, "choices": cache}, indent=1, sort_keys=True))
+            os.replace(tmp, self.cache_path)
+        except OSError:
+            pass  # a read-only home only costs re-tuning in the next process

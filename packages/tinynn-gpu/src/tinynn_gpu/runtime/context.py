@@ -1,0 +1,127 @@
+"""The GPU context: adapter choice, the device, and the compiled shader modules, created once per process.
+
+Adapter choice: `TINYNN_ADAPTER` (a substring of the adapter's name) when set; otherwise hardware first
+(discrete, then integrated, then other), Vulkan/Metal/DX12 before OpenGL. Software adapters (lavapipe,
+llvmpipe, SwiftShader: wgpu reports their type as CPU) come last; the backend marks them, and core's `auto`
+device does not use them. Among equally good adapters, `TINYNN_ADAPTER_INDEX` picks one (modulo their count):
+MPI rank r on a machine sets it to r (tinynn/distributed.py), so each rank has a GPU of its own where there
+are enough. Any failure raises `BackendUnavailable` with the reason.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from tinynn.backends import BackendUnavailable
+from tinynn_gpu.runtime import settings, unchecked
+from tinynn_gpu.runtime.wgsl import kernel_source
+
+# the limits we need above WebGPU's defaults (256 MiB buffers, 128 MiB storage bindings, 8 storage buffers)
+WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
+                 "max-bindings-per-bind-group",
+                 "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+                 "max-compute-workgroup-size-x", "max-compute-workgroup-size-y")
+TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
+BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
+STORAGE_BUFFERS_NEEDED = 10  # the most storage buffers one kernel binds (layernorm_backward_main, matmul_pair_main)
+KERNEL_FILES = ("elementwise", "strided", "softmax", "embedding",
+                "optimizer", "norm", "decode", "rows")
+
+
+@dataclass
+class GpuContext:
+    adapter: object
+    device: object
+    info: dict
+    limits: dict
+    features: set
+    modules: dict = field(default_factory=dict)  # kernel file name -> GPUShaderModule
+    sources: dict = field(default_factory=dict)  # kernel file name -> its WGSL (as compiled)
+    unchecked: object = None  # unchecked.probe's compile(label, code), when it works here
+    checks_reason: str = ""  # why modules keep wgpu's runtime checks
+
+    def compile(self, label: str, code: str):
+        """A shader module of this WGSL: without wgpu's runtime checks where unchecked.py found that works."""
+        if self.unchecked is not None:
+            return self.unchecked(label, code)
+        return self.device.create_shader_module(label=label, code=code)
+
+    @property
+    def name(self) -> str:
+        return self.info.get("device") or self.info.get("description") or "unknown adapter"
+
+    @property
+    def is_software(self) -> bool:
+        return is_software(self.info)
+
+    def describe(self) -> dict:
+        return {"adapter": self.name, "adapter_type": self.info.get("adapter_type"),
+                "graphics_backend": self.info.get("backend_type"),
+                "max_storage_binding_bytes": self.limits["max-storage-buffer-binding-size"],
+                "max_storage_buffers_per_stage": self.limits.get("max-storage-buffers-per-shader-stage"),
+                "timestamp_query": "timestamp-query" in self.features,
+                "shader_runtime_checks": f"on ({self.checks_reason})" if self.unchecked is None else "off"}
+
+
+def is_software(info: dict) -> bool:
+    name = f"{info.get('device', '')} {info.get('description', '')}".lower()
+    return info.get("adapter_type") == "CPU" or any(s in name for s in ("llvmpipe", "lavapipe", "swiftshader"))
+
+
+def choose_adapter(adapters):
+    wanted = settings.current().adapter
+    if wanted:
+        named = [a for a in adapters if wanted in str(a.info.get("device", "")).lower()]
+        if not named:
+            names = ", ".join(str(a.info.get("device")) for a in adapters) or "none"
+            raise BackendUnavailable(f"TINYNN_ADAPTER={wanted!r} matches no adapter (found: {names})")
+        adapters = named
+
+    def rank(a):
+        info = a.info
+        return (is_software(info), TYPE_RANK.get(info.get("adapter_type"), 3),
+                BACKEND_RANK.get(info.get("backend_type"), 2))
+    best = min(rank(a) for a in adapters)
+    equals = [a for a in adapters if rank(a) == best]  # e.g. every GPU of one model in the machine, through Vulkan
+    index = settings.current().adapter_index
+    if not index.isdigit():
+        raise BackendUnavailable(f"TINYNN_ADAPTER_INDEX must be a whole number, got {index!r}")
+    return equals[int(index) % len(equals)]
+
+
+def create() -> GpuContext:
+    """Pick an adapter, open the device with the adapter's own limits, compile every kernel module. The settings
+    are read afresh here, once per process: core's data parallelism names this rank's adapter by setting
+    TINYNN_ADAPTER_INDEX in the environment before it opens the backend (tinynn/distributed.py)."""
+    settings.reload()
+    try:
+        import wgpu
+    except ImportError as e:
+        raise BackendUnavailable(f"wgpu is not importable ({e})") from None
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # silences Mesa's startup complaint on headless Linux
+    try:
+        adapters = wgpu.gpu.enumerate_adapters_sync()
+    except Exception as e:
+        raise BackendUnavailable(f"adapter enumeration failed ({type(e).__name__}: {e})") from None
+    if not adapters:
+        raise BackendUnavailable("no WebGPU adapter found (no Vulkan, Metal or DX12 driver?)")
+    adapter = choose_adapter(adapters)
+    limits = {k: adapter.limits[k] for k in WANTED_LIMITS if k in adapter.limits}
+    features = set(adapter.features) & {"timestamp-query", "timestamp-query-inside-passes", "subgroup"}
+    try:
+        device = adapter.request_device_sync(required_limits=limits, required_features=sorted(features))
+    except Exception as e:
+        raise BackendUnavailable(f"could not open {adapter.info.get('device')} ({type(e).__name__}: {e})") from None
+    ctx = GpuContext(adapter, device, dict(adapter.info), dict(device.limits), set(device.features))
+    storage = ctx.limits.get("max-storage-buffers-per-shader-stage", 8)
+    if storage < STORAGE_BUFFERS_NEEDED:  # refused here, not as a failed pipeline in the middle of a step
+        raise BackendUnavailable(f"{ctx.name} binds {storage} storage buffers per shader stage; tinynn's kernels "
+                                 f"need {STORAGE_BUFFERS_NEEDED}")
+    ctx.unchecked, ctx.checks_reason = unchecked.probe(device)
+    for name in KERNEL_FILES:
+        try:
+            ctx.sources[name] = kernel_source(name)
+            ctx.modules[name] = ctx.compile(name, ctx.sources[name])
+        except Exception as e:
+            raise BackendUnavailable(f"kernel {name}.wgsl failed to compile on {ctx.name}: {e}") from None
+    return ctx

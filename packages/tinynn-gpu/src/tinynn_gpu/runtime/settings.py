@@ -1,0 +1,64 @@
+"""Every environment variable the GPU package reads, read once into one `Settings` object.
+
+    TINYNN_ADAPTER                  a substring of the adapter's name to use (context.py)
+    TINYNN_ADAPTER_INDEX            which of several equally good adapters (MPI rank r sets r: tinynn/distributed.py)
+    TINYNN_SHADER_CHECKS=1          keep wgpu's runtime checks in shaders (unchecked.py)
+    TINYNN_SUBGROUPS=0              sum across workgroups without subgroup operations (ops/group_sum.py)
+    TINYNN_ATTENTION_TILE           force the tiled attention forward's tile, ROWSxKEYSxSN, or 0 (ops/attention.py)
+    TINYNN_ATTENTION_BACKWARD_TILE  the same for its backward, KEYSxQUERIESxSN, or 0
+    TINYNN_ATTENTION_LAYOUT         force the per-row attention kernels' ROWSxSPLITS
+    TINYNN_MATMUL                   one matmul variant for every shape, e.g. lesson8 (matmul/selection.py)
+    TINYNN_AUTOTUNE=0|1             time matmul candidates on first use (default: on hardware adapters)
+    TINYNN_CACHE_DIR                where the autotune choices are kept (default ~/.cache/tinynn)
+
+`current()` is the object the package reads; `reload()` reads the environment again, for a test or a tool that
+changes a variable while the process runs (what was compiled or chosen under the old value stays).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    adapter: str = ""
+    adapter_index: str = "0"
+    shader_checks: bool = False
+    subgroups: bool = True
+    attention_tile: str | None = None
+    attention_backward_tile: str | None = None
+    attention_layout: str | None = None
+    matmul: str | None = None
+    autotune: bool | None = None  # None: on hardware adapters, off on software ones
+    cache_dir: Path = Path.home() / ".cache" / "tinynn"
+
+    @classmethod
+    def read(cls, environ=os.environ) -> Settings:
+        autotune = environ.get("TINYNN_AUTOTUNE")
+        return cls(
+            adapter=environ.get("TINYNN_ADAPTER", "").strip().lower(),
+            adapter_index=environ.get("TINYNN_ADAPTER_INDEX", "0").strip(),
+            shader_checks=environ.get("TINYNN_SHADER_CHECKS", "").strip() == "1",
+            subgroups=environ.get("TINYNN_SUBGROUPS") != "0",
+            attention_tile=environ.get("TINYNN_ATTENTION_TILE") or None,
+            attention_backward_tile=environ.get("TINYNN_ATTENTION_BACKWARD_TILE") or None,
+            attention_layout=environ.get("TINYNN_ATTENTION_LAYOUT") or None,
+            matmul=environ.get("TINYNN_MATMUL") or None,
+            autotune=(autotune == "1") if autotune in ("0", "1") else None,
+            cache_dir=Path(environ.get("TINYNN_CACHE_DIR") or Path.home() / ".cache" / "tinynn"))
+
+
+_current = Settings.read()
+
+
+def current() -> Settings:
+    return _current
+
+
+def reload() -> Settings:
+    """Read the environment again; the new settings."""
+    global _current
+    _current = Settings.read()
+    return _current

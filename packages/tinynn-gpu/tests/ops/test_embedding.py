@@ -1,0 +1,80 @@
+"""Embeddings and their gradients (ops/embedding.py) against NumPy, outputs poisoned with NaN, on drawn edge shapes."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tinynn import backends
+
+RTOL = 1e-5
+dims = st.one_of(st.sampled_from([1, 2, 31, 32, 33, 255, 256, 257]), st.integers(1, 300))
+REF = backends.reference()
+FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def rel_err(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
+    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
+    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
+
+
+def reference(a, b, ta, tb):
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return np.matmul(a.swapaxes(-1, -2) if ta else a, b.swapaxes(-1, -2) if tb else b)
+
+
+def test_embedding_backward_over_many_chunks(poisoned, rng):
+    """Enough positions that the backward splits them into chunks and adds the partial tables."""
+    gpu, ref = poisoned, __import__("tinynn").backends.reference()
+    idx, g = rng.integers(0, 7, 5000), rng.standard_normal((5000, 16)).astype(np.float32)
+    got = gpu.to_numpy(gpu.embedding_backward(gpu.from_numpy(g), gpu.from_numpy(idx), 7))
+    assert rel_err(got, ref.embedding_backward(g.astype(np.float64), idx, 7)) <= RTOL
+
+
+def dispatches(gpu, fn):
+    """fn()'s result and how many kernels it dispatched (the poisoning fills not counted)."""
+    entries, plain = [], gpu.rt.launch
+
+    def counted(launch, arrays):  # every dispatch, prepared afresh or kept, is launched
+        if launch is not None:
+            entries.append(launch.entry)
+        return plain(launch, arrays)
+    gpu.rt.launch = counted
+    try:
+        result = fn()
+    finally:
+        del gpu.rt.launch
+    return result, sum(entry != "fill_main" for entry in entries)
+
+
+@FEW
+@given(batch=st.integers(1, 9), t=st.one_of(st.integers(1, 40), st.just(257)), extra=st.integers(0, 3),
+       vocab=st.integers(1, 70), cols=dims, seed=st.integers(0, 2**31))
+def test_embedding_with_positions(poisoned, batch, t, extra, vocab, cols, seed):
+    """A GPT's input in one dispatch, and its two gradients in one (the position rows summed over a batch
+    shorter and longer than the four sequences a thread loads at once)."""
+    gpu, g = poisoned, np.random.default_rng(seed)
+    wte, wpe = g.standard_normal((vocab, cols)).astype(np.float32), g.standard_normal((t + extra, cols)).astype(np.float32)
+    idx, dy = g.integers(0, vocab, (batch, t)), g.standard_normal((batch, t, cols)).astype(np.float32)
+    y, count = dispatches(gpu, lambda: gpu.embedding_with_positions_forward(gpu.from_numpy(wte), gpu.from_numpy(wpe),
+                                                                            gpu.from_numpy(idx)))
+    assert count == 1
+    assert rel_err(gpu.to_numpy(y), REF.embedding_with_positions_forward(wte.astype(np.float64), wpe, idx)) <= RTOL
+    (g_wte, g_wpe), count = dispatches(gpu, lambda: gpu.embedding_with_positions_backward(
+        gpu.from_numpy(dy), gpu.from_numpy(idx), vocab, t + extra))
+    want_wte, want_wpe = REF.embedding_with_positions_backward(dy.astype(np.float64), idx, vocab, t + extra)
+    assert rel_err(gpu.to_numpy(g_wte), want_wte) <= RTOL and rel_err(gpu.to_numpy(g_wpe), want_wpe) <= RTOL
+    assert count == 1
+
+
+@pytest.mark.parametrize("batch, t, vocab, cols", [(9, 257, 3, 40), (2, 33, 600, 70), (1, 1, 1, 1)],
+                         ids=["ids-in-two-chunks", "one-block-a-row", "one-id"])
+def test_embedding_with_positions_backward_edges(poisoned, rng, batch, t, vocab, cols):
+    """More ids than one workgroup lists at once (2048: a row's sums carried over chunks); a vocabulary large
+    enough that each row's columns take one workgroup; a single id."""
+    idx, dy = rng.integers(0, vocab, (batch, t)), rng.standard_normal((batch, t, cols)).astype(np.float32)
+    g_wte, g_wpe = poisoned.embedding_with_positions_backward(poisoned.from_numpy(dy), poisoned.from_numpy(idx),
+                                                              vocab, t + 2)
+    want_wte, want_wpe = REF.embedding_with_positions_backward(dy.astype(np.float64), idx, vocab, t + 2)
+    assert rel_err(poisoned.to_numpy(g_wte), want_wte) <= RTOL and rel_err(poisoned.to_numpy(g_wpe), want_wpe) <= RTOL
