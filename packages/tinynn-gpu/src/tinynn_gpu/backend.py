@@ -6,10 +6,13 @@ GPU until a value is read back. Names match the NumPy reference (tinynn/numpy_ba
 tested against. An array too large for one storage binding lives on the host instead, and the ops that touch it
 run through the NumPy fallback (fallback.py wraps every op with it).
 
-Dtypes: arrays are float32 or int32. Int32 arrays have kernels for the layout ops, add, sub, mul, eq, neg,
-relu, and add or mul by an integer, with int32's wrap-around; every other op given an int32 operand (exp,
-div, a float scalar, sum and max, mixed dtypes) runs on the NumPy reference, counted in `fallbacks`, and
-gives NumPy's answer stored as float32 or int32. Either way, nothing is computed on misread bits.
+Dtypes: GPU buffers hold float32 and int32. Other floats are stored as float32, and int64 (NumPy's default
+int, every index array) as int32 where its values fit. Int32 arrays have kernels for the layout ops, add, sub,
+mul, eq, neg, relu, and add or mul by an integer, with int32's wrap-around; every other op given an int32
+operand (exp, div, a float scalar, sum and max, mixed dtypes) runs on the NumPy reference, counted in
+`fallbacks`. Bools and the other integer types (uint8, int16, uint32, ...) have no kernel that keeps their
+wrap-around, so they stay on the host like an array too large to bind, and every op on them is NumPy's. Either
+way, nothing is computed on misread bits or in a dtype NumPy would not use.
 """
 from __future__ import annotations
 
@@ -75,14 +78,18 @@ class WgpuBackend(Backend):
     # --- transfer ---
     def from_numpy(self, x):
         x = np.asarray(x)
-        if x.dtype.kind == "f":
+        kind = x.dtype.kind
+        if kind == "f":
             x = x.astype(np.float32, copy=False)
-        elif x.dtype.kind in "iub":
-            if x.size and (x.max() > 2**31 - 1 or x.min() < -2**31):
-                raise ValueError("integer values do not fit the GPU's int32")
+        elif x.dtype == np.int64 or x.dtype == np.int32:  # NumPy's default int (index arrays): int32's kernels
+            if x.dtype == np.int64 and x.size and (x.max() > 2**31 - 1 or x.min() < -2**31):
+                raise ValueError("int64 values beyond int32's range on the GPU backend (it stores int32)")
             x = x.astype(np.int32, copy=False)
+        elif kind in "iub":  # bool, uint8, ...: no kernel keeps their wrap-around, so NumPy computes them
+            return GpuArray(None, x.shape, x.dtype, host=np.array(x))
         else:
-            raise TypeError(f"the GPU backend stores float32 and int32, not {x.dtype}")
+            raise TypeError(f"the GPU backend stores float32, int32 and, on the host, other integers and bools; "
+                            f"not {x.dtype}")
         try:
             return self.rt.upload(x)
         except TooLarge:

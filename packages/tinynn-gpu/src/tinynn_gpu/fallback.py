@@ -1,8 +1,9 @@
 """The GPU backend's way to the NumPy reference: every op of the interface runs its kernel when its operands
 allow, and otherwise the reference `Backend` provides under the same name (counted in `fallbacks`), decided
-before the op records any dispatch. Operands that send an op to the CPU: an array too large for one storage
-binding (it lives on the host), an int32 array where no int32 kernel exists; an op may also refuse by
-raising OnCpu (a head size no kernel takes, say). A captured step that falls back is not replayed.
+before the op records any dispatch. Operands that send an op to the CPU: an array on the host (too large for one
+storage binding, or of a dtype no kernel takes: bool, uint8, ...), an int32 array where no int32 kernel exists;
+an op may also refuse by raising OnCpu (a head size no kernel takes, say). A captured step that falls back is
+not replayed.
 
 How the refusal is found is decided per op, once, here:
 - `reshape` is not wrapped: it only relabels an array (a host-resident one's host copy with it), whatever
@@ -18,8 +19,10 @@ from __future__ import annotations
 import functools
 import inspect
 
+import numpy as np
+
 from tinynn.backends import Backend
-from tinynn_gpu.runtime.arrays import FLOAT32, GpuArray, OnCpu, PooledArray, TooLarge
+from tinynn_gpu.runtime.arrays import FLOAT32, KERNEL_DTYPES, GpuArray, OnCpu, PooledArray, TooLarge
 
 # ops that take int32 arrays (and check their operands themselves); any other op given one runs on the CPU
 INT_AWARE = {"full", "permute", "broadcast_to", "getitem", "getitem_backward", "concatenate", "unary",
@@ -52,7 +55,8 @@ def _on_cpu(a: GpuArray, int_aware: bool) -> bool:
 
 
 def _why(a: GpuArray) -> str:
-    return "an array exceeds the binding limit" if a.buffer is None else f"no {a.dtype} kernel"
+    return "an array exceeds the binding limit" if a.buffer is None and a.dtype in KERNEL_DTYPES else \
+        f"no {a.dtype} kernel"
 
 
 def with_cpu_fallback(cls, name):
@@ -87,8 +91,12 @@ def with_cpu_fallback(cls, name):
 def on_cpu(backend, name: str, reason, *args, **kwargs):
     """The NumPy reference's answer to op `name` (counted in `fallbacks`), where the GPU refused its operands for
     `reason` (a string, or the TooLarge or OnCpu raised); a step being captured is then not replayed."""
+    out = getattr(Backend, name)(backend, *args, **kwargs)
+    # after the reference, whose read-backs tell the step a reason of their own: this one says more
     backend.rt.not_capturable(f"{name} ran on the CPU ({reason})")
-    return getattr(Backend, name)(backend, *args, **kwargs)
+    if isinstance(out, np.generic):  # NumPy's answer for a 0-d operand can be a scalar (int32 * 0.5: a float64)
+        out = backend.from_numpy(out)
+    return out
 
 
 def refused_in_op(cls, name):

@@ -41,7 +41,7 @@ def constant(self, value: float, n: int = 1):
 
 def full(self, shape, value, dtype=np.float32):
     if np.dtype(dtype).kind in "iub":  # the fill kernel writes f32 bits: ints go through the host
-        return self.from_numpy(np.full(shape, value, dtype=np.int32))
+        return self.from_numpy(np.full(shape, value, dtype=dtype))
     return self._fill(self._empty(shape), value)
 
 

@@ -1,6 +1,7 @@
-"""Layout ops (strided.wgsl): a view of a contiguous array is (offset, shape, strides) in elements; permutes,
-broadcasts and basic slices all become such views, merged to at most MAX_DIMS dims, and one kernel gathers a view
-into a new array or scatters an array into one. Each op is a method of the backend (backend.py's table)."""
+"""Layout ops (strided.wgsl): a view of a contiguous array is (offset, shape, strides) in elements, a stride
+negative where a slice steps backwards; permutes, broadcasts and basic slices all become such views, merged to at
+most MAX_DIMS dims, and one kernel gathers a view into a new array or scatters an array into one. Each op is a
+method of the backend (backend.py's table)."""
 from __future__ import annotations
 
 import numpy as np

@@ -8,6 +8,8 @@ import math
 import numpy as np
 
 FLOAT32 = np.dtype(np.float32)  # compared as a dtype: comparing with the type np.float32 converts it each time
+INT32 = np.dtype(np.int32)
+KERNEL_DTYPES = (FLOAT32, INT32)  # what GPU buffers hold; arrays of other dtypes live on the host (backend.py)
 
 
 class TooLarge(Exception):
@@ -98,7 +100,7 @@ def bindable(a: GpuArray) -> GpuArray:
     """An array a float32 kernel can bind; a host-resident one raises TooLarge, any other dtype OnCpu, so the op
     runs on the CPU instead (the dtype by identity first: np.dtype's == converts its operand)."""
     if a.buffer is None:
-        raise TooLarge("array lives on the host")
+        raise TooLarge("array lives on the host") if a.dtype in KERNEL_DTYPES else OnCpu(f"no {a.dtype} kernel")
     if a.dtype is not FLOAT32 and a.dtype != FLOAT32:
         raise OnCpu(f"no {a.dtype} kernel")
     return a
@@ -107,5 +109,5 @@ def bindable(a: GpuArray) -> GpuArray:
 def bindable_any(a: GpuArray) -> GpuArray:
     """`bindable` for a kernel that reads int32 arrays too (an index, a layout copy): the op checks dtypes."""
     if a.buffer is None:
-        raise TooLarge("array lives on the host")
+        raise TooLarge("array lives on the host") if a.dtype in KERNEL_DTYPES else OnCpu(f"no {a.dtype} kernel")
     return a
