@@ -30,6 +30,7 @@ import tempfile
 import time
 
 from tinynn import backends, bench, config
+from tinynn_gpu.matmul.selection import run_through
 from tinynn_gpu.runtime import capture
 from tinynn_gpu.runtime.replay import Ahead, compile_program
 
@@ -45,10 +46,10 @@ class StepTrials:
         self.gpu, self.mm, self.rt = gpu, gpu.mm, gpu.rt
         self.train_step, self.x = bench.lesson_step(gpu, cfg)
         self.isolated = {}  # key -> {variant: ms} from the autotune
-        tune_alone = self.mm.time_variants
+        self.mm.defer = False  # tuned in the step's first call, not between steps
 
-        def tune(key, args):  # the autotune as matmul.py runs it, its times kept
-            times = self.isolated[key] = tune_alone(args)
+        def tune(key, args, runs_of, default):  # the autotune as selection.py runs it, its times kept
+            times = self.isolated[key] = run_through(self.mm._timing(runs_of(args), 8, 2))
             return min(times, key=times.get)
         self.mm._tune = tune
         self.trials = 0

@@ -116,7 +116,25 @@ class WgpuBackend(Backend):
             self.rt.write(dst, np.asarray(src))
 
     def capture(self, fn, key=None, copy_result=True):
-        return CapturedStep(self, fn, key, copy_result)
+        self.mm.defer = True  # a training loop: matmul tuning waits for the moments between its steps
+        return CapturedStep(self, fn, self._between_steps(key), copy_result)
+
+    def _between_steps(self, key):
+        """The step's guard key and the matmul choices' generation. CapturedStep asks for it at the start of every
+        call, the moment between two steps: deferred matmul tuning runs a bounded piece there, and once its tuned
+        choices are in, the plans made before go and the step is recorded again with them (matmul/selection.py)."""
+        mm = self.mm
+
+        def guard():
+            if mm.pending and mm.tune_pending():
+                self.matmul_plans.clear()
+            return mm.generation if key is None else (key(), mm.generation)
+        return guard
+
+    @property
+    def tuning_pending(self) -> int:
+        """Matmul shapes still to tune between steps: a benchmark times steps once this is 0."""
+        return len(self.mm.pending)
 
     def _for_backward(self, shape: tuple, for_backward: bool, slot: int = 0):
         """An output of a forward that only its backward reads: an array of its own, or, where no backward will

@@ -227,7 +227,7 @@ def test_tuning_a_pair_times_it_against_the_two_apart_and_caches_the_winner(sett
         f"ta=0 tb=0 shared=0 b=1 m={rows} n={ins} k={outs}", f"ta=1 tb=0 shared=0 b=1 m={outs} n={ins} k={rows}"}
 
     again = MatmulSelector(gpu.rt, autotune=True)
-    monkeypatch.setattr(again, "_tune_pair", lambda *args: pytest.fail("the cached choice should have been used"))
+    monkeypatch.setattr(again, "_tune", lambda *args: pytest.fail("the cached choice should have been used"))
     record = again.plan_pair(first, second)
     assert (record is None) == (cached[key] == SEPARATE)
 

@@ -7,11 +7,19 @@ transposed, b shared by every batch (a weight).
 `MatmulSelector` picks a variant per real shape (layout, batch, M, N, K): a model trains on a handful of
 shapes, each worth its own choice (split-K, say, wins on some and loses on their neighbours).
 TINYNN_MATMUL=<variant> forces one variant everywhere (the lesson's tile exercise: lesson8, lesson16,
-lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) the
-first matmul of a shape big enough to be worth it (`tune_min_macs`) times every candidate on the real
-operands, with GPU timestamps where the adapter has them, and the winner is kept in a JSON file keyed by
-adapter and wgpu version (TINYNN_CACHE_DIR, default ~/.cache/tinynn). Without tuning, `default_variant` is a
-fixed choice from a sweep of the benchmark models' shapes (BENCHMARKS.md).
+lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) a shape big
+enough to be worth it (`tune_min_macs`) is tuned: every candidate timed, with GPU timestamps where the adapter
+has them, and the winner kept in a JSON file keyed by adapter and wgpu version (TINYNN_CACHE_DIR, default
+~/.cache/tinynn). Without tuning, `default_variant` is a fixed choice from a sweep of the benchmark models' shapes
+(BENCHMARKS.md).
+
+Tuning every shape of a model takes tens of seconds on a new machine (compiling hundreds of candidates), so a
+training loop does not wait for it: once a step is captured (`defer`, set by the backend's `capture`), a shape
+seen first runs its default variant, and its tuning waits for the moments between steps (`tune_pending`, which
+the captured step's guard key calls), `tune_seconds_per_step` at a time, on arrays of its own. When every
+pending shape is tuned, `generation` goes up: the backend plans its matmuls again and the step is recorded again
+with the tuned kernels. Outside a training loop (a matmul benchmark) the first matmul of a shape is tuned at
+once. Either way a line on stderr says that tuning runs.
 
 Two independent matmuls (a linear layer's input and weight gradients) can also run as one dispatch
 (`plan_pair`, paired.py): tuning times every block configuration with a split count each against the two
@@ -23,9 +31,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 
 import wgpu
+from tqdm.auto import tqdm
 
 from tinynn_gpu.matmul.blocked import BlockedMatmul
 from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, PAIR_SPLITS, BlockConfig
@@ -34,6 +44,7 @@ from tinynn_gpu.matmul.paired import PairedMatmul
 from tinynn_gpu.matmul.problem import Epilogue, shape_key
 from tinynn_gpu.matmul.rows import RowsMatmul
 from tinynn_gpu.runtime import settings
+from tinynn_gpu.runtime.arrays import GpuArray
 
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
 # 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
@@ -44,6 +55,26 @@ CACHE_VERSION = 10
 SEPARATE = "separate"  # plan_pair's choice where two matmuls run faster one after the other
 
 
+def progress(message: str) -> None:
+    """A line on stderr that leaves a progress bar (tqdm's) whole."""
+    tqdm.write(f"tinynn-gpu: {message}", file=sys.stderr)
+
+
+def run_through(steps):
+    """What a generator of work steps (`MatmulSelector._timing`) returns, all its steps run."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+class Like:
+    """An array's shape and dtype, standing in for it in a deferred tuning (which makes arrays of its own)."""
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, array: GpuArray):
+        self.shape, self.dtype = array.shape, array.dtype
 
 
 class MatmulSelector:
@@ -51,6 +82,9 @@ class MatmulSelector:
     # back, and a growing generation window (`--no-cache`) would tune one new shape per token
     tune_min_macs = 1 << 26
     heat_seconds = 1.0  # of load before timing (time_variants): paid once per tuned shape, the choice cached
+    # tuning between two training steps (at least one unit: a candidate compiled, or the candidates timed); the
+    # step itself takes milliseconds, so training goes on at a step or two a second until the kernels are tuned
+    tune_seconds_per_step = 0.5
 
     def __init__(self, runtime, autotune: bool | None = None):
         self.rt = runtime
@@ -77,6 +111,13 @@ class MatmulSelector:
             raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
         self.rows = RowsMatmul(runtime)
         self.last = None
+        self.defer = False  # tune between a training loop's steps (`tune_pending`), not at a shape's first matmul
+        self.pending = {}  # key -> (timing, its arguments with arrays as `Like`s): tunings waiting for `tune_pending`
+        self.running = None  # the pending tuning under way: a generator (`_timing`)
+        self.tuned = 0  # deferred tunings done since the pending list was last empty
+        self.tuning_since = None  # when it was last empty
+        self.changed = False  # whether any of them chose other than the default that runs meanwhile
+        self.generation = 0  # goes up when deferred tunings changed choices: plans made before are stale
 
     def describe(self) -> str:
         return self.last or "not used yet"
@@ -124,10 +165,11 @@ class MatmulSelector:
         name = self.choices.get(key)
         if name != SEPARATE and name not in self.pair_candidates:
             worth_tuning = sum(p[3] * p[4] * p[5] * p[6] for p in (first, second)) >= self.tune_min_macs
+            name = self.default_pair(first, second)
             if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:
-                name = self._tune_pair(key, first, second)
-            else:
-                name = self.default_pair(first, second)
+                for p in (first, second):  # each alone first: the pair is timed against their own choices
+                    self.plan(*p)
+                name = self._tune(key, (first, second), self._pair_runs, name)
             self.choices[key] = name
         if name == SEPARATE:
             return None
@@ -149,17 +191,20 @@ class MatmulSelector:
     def time_pair(self, first: tuple, second: tuple, reps=8, rounds=2) -> dict[str, float]:
         """Milliseconds per call (as `time_variants`) of the two matmuls one after the other, each with its own
         choice (SEPARATE), and of every pair candidate that fits; `plan_pair`'s arguments."""
-        alone = [self.plan(*p)[0] for p in (first, second)]
-        runs = {SEPARATE: lambda: [record(p[0], p[1], p[2], p[10]) for record, p in zip(alone, (first, second))]}
+        return run_through(self._timing(self._pair_runs((first, second)), reps, rounds))
+
+    def _pair_runs(self, pair: tuple) -> dict:
+        """`time_pair`'s functions to time, each planned at its first call (a candidate compiles then)."""
+        first, second = pair
+        runs = {SEPARATE: lambda: [self.plan(*p)[0](p[0], p[1], p[2], p[10]) for p in (first, second)]}
+
+        def run(name):
+            record = self.pair_variant(name).plan(first[3:], second[3:])
+            record(*first[:3], first[10], *second[:3], second[10])
         for name, (tile, _) in self.pair_candidates.items():
             if self._fits_config(tile):
-                record = self.pair_variant(name).plan(first[3:], second[3:])
-                runs[name] = lambda record=record: record(*first[:3], first[10], *second[:3], second[10])
-        return self._time_runs(runs, reps, rounds)
-
-    def _tune_pair(self, key, first, second) -> str:
-        times = self.time_pair(first, second)
-        return self._keep(key, min(times, key=times.get))
+                runs[name] = lambda name=name: run(name)
+        return runs
 
     def plan(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
         """This shape's variant (chosen, and tuned on these operands where that is worth it) made ready for the
@@ -173,10 +218,10 @@ class MatmulSelector:
             name = self.forced or self.choices.get(key)
             if name not in self.variants:
                 worth_tuning = batch * m * n * k >= self.tune_min_macs
+                name = self.default_variant(batch, m, n, k)
                 if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:  # (the profiler)
-                    name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b))
-                else:
-                    name = self.default_variant(batch, m, n, k)
+                    name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b),
+                                      self._variant_runs, name)
                 self.choices[key] = name
             variant = self.variant(name)
         return variant.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue), variant.describe()
@@ -188,14 +233,19 @@ class MatmulSelector:
         left idle while the host compiles drops its clock to 345 MHz within a second and needs about a second
         of load to climb back to 1980 (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be
         ranked by the clock."""
-        names = [n for n in (names or self.candidates) if self._fits(n)]
-        return self._time_runs({name: lambda name=name: self.variant(name).record(*args) for name in names},
-                               reps, rounds)
+        return run_through(self._timing(self._variant_runs(args, names), reps, rounds))
 
-    def _time_runs(self, runs: dict, reps: int, rounds: int) -> dict[str, float]:
-        """`time_variants` for any functions that record dispatches: milliseconds per call of each."""
-        for run in runs.values():  # compiled before the heating starts: compiling them all can take seconds
+    def _variant_runs(self, args: tuple, names=None) -> dict:
+        names = [n for n in (names or self.candidates) if self._fits(n)]
+        return {name: lambda name=name: self.variant(name).record(*args) for name in names}
+
+    def _timing(self, runs: dict, reps: int, rounds: int):
+        """`time_variants` for any functions that record dispatches, as a generator that yields after each
+        function's first call (a candidate compiles then: hundreds of them can take tens of seconds) and returns
+        milliseconds per call of each: `tune_pending` runs it a bounded piece at a time."""
+        for run in runs.values():  # compiled before the heating starts
             run()
+            yield
         heat_until = time.perf_counter() + (0.0 if self.rt.ctx.is_software else self.heat_seconds)
         while True:
             for run in runs.values():
@@ -231,9 +281,46 @@ class MatmulSelector:
         except ValueError:
             return False
 
-    def _tune(self, key, args) -> str:
-        times = self.time_variants(args)
+    def _tune(self, key: str, args: tuple, runs_of, default: str) -> str:
+        """key's choice: tuned now, timing runs_of(args); or while a training loop runs (`defer`), the default,
+        its tuning left to `tune_pending` on arrays of its own (the step's own may be gone, or reused, by then)."""
+        if self.defer:
+            if not self.pending:
+                self.tuning_since = time.perf_counter()
+            self.pending[key] = (runs_of, _like(args))
+            return default
+        progress(f"tuning matmul kernels for {self.rt.ctx.name}, {key} (kept in {self.cache_path})")
+        times = run_through(self._timing(runs_of(args), 8, 2))
         return self._keep(key, min(times, key=times.get))
+
+    def tune_pending(self, seconds: float | None = None) -> bool:
+        """Deferred tunings (`_tune`) for about `seconds` (default `tune_seconds_per_step`; at least one unit of
+        work), each winner kept as it is found. True when the last is done and any chose other than the
+        default running meanwhile: plans made before are stale (`generation` went up)."""
+        until = time.perf_counter() + (self.tune_seconds_per_step if seconds is None else seconds)
+        while self.pending:
+            key, (runs_of, like) = next(iter(self.pending.items()))
+            if self.running is None:
+                progress(f"tuning matmul kernels for {self.rt.ctx.name} between training steps, shape "
+                         f"{self.tuned + 1} of {self.tuned + len(self.pending)} (kept in {self.cache_path})")
+                self.running = self._timing(runs_of(_arrays(self.rt, like)), 8, 2)
+            try:
+                next(self.running)
+            except StopIteration as done:
+                del self.pending[key]
+                self.running, self.tuned = None, self.tuned + 1
+                name = self._keep(key, min(done.value, key=done.value.get))
+                self.changed |= name != self.choices.get(key)
+                self.choices[key] = name
+            if time.perf_counter() >= until:
+                break
+        if self.pending or not self.tuned:
+            return False
+        progress(f"tuned {self.tuned} matmul shape(s) in {time.perf_counter() - self.tuning_since:.0f} s"
+                 + (": the step is recorded again with them" if self.changed else ""))
+        changed, self.changed, self.tuned = self.changed, False, 0
+        self.generation += changed
+        return changed
 
     def _keep(self, key: str, name: str) -> str:
         """A tuned choice into the cache file."""
@@ -257,3 +344,23 @@ class MatmulSelector:
             os.replace(tmp, self.cache_path)
         except OSError:
             pass  # a read-only home only costs re-tuning in the next process
+
+
+def _like(value):
+    """value (a matmul's arguments: arrays, numbers, tuples and Epilogues of them) with every array a `Like`."""
+    if isinstance(value, GpuArray):
+        return Like(value)
+    if isinstance(value, tuple):
+        items = [_like(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
+def _arrays(rt, value):
+    """`_like`'s inverse: a new array for every `Like` (its values whatever the pool holds: only timed)."""
+    if isinstance(value, Like):
+        return rt.empty(value.shape, value.dtype)
+    if isinstance(value, tuple):
+        items = [_arrays(rt, v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
