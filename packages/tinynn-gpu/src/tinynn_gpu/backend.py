@@ -126,7 +126,7 @@ class WgpuBackend(Backend):
         mm = self.mm
 
         def guard():
-            if mm.pending and mm.tune_pending():
+            if mm.pending and not self.rt.profiling and mm.tune_pending():  # (the profiler times one step)
                 self.matmul_plans.clear()
             return mm.generation if key is None else (key(), mm.generation)
         return guard
