@@ -196,14 +196,15 @@ class MatmulSelector:
     def _pair_runs(self, pair: tuple) -> dict:
         """`time_pair`'s functions to time, each planned at its first call (a candidate compiles then)."""
         first, second = pair
-        runs = {SEPARATE: lambda: [self.plan(*p)[0](p[0], p[1], p[2], p[10]) for p in (first, second)]}
 
-        def run(name):
-            record = self.pair_variant(name).plan(first[3:], second[3:])
-            record(*first[:3], first[10], *second[:3], second[10])
+        def separate(records):
+            for record, p in zip(records, pair):
+                record(p[0], p[1], p[2], p[10])
+        runs = {SEPARATE: _planned_once(lambda: [self.plan(*p)[0] for p in pair], separate)}
         for name, (tile, _) in self.pair_candidates.items():
             if self._fits_config(tile):
-                runs[name] = lambda name=name: run(name)
+                runs[name] = _planned_once(lambda name=name: self.pair_variant(name).plan(first[3:], second[3:]),
+                                           lambda record: record(*first[:3], first[10], *second[:3], second[10]))
         return runs
 
     def plan(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
@@ -344,6 +345,17 @@ class MatmulSelector:
             os.replace(tmp, self.cache_path)
         except OSError:
             pass  # a read-only home only costs re-tuning in the next process
+
+
+def _planned_once(plan, run):
+    """A function calling run(plan()), plan called at its first call alone."""
+    planned = []
+
+    def call():
+        if not planned:
+            planned.append(plan())
+        run(planned[0])
+    return call
 
 
 def _like(value):
