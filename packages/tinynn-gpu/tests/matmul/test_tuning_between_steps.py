@@ -72,6 +72,8 @@ def test_the_first_step_runs_before_tuning_and_the_tuned_kernels_run_after(gpu, 
     assert not mm.pending and mm.generation == 1
     assert "matmul shape(s)" in capsys.readouterr().err
     tuned_at = len(losses)
+    # one piece a step: each candidate's first run (its compile), then the timing of them all, shape after shape
+    assert tuned_at - 1 == sum(len(names) + 1 for names in timed)
     for _ in range(6):  # eager warm-up with the tuned plans, the capture, replays
         losses.append(run())
     # the step was captured on the defaults while tuning ran, and once again, all tuned choices in
