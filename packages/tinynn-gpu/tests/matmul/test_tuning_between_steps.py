@@ -4,7 +4,6 @@ with the losses of an untuned run. lavapipe tunes only when told to (TINYNN_AUTO
 import json
 
 import numpy as np
-import pytest
 
 import tinynn
 from tinynn.model import GPT, GPTConfig
