@@ -30,7 +30,7 @@ os.environ["PATH"] = os.pathsep.join([*map(str, sorted(_pyenv.glob("versions/3.*
 def tests_cpu(session):
     """tinynn-core alone: the NumPy reference, autograd, model, training and CLI (data-parallel runs under
     the [mpi] extra's mpiexec too). No GPU package."""
-    session.install(f"{CORE}[plot,mpi]", *TEST_TOOLS)
+    session.install(f"{CORE}[plot,mpi,bpe]", *TEST_TOOLS)
     session.run("python", "-c", "import importlib.util as u, sys; "
                 "bad = [m for m in ('wgpu', 'tinynn_gpu') if u.find_spec(m)]; "
                 "sys.exit(f'tinynn-core pulled in {bad}') if bad else print('no GPU package installed: ok')")
@@ -43,8 +43,20 @@ def tests_gpu(session):
     then the whole core suite again with the GPU backend active. A missing adapter fails, never skips.
     The first Python runs every test; the others leave out tests/matmul, the sweeps over the generated matmul
     variants: their WGSL is the same on every Python, and compiling it cold on lavapipe is most of CI's time."""
-    session.install(f"{CORE}[plot,mpi]", GPU, *TEST_TOOLS, TINT)
+    session.install(f"{CORE}[plot,mpi,bpe]", GPU, *TEST_TOOLS, TINT)
     env = {"TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp", **REQUIRE_MPI}
     session.run("tinynn", "info", "--device", "gpu", env=env)
     sweeps = [] if session.python == PYTHONS[0] else [f"--ignore={GPU}/tests/matmul"]
     session.run("pytest", "-n", "auto", f"{GPU}/tests", f"{CORE}/tests", *sweeps, *session.posargs, env=env)
+
+
+# pip, not uv: torch 2.13.0's CPU wheel lies on the CI machines' disk where pip looks (PyPI's Linux torch is a CUDA
+# build of several GB), for the first Python only
+@nox.session(name="interop", python=PYTHONS[0], venv_backend="venv")
+def interop(session):
+    """tinynn against Hugging Face transformers and torch's CPU build, on the CPU and on the GPU backend: GPT-2
+    folders in and out (logits within 1e-5, greedy tokens equal, export bit-identical), and a 200 MB corpus
+    prepared and trained on under a memory cap."""
+    session.install(f"{CORE}[bpe]", GPU, *TEST_TOOLS, "torch==2.13.0", "transformers>=4.40")
+    env = {"TINYNN_INTEROP": "1", "TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp"}
+    session.run("pytest", f"{CORE}/tests/interop", *session.posargs, env=env)
