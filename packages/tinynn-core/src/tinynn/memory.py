@@ -72,11 +72,11 @@ def check(cfg, vocab_size: int, n_tokens: int, on_device: bool = False, availabl
     total = sum(parts.values())
     if available is not None and total > available:
         largest = max(parts, key=parts.get)
-        raise TinynnError(f"this run needs about {_gib(total)} of memory ({largest}: {_gib(parts[largest])}; "
+        raise TinynnError(f"this run needs about {gib(total)} of memory ({largest}: {gib(parts[largest])}; "
                           f"vocabulary {vocab_size}, n_embd {cfg.n_embd}, batch {cfg.batch_size} x "
-                          f"{cfg.block_size}), only {_gib(available)} of host memory is available: make the model, "
+                          f"{cfg.block_size}), only {gib(available)} of host memory is available: make the model, "
                           "the batch or the vocabulary smaller")
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB"
