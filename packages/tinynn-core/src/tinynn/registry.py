@@ -17,10 +17,9 @@ from importlib.metadata import EntryPoint, entry_points
 
 from tinynn.backends import INTERFACE_VERSION, Backend, BackendUnavailable, reference
 from tinynn.errors import TinynnError
-from tinynn.settings import Settings
+from tinynn.settings import DEVICES, Settings
 
 ENTRY_POINT_GROUP = "tinynn.backends"
-DEVICES = ("auto", "cpu", "gpu")
 
 
 @dataclass
@@ -79,7 +78,9 @@ def statuses() -> list[BackendStatus]:
 
 
 def select(device: str | None = None) -> Backend:
-    """The backend for `device` (auto, cpu or gpu); None takes the environment's (settings.py), default auto."""
+    """The backend for `device` (auto, cpu or gpu); None takes the environment's (settings.py), default auto.
+    An error names where the device was asked for: the flag, or TINYNN_DEVICE."""
+    asked = f"--device {device}" if device else None
     device = (device or Settings.from_environment().device).lower()
     if device not in DEVICES:
         raise TinynnError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
@@ -89,8 +90,17 @@ def select(device: str | None = None) -> Backend:
     if backend is not None:
         return backend
     if device == "gpu":
-        raise TinynnError(f"--device gpu: no usable GPU backend ({'; '.join(reasons)})")
+        raise TinynnError(f"{asked or 'TINYNN_DEVICE=gpu'}: no usable GPU backend ({'; '.join(reasons)})")
     return reference()
+
+
+def selection(device: str | None = None) -> tuple[Backend | None, str]:
+    """`select`'s backend and "", or None and the reason it cannot run: for `tinynn info`, which reports every
+    backend either way, then fails when the device asked for (by the flag or TINYNN_DEVICE) cannot run."""
+    try:
+        return select(device), ""
+    except TinynnError as e:
+        return None, str(e)
 
 
 def why_not_gpu() -> str:

@@ -1,0 +1,69 @@
+"""`tinynn info`: the report, and its exit code for scripts: 2, with the reason, when the device asked for (by
+--device or TINYNN_DEVICE) cannot run here."""
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from tinynn import registry
+from tinynn.cli import main
+
+# `cmd_info`'s exit code is cli.py's, changed by the diff in this branch's report; remove the mark with it
+NEEDS_CLI_DIFF = pytest.mark.xfail(strict=True, reason="needs the cli.py diff of the i45-bench report")
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A GPU backend that is installed but finds no adapter."""
+    registry.reset_discovery()
+    monkeypatch.setattr(registry, "_entry_points", {
+        "gpu": EntryPoint("gpu", "fake_backends:no_adapter", registry.ENTRY_POINT_GROUP)})
+    monkeypatch.delenv("TINYNN_DEVICE", raising=False)
+    yield
+    registry.reset_discovery()
+
+
+@NEEDS_CLI_DIFF
+def test_device_gpu_without_a_usable_gpu_reports_then_exits_2_with_the_reason(no_gpu, capsys):
+    assert main(["info", "--device", "gpu"]) == 2
+    out, err = capsys.readouterr()
+    assert "gpu    unavailable  no adapter found (fake)" in out  # the report still prints: it says what is here
+    assert "see TINYNN_DEVICE" not in out
+    assert err == "tinynn: error: --device gpu: no usable GPU backend (gpu: no adapter found (fake))\n"
+
+
+@NEEDS_CLI_DIFF
+def test_the_json_report_carries_the_error_and_exits_2(no_gpu, capsys):
+    assert main(["info", "--json", "--device", "gpu"]) == 2
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert report["active"] is None and report["error"].startswith("--device gpu: no usable GPU backend")
+    assert err.startswith("tinynn: error: --device gpu")
+
+
+@NEEDS_CLI_DIFF
+def test_junk_in_TINYNN_DEVICE_is_named_and_exits_2(no_gpu, monkeypatch, capsys):
+    monkeypatch.setenv("TINYNN_DEVICE", "junk")
+    assert main(["info"]) == 2
+    assert capsys.readouterr().err == "tinynn: error: TINYNN_DEVICE must be one of auto, cpu, gpu, got 'junk'\n"
+
+
+def test_auto_without_a_gpu_is_not_an_error(no_gpu, capsys):
+    assert main(["info"]) == 0  # nothing was asked for: auto runs on the CPU, and the report says why
+    out = capsys.readouterr().out
+    assert "active: cpu (NumPy)" in out and "GPU not used: gpu: no adapter found (fake)" in out
+
+
+@NEEDS_CLI_DIFF
+@pytest.mark.skipif(not registry.discovered(), reason="tinynn-gpu is not installed")
+def test_junk_in_TINYNN_ADAPTER_INDEX_is_named_and_exits_2():
+    """The real GPU backend, in a process of its own: it reads its variables once, when it starts."""
+    env = {**os.environ, "TINYNN_ADAPTER_INDEX": "x", "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")}
+    done = subprocess.run([sys.executable, "-m", "tinynn.cli", "info", "--device", "gpu"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert done.stderr.splitlines()[-1] == ("tinynn: error: --device gpu: no usable GPU backend "
+                                            "(gpu: TINYNN_ADAPTER_INDEX must be a whole number, got 'x')")
