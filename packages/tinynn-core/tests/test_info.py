@@ -11,8 +11,10 @@ import pytest
 from tinynn import registry
 from tinynn.cli import main
 
-# `cmd_info`'s exit code is cli.py's, changed by the diff in this branch's report; remove the mark with it
+# `cmd_info`'s exit code is cli.py's, and the GPU backend's reading of its variables is tinynn-gpu's context.py,
+# changed by the diffs in this branch's report; remove each mark with its diff
 NEEDS_CLI_DIFF = pytest.mark.xfail(strict=True, reason="needs the cli.py diff of the i45-bench report")
+NEEDS_GPU_DIFF = pytest.mark.xfail(strict=True, reason="needs the tinynn-gpu context.py diff of the i45-bench report")
 
 
 @pytest.fixture
@@ -57,13 +59,39 @@ def test_auto_without_a_gpu_is_not_an_error(no_gpu, capsys):
     assert "active: cpu (NumPy)" in out and "GPU not used: gpu: no adapter found (fake)" in out
 
 
+def info_in_a_process(*flags, **environ):
+    """`tinynn info` with the real GPU backend, in a process of its own: it reads its variables once, when it
+    starts."""
+    env = {**os.environ, "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp"), **environ}
+    env.pop("TINYNN_DEVICE", None)
+    return subprocess.run([sys.executable, "-m", "tinynn.cli", "info", *flags], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+gpu_installed = pytest.mark.skipif(not registry.discovered(), reason="tinynn-gpu is not installed")
+
+
 @NEEDS_CLI_DIFF
-@pytest.mark.skipif(not registry.discovered(), reason="tinynn-gpu is not installed")
+@gpu_installed
 def test_junk_in_TINYNN_ADAPTER_INDEX_is_named_and_exits_2():
-    """The real GPU backend, in a process of its own: it reads its variables once, when it starts."""
-    env = {**os.environ, "TINYNN_ADAPTER_INDEX": "x", "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")}
-    done = subprocess.run([sys.executable, "-m", "tinynn.cli", "info", "--device", "gpu"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = info_in_a_process("--device", "gpu", TINYNN_ADAPTER_INDEX="x")
     assert done.returncode == 2, done
-    assert done.stderr.splitlines()[-1] == ("tinynn: error: --device gpu: no usable GPU backend "
-                                            "(gpu: TINYNN_ADAPTER_INDEX must be a whole number, got 'x')")
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("tinynn: error: ") and "TINYNN_ADAPTER_INDEX must be a whole number, got 'x'" in last
+
+
+@NEEDS_CLI_DIFF
+@NEEDS_GPU_DIFF
+@gpu_installed
+def test_junk_in_TINYNN_ADAPTER_INDEX_is_an_error_for_auto_too():
+    """Not a quiet fallback to the CPU: the user set it to choose a GPU."""
+    done = info_in_a_process(TINYNN_ADAPTER_INDEX="x")
+    assert done.returncode == 2, done
+    assert done.stderr.splitlines()[-1] == "tinynn: error: gpu: TINYNN_ADAPTER_INDEX must be a whole number, got 'x'"
+
+
+@NEEDS_GPU_DIFF
+@gpu_installed
+def test_an_empty_TINYNN_ADAPTER_INDEX_leaves_its_default():
+    done = info_in_a_process("--device", "gpu", TINYNN_ADAPTER_INDEX="")
+    assert done.returncode == 0 and "active: gpu" in done.stdout, done

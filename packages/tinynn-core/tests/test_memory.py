@@ -41,6 +41,7 @@ def test_the_software_estimate_is_never_below_the_cpus():
 
 
 @NEEDS_TRAIN_DIFF
+@pytest.mark.filterwarnings("ignore:running on a software adapter")
 def test_train_on_a_software_adapter_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
     """The run fits the host as a hardware GPU would use it, not as lavapipe does: refused up front, where it
     was killed by the kernel's out-of-memory killer with no message."""

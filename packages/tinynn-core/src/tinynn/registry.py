@@ -2,7 +2,9 @@
 
 Backends other than the NumPy reference are found through the entry-point group `tinynn.backends` and
 imported only when first asked for. An entry point names a callable that returns a ready `Backend`
-(backends.py) or raises `BackendUnavailable` with the reason; a failure is kept as that backend's reason.
+(backends.py) or raises `BackendUnavailable` with the reason; a failure is kept as that backend's reason. A
+factory that raises `TinynnError` refuses a setting of the user's (an environment variable of its own, say):
+that too is kept, and choosing a GPU (auto or gpu) then fails with it rather than run on the CPU unasked.
 
 Device choice (`--device` on the CLI, `TINYNN_DEVICE` in the environment, see settings.py):
   auto  a GPU backend when one is installed and reports a hardware adapter, else the CPU, silently;
@@ -27,6 +29,7 @@ class BackendStatus:
     name: str
     backend: Backend | None
     reason: str  # why it is not usable, or "" when it is
+    user_error: bool = False  # the reason is a setting of the user's, which no device choice may step around
 
 
 _entry_points: dict[str, EntryPoint] | None = None
@@ -57,6 +60,8 @@ def load(name: str, entry_point: EntryPoint | None = None) -> BackendStatus:
                 status = _checked(name, ep.load()())
             except BackendUnavailable as e:
                 status = BackendStatus(name, None, str(e))
+            except TinynnError as e:
+                status = BackendStatus(name, None, str(e), user_error=True)
             except Exception as e:  # a broken plugin must not break core: record why, fall back
                 status = BackendStatus(name, None, f"failed to load ({type(e).__name__}: {e})")
     _loaded[name] = status
@@ -104,8 +109,11 @@ def selection(device: str | None = None) -> tuple[Backend | None, str]:
 
 
 def why_not_gpu() -> str:
-    """One line saying why `auto` runs on the CPU, or "" when it would use a GPU."""
-    backend, reasons = _gpu_for("auto")
+    """One line saying why `auto` runs on the CPU (or refuses to run), or "" when it would use a GPU."""
+    try:
+        backend, reasons = _gpu_for("auto")
+    except TinynnError as e:
+        return str(e)
     return "" if backend is not None else "; ".join(reasons)
 
 
@@ -114,6 +122,8 @@ def _gpu_for(device: str) -> tuple[Backend | None, list[str]]:
     reasons = []
     for name in sorted(discovered()):
         status = load(name)
+        if status.user_error:
+            raise TinynnError(f"{name}: {status.reason}")
         if status.backend is None:
             reasons.append(f"{name}: {status.reason}")
         elif device == "auto" and status.backend.is_software:
