@@ -97,7 +97,7 @@ def quiet() -> tqdm:
 
 
 def bench_matmul(backend, sizes, bar=None) -> list[dict]:
-    bar = bar or quiet()
+    bar = quiet() if bar is None else bar
     g = np.random.default_rng(0)
     rows = []
     for n in sizes:
@@ -124,7 +124,7 @@ def lesson_step(backend, cfg: TrainConfig):
 
 
 def bench_train(backend, cfg: TrainConfig, steps: int, bar=None) -> dict:
-    bar = bar or quiet()
+    bar = quiet() if bar is None else bar
     bar.set_postfix_str("training step: building the model")
     train_step, x = lesson_step(backend, cfg)
     recording = []
@@ -137,7 +137,8 @@ def bench_train(backend, cfg: TrainConfig, steps: int, bar=None) -> dict:
     # warm-up: autotuning, caches, capture; on a GPU then GPU_WARMUP_SECONDS of steps as timed, the load that raises
     # its clocks (counted from the first steps' end: their compiles and tuning can outlast it)
     warm_steps, warm_seconds = (6, GPU_WARMUP_SECONDS) if backend.is_gpu else (1, 0.0)
-    bar.set_postfix_str("training step: warm-up" + (" (compiling kernels, tuning matmuls)" if backend.is_gpu else ""))
+    first_use = " (kernels compile and matmuls tune on first use)" if backend.is_gpu else ""
+    bar.set_postfix_str("training step: warm-up" + first_use)
     for _ in range(warm_steps):
         step()
     t0 = time.perf_counter()
