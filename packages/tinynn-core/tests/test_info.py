@@ -13,7 +13,6 @@ from tinynn.cli import main
 
 # `cmd_info`'s exit code is cli.py's, and the GPU backend's reading of its variables is tinynn-gpu's context.py,
 # changed by the diffs in this branch's report; remove each mark with its diff
-NEEDS_CLI_DIFF = pytest.mark.xfail(strict=True, reason="needs the cli.py diff of the i45-bench report")
 NEEDS_GPU_DIFF = pytest.mark.xfail(strict=True, reason="needs the tinynn-gpu context.py diff of the i45-bench report")
 
 
@@ -28,7 +27,6 @@ def no_gpu(monkeypatch):
     registry.reset_discovery()
 
 
-@NEEDS_CLI_DIFF
 def test_device_gpu_without_a_usable_gpu_reports_then_exits_2_with_the_reason(no_gpu, capsys):
     assert main(["info", "--device", "gpu"]) == 2
     out, err = capsys.readouterr()
@@ -37,7 +35,6 @@ def test_device_gpu_without_a_usable_gpu_reports_then_exits_2_with_the_reason(no
     assert err == "tinynn: error: --device gpu: no usable GPU backend (gpu: no adapter found (fake))\n"
 
 
-@NEEDS_CLI_DIFF
 def test_the_json_report_carries_the_error_and_exits_2(no_gpu, capsys):
     assert main(["info", "--json", "--device", "gpu"]) == 2
     out, err = capsys.readouterr()
@@ -46,7 +43,6 @@ def test_the_json_report_carries_the_error_and_exits_2(no_gpu, capsys):
     assert err.startswith("tinynn: error: --device gpu")
 
 
-@NEEDS_CLI_DIFF
 def test_junk_in_TINYNN_DEVICE_is_named_and_exits_2(no_gpu, monkeypatch, capsys):
     monkeypatch.setenv("TINYNN_DEVICE", "junk")
     assert main(["info"]) == 2
@@ -71,7 +67,6 @@ def info_in_a_process(*flags, **environ):
 gpu_installed = pytest.mark.skipif(not registry.discovered(), reason="tinynn-gpu is not installed")
 
 
-@NEEDS_CLI_DIFF
 @gpu_installed
 def test_junk_in_TINYNN_ADAPTER_INDEX_is_named_and_exits_2():
     done = info_in_a_process("--device", "gpu", TINYNN_ADAPTER_INDEX="x")
@@ -80,7 +75,6 @@ def test_junk_in_TINYNN_ADAPTER_INDEX_is_named_and_exits_2():
     assert last.startswith("tinynn: error: ") and "TINYNN_ADAPTER_INDEX must be a whole number, got 'x'" in last
 
 
-@NEEDS_CLI_DIFF
 @NEEDS_GPU_DIFF
 @gpu_installed
 def test_junk_in_TINYNN_ADAPTER_INDEX_is_an_error_for_auto_too():
