@@ -102,3 +102,42 @@ def test_the_registry_is_reached_through_backends_too():
         assert getattr(backends, name) is getattr(registry, name), name
     with pytest.raises(AttributeError, match="no attribute 'selekt'"):
         backends.selekt
+
+
+def test_a_device_asked_for_in_the_environment_is_named_as_the_variable(plugins, monkeypatch):
+    plugins(gpu="no_adapter")
+    monkeypatch.setenv("TINYNN_DEVICE", "gpu")
+    with pytest.raises(TinynnError, match=r"^TINYNN_DEVICE=gpu: no usable GPU backend \(gpu: no adapter found"):
+        registry.select(None)
+    with pytest.raises(TinynnError, match=r"^--device gpu: no usable GPU backend"):  # the flag wins, and is named
+        registry.select("gpu")
+
+
+def test_selection_gives_the_backend_or_the_reason_it_cannot_run(plugins, monkeypatch):
+    """For `tinynn info`, which reports the backends either way and then fails when the device asked for
+    cannot run."""
+    plugins(gpu="no_adapter")
+    assert registry.selection("cpu") == (registry.reference(), "")
+    assert registry.selection("auto") == (registry.reference(), "")  # auto falls back: nothing was asked
+    backend, reason = registry.selection("gpu")
+    assert backend is None and reason == "--device gpu: no usable GPU backend (gpu: no adapter found (fake))"
+    monkeypatch.setenv("TINYNN_DEVICE", "junk")
+    assert registry.selection(None) == (None, "TINYNN_DEVICE must be one of auto, cpu, gpu, got 'junk'")
+
+
+def refuses_its_setting():
+    """A backend factory that finds the user's setting for it unusable (tinynn-gpu's TINYNN_ADAPTER_INDEX=x)."""
+    raise TinynnError("TINYNN_ADAPTER_INDEX must be a whole number, got 'x'")
+
+
+def test_a_backend_setting_the_user_got_wrong_is_an_error_even_for_auto(plugins, monkeypatch):
+    """Not a quiet fallback to the CPU: the user set the variable to choose a GPU."""
+    plugins()
+    monkeypatch.setattr(registry, "_entry_points", {
+        "gpu": EntryPoint("gpu", f"{__name__}:refuses_its_setting", registry.ENTRY_POINT_GROUP)})
+    for device in ("auto", "gpu"):
+        with pytest.raises(TinynnError, match=r"^gpu: TINYNN_ADAPTER_INDEX must be a whole number, got 'x'$"):
+            registry.select(device)
+    assert registry.select("cpu").name == "cpu"  # the CPU asked for never looks at a GPU
+    assert [s.reason for s in registry.statuses()][1] == "TINYNN_ADAPTER_INDEX must be a whole number, got 'x'"
+    assert registry.why_not_gpu() == "gpu: TINYNN_ADAPTER_INDEX must be a whole number, got 'x'"  # for info

@@ -5,7 +5,8 @@ training step pays); a training step is timed end to end, `loss.item()` included
 it. With a GPU backend it also reports host syncs, dispatches and submissions per step, the host's
 microseconds per dispatch (replayed in the training step, eager in an evaluation forward; and a submit
 thread's, where the backend has one), the peak memory of a step, NumPy fallbacks, and (`--profile`, where
-the adapter has timestamp queries) GPU time per kernel.
+the adapter has timestamp queries) GPU time per kernel. A progress line on stderr names the work under way
+(a GPU's first steps compile kernels and tune matmuls); the flags are checked before any of it.
 
     tinynn bench                     # matmul 256..4096 and the lesson config's step, CPU and GPU
     tinynn bench --json --sizes 512,1024 --steps 30
@@ -14,11 +15,13 @@ the adapter has timestamp queries) GPU time per kernel.
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from tinynn import registry, rng
+from tinynn import memory, registry, rng
 from tinynn.config import TrainConfig
 from tinynn.errors import TinynnError
 from tinynn.model import GPT, GPTConfig
@@ -57,16 +60,56 @@ def time_call(fn, sync, min_seconds=0.3, max_reps=50, warmup_seconds=GPU_WARMUP_
     return (time.perf_counter() - t0) / reps
 
 
-def bench_matmul(backend, sizes) -> list[dict]:
+# Float32 n x n matrices a size holds at once: a and b on the host, their copies on the device (the same arrays
+# on the CPU), the product, and the NumPy product it is checked against
+MATMUL_COPIES = 5
+
+
+def parse_sizes(text: str) -> list[int]:
+    """--sizes: matrix sizes, comma-separated ("" for none: the training step alone). Each is checked here,
+    and against the memory available, before any timing starts."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not (part.isdigit() and int(part) >= 1):
+            raise TinynnError(f"--sizes takes whole numbers of at least 1, comma-separated; got {part!r} in {text!r}")
+        sizes.append(int(part))
+    available = memory.available_bytes()
+    for n in sizes:
+        need = MATMUL_COPIES * memory.FLOAT * n * n
+        if available is not None and need > available:
+            raise TinynnError(f"--sizes {n} needs about {memory.gib(need)} of memory, only "
+                              f"{memory.gib(available)} is available: take smaller sizes")
+    return sizes
+
+
+def check_steps(steps: int) -> int:
+    if steps < 1:
+        raise TinynnError(f"--steps must be at least 1 (the timed training steps), got {steps}")
+    return steps
+
+
+def quiet() -> tqdm:
+    """A progress bar that shows nothing, for callers that want none."""
+    return tqdm(disable=True)
+
+
+def bench_matmul(backend, sizes, bar=None) -> list[dict]:
+    bar = quiet() if bar is None else bar
     g = np.random.default_rng(0)
     rows = []
     for n in sizes:
+        bar.set_postfix_str(f"matmul {n}x{n}")
         a, b = (g.standard_normal((n, n), dtype=np.float32) for _ in range(2))
         da, db = backend.from_numpy(a), backend.from_numpy(b)
-        seconds = time_call(lambda: backend.matmul(da, db), backend.sync)
+        seconds = time_call(lambda: backend.matmul(da, db), backend.sync,
+                            warmup_seconds=GPU_WARMUP_SECONDS if backend.is_gpu else 0.0)
         err = float(np.abs(backend.to_numpy(backend.matmul(da, db)) - a @ b).max()) if n <= 1024 else None
         rows.append({"size": n, "ms": seconds * 1e3, "gflops": 2 * n**3 / seconds / 1e9, "max_abs_err": err,
                      "kernel": backend.describe().get("matmul", "numpy")})
+        bar.update()
     return rows
 
 
@@ -80,7 +123,9 @@ def lesson_step(backend, cfg: TrainConfig):
     return TrainStep(model, opt, cfg.batch_size, cfg.block_size), x
 
 
-def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
+def bench_train(backend, cfg: TrainConfig, steps: int, bar=None) -> dict:
+    bar = quiet() if bar is None else bar
+    bar.set_postfix_str("training step: building the model")
     train_step, x = lesson_step(backend, cfg)
     recording = []
 
@@ -92,6 +137,8 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
     # warm-up: autotuning, caches, capture; on a GPU then GPU_WARMUP_SECONDS of steps as timed, the load that raises
     # its clocks (counted from the first steps' end: their compiles and tuning can outlast it)
     warm_steps, warm_seconds = (6, GPU_WARMUP_SECONDS) if backend.is_gpu else (1, 0.0)
+    first_use = " (kernels compile and matmuls tune on first use)" if backend.is_gpu else ""
+    bar.set_postfix_str("training step: warm-up" + first_use)
     for _ in range(warm_steps):
         step()
     t0 = time.perf_counter()
@@ -101,9 +148,12 @@ def bench_train(backend, cfg: TrainConfig, steps: int) -> dict:
     before = dict(counters)
     recording.clear()
     backend.memory_stats(reset_peak=True)
+    bar.update()
     t0 = time.perf_counter()
+    bar.set_postfix_str(f"training step: {steps} timed")
     for _ in range(steps):
         step()
+        bar.update()
     seconds = (time.perf_counter() - t0) / steps
     per_step = {k: (counters[k] - before.get(k, 0)) / steps for k in counters}
     host_ms = 1e3 * sum(recording) / steps
@@ -159,7 +209,7 @@ def profile_step(backend, cfg: TrainConfig) -> list[dict]:
 
 
 def main(args) -> None:
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    sizes, steps = parse_sizes(args.sizes), check_steps(args.steps)
     if args.config:
         from tinynn import config
         cfg = config.load(args.config)
@@ -169,10 +219,14 @@ def main(args) -> None:
     targets = ([] if args.no_cpu and active.is_gpu else [registry.reference()]) + ([active] if active.is_gpu else [])
     report = {"backends": {}}
     for be in targets:
-        entry = {"device": be.device_name, "matmul": bench_matmul(be, sizes) if sizes else [],
-                 "train_step": bench_train(be, cfg, args.steps)}
-        if args.profile and be.is_gpu:
-            entry["profile"] = profile_step(be, cfg)
+        # on stderr, so that --json's stdout stays one document; gone once the backend's results print
+        with tqdm(total=len(sizes) + 1 + steps, desc=f"bench ({be.name})", unit="task", leave=False,
+                  file=sys.stderr, bar_format="{desc}: {n_fmt}/{total_fmt} {elapsed}{postfix}") as bar:
+            entry = {"device": be.device_name, "matmul": bench_matmul(be, sizes, bar),
+                     "train_step": bench_train(be, cfg, steps, bar)}
+            if args.profile and be.is_gpu:
+                bar.set_postfix_str("profiling a training step")
+                entry["profile"] = profile_step(be, cfg)
         report["backends"][be.name] = entry
         if not args.json:
             print_entry(be, entry)
@@ -180,27 +234,35 @@ def main(args) -> None:
         print(json.dumps(report, indent=2))
 
 
-def print_entry(be, entry) -> None:
-    print(f"== {be.name}: {be.device_name}")
+def describe_config(config: dict) -> str:
+    """The timed model and batch in words: block 64, 4 layer(s), 4 head(s), n_embd 128, batch 16."""
+    return (f"block {config['block_size']}, {config['n_layer']} layer(s), {config['n_head']} head(s), "
+            f"n_embd {config['n_embd']}, batch {config['batch_size']}")
+
+
+def print_entry(be, entry, out=print) -> None:
+    out(f"== {be.name}: {be.device_name}")
     for r in entry["matmul"]:
         err = "" if r["max_abs_err"] is None else f"  max err {r['max_abs_err']:.1e}"
-        print(f"  matmul {r['size']:>5}^2  {r['ms']:9.3f} ms  {r['gflops']:9.1f} GFLOP/s  [{r['kernel']}]{err}")
+        out(f"  matmul {r['size']:>5}^2  {r['ms']:9.3f} ms  {r['gflops']:9.1f} GFLOP/s  [{r['kernel']}]{err}")
     t = entry["train_step"]
     extra = ""
     if t["host_syncs_per_step"] is not None:
         extra = (f", {t['host_syncs_per_step']:.0f} host sync(s), {t['dispatches_per_step']:.0f} dispatches, "
                  f"{t['submissions_per_step']:.0f} submissions per step")
-    print(f"  train step {t['config']}, {t['steps']} steps: {t['ms_per_step']:.2f} ms ({t['host_ms_per_step']:.2f} ms "
-          f"of it recording on the host), {t['tokens_per_s']:,.0f} tokens/s{extra}")
+    # a GPU backend records work on the host and the GPU runs it; NumPy computes on the host as it goes
+    recording = f" ({t['host_ms_per_step']:.2f} ms of it recording on the host)" if be.is_gpu else ""
+    out(f"  train step ({describe_config(t['config'])}), {t['steps']} steps: {t['ms_per_step']:.2f} ms{recording}, "
+        f"{t['tokens_per_s']:,.0f} tokens/s{extra}")
     if t["host_us_per_replayed_dispatch"] is not None:
         worker = t["record_thread_us_per_dispatch"]
         wait = t["record_wait_us_per_step"]
-        print(f"  host per dispatch: {t['host_us_per_replayed_dispatch']:.1f} us replayed"
-              + ("" if worker is None else f" (and {worker:.1f} us on the recording thread, waited for "
-                 f"{wait:.0f} us a step)")
-              + f", {t['host_us_per_eager_dispatch']:.1f} us eager; "
-                f"peak memory {t['peak_memory_bytes'] / 2**20:.1f} MiB")
+        out(f"  host per dispatch: {t['host_us_per_replayed_dispatch']:.1f} us replayed"
+            + ("" if worker is None else f" (and {worker:.1f} us on the recording thread, waited for "
+               f"{wait:.0f} us a step)")
+            + f", {t['host_us_per_eager_dispatch']:.1f} us eager; "
+              f"peak memory {t['peak_memory_bytes'] / 2**20:.1f} MiB")
     if t["fallbacks"]:
-        print(f"  NumPy fallbacks: {t['fallbacks']}")
+        out("  NumPy fallbacks (calls so far): " + ", ".join(f"{op} {n}" for op, n in t["fallbacks"].items()))
     for row in entry.get("profile", [])[:15]:
-        print(f"    {row['kernel']:<40} {row['calls']:5d} calls {row['ms']:8.3f} ms")
+        out(f"    {row['kernel']:<40} {row['calls']:5d} calls {row['ms']:8.3f} ms")

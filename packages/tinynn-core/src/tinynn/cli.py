@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 
-from tinynn import __version__, backends, distributed
+from tinynn import __version__, backends, distributed, registry
 from tinynn.errors import TinynnError
 
 
@@ -110,10 +110,7 @@ def cmd_demo(args):
 
 
 def info(device: str | None = None) -> dict:
-    try:
-        active = backends.select(device)
-    except TinynnError:  # TINYNN_DEVICE=gpu without a usable GPU: the report says why
-        active = None
+    active, error = registry.selection(device)  # a device that cannot run: the report, then its error
     return {
         "tinynn": __version__,
         "python": platform.python_version(),
@@ -121,6 +118,7 @@ def info(device: str | None = None) -> dict:
         "backends": [{"name": s.name, "usable": s.backend is not None, "reason": s.reason,
                       **(s.backend.describe() if s.backend else {})} for s in backends.statuses()],
         "active": active.describe() if active else None,
+        "error": error or None,
         "why_not_gpu": None if active and active.is_gpu else backends.why_not_gpu() or None,
     }
 
@@ -129,7 +127,13 @@ def cmd_info(args):
     report = info(args.device)
     if args.json:
         print(json.dumps(report, indent=2))
-        return
+    else:
+        print_info(report)
+    if report["error"]:  # for scripts: the device asked for cannot run here
+        raise TinynnError(report["error"])
+
+
+def print_info(report):
     print(f"tinynn {report['tinynn']}  (python {report['python']}, numpy {report['numpy']})")
     print("backends:")
     for b in report["backends"]:
@@ -140,11 +144,11 @@ def cmd_info(args):
             detail = b["reason"]
         print(f"  {b['name']:<6} {'usable' if b['usable'] else 'unavailable':<12} {detail}")
     active = report["active"]
-    print(f"active: {active['backend']} ({active['device']})" if active else "active: none (see TINYNN_DEVICE)")
+    print(f"active: {active['backend']} ({active['device']})" if active else "active: none")
     for key, value in (active or {}).items():  # what the backend says of itself: how it records, and why
         if key not in ("backend", "device", "software"):
             print(f"  {key}: {value}")
-    if report["why_not_gpu"]:
+    if report["why_not_gpu"] and not report["error"]:  # the error says it
         print(f"GPU not used: {report['why_not_gpu']}")
 
 

@@ -80,14 +80,15 @@ def demo_mlp(out=print, steps=400):
     return accuracy
 
 
-def demo_gpt(out=print, steps=60):
-    """-> the run's TrainResult (its losses, its sample)."""
+def demo_gpt(out=print, steps=60, progress=True):
+    """-> the run's TrainResult (its losses, its sample). Its training shows a progress bar (on stderr): seconds
+    on a CPU, and more on a GPU's first use, while kernels compile."""
     out("demo 3: a tiny GPT on the embedded corpus")
     with tempfile.TemporaryDirectory(prefix="tinynn-demo-") as out_dir:
         cfg = TrainConfig(block_size=32, n_layer=2, n_head=2, n_embd=64, batch_size=16, max_steps=steps,
                           learning_rate=3e-3, min_lr=3e-4, warmup_steps=10, eval_interval=steps, eval_steps=4,
                           checkpoint_interval=0, out_dir=out_dir, sample_tokens=120)
-        result = train(cfg, device=registry.default(), progress=False)
+        result = train(cfg, device=registry.default(), progress=progress)
     h = result.history
     out(f"  loss {h['train_loss'][0]:.3f} -> {h['train_loss'][-1]:.3f} in {steps} steps")
     out("  sample: " + result.sample.replace("\n", "\n          "))

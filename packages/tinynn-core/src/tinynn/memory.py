@@ -3,7 +3,8 @@
 A model too large for the machine otherwise ends in the kernel's out-of-memory killer, with no message, or a
 `MemoryError` traceback. The estimate counts float32 parameters, gradients and AdamW's two moments, the
 activations that the backward pass keeps, and the logits over the vocabulary with the temporaries of the
-cross entropy.
+cross entropy. A hardware GPU keeps the model, its activations and its logits in memory of its own; a software
+adapter (lavapipe) keeps them in the host's, so they count against the host there, as on the CPU.
 """
 from __future__ import annotations
 
@@ -34,15 +35,17 @@ def checkpoint_bytes(cfg, vocab_size: int) -> int:
     return 3 * FLOAT * parameter_count(cfg, vocab_size) + 2**20  # + metadata: config, history, characters
 
 
-def training_bytes(cfg, vocab_size: int, n_tokens: int, on_device: bool = False) -> dict:
-    """The estimate's parts. With `on_device` (a GPU backend), what the host holds: the initial weights are
-    drawn there and checkpoints copied back; parameters, gradients, moments, activations and logits live in
-    the GPU's memory."""
+def training_bytes(cfg, vocab_size: int, n_tokens: int, on_device: bool = False,
+                   device_in_host_memory: bool = False) -> dict:
+    """The estimate's parts, in host memory. With `on_device` (a GPU backend), the initial weights are drawn
+    on the host and checkpoints copied back; parameters, gradients, moments, activations and logits live in the
+    GPU's memory, which is the host's too where `device_in_host_memory` (a software adapter)."""
     tokens = cfg.batch_size * cfg.block_size
     params = FLOAT * parameter_count(cfg, vocab_size)
-    copies = CHECKPOINT_COPIES + (INIT_COPIES if on_device else PARAMETER_COPIES)
+    in_host = not on_device or device_in_host_memory
+    copies = CHECKPOINT_COPIES + (INIT_COPIES if on_device else 0) + (PARAMETER_COPIES if in_host else 0)
     parts = {"parameters, gradients and AdamW state": copies * params, "token ids": 8 * n_tokens}
-    if not on_device:
+    if in_host:
         parts["activations"] = FLOAT * tokens * cfg.n_layer * (PER_CHANNEL * cfg.n_embd
                                                                + PER_SCORE * cfg.n_head * cfg.block_size)
         parts["logits"] = FLOAT * LOGIT_COPIES * tokens * vocab_size
@@ -64,19 +67,27 @@ def available_bytes() -> int | None:
         return None
 
 
-def check(cfg, vocab_size: int, n_tokens: int, on_device: bool = False, available: int | None = None) -> None:
-    """Raise a TinynnError with the estimate when the run will not fit in the memory available. (A GPU
-    backend reports running out of its own memory as an error of its own.)"""
+def check(cfg, vocab_size: int, n_tokens: int, on_device: bool = False, available: int | None = None,
+          backend=None) -> None:
+    """Raise a TinynnError with the estimate when the run will not fit in the host memory available. `backend`,
+    the run's, says where its arrays live (`on_device` alone cannot tell a software adapter). A hardware GPU
+    reports running out of its own memory as an error of its own; a software adapter's allocations come from
+    the host, where running out ends in the out-of-memory killer, so they are counted here."""
     available = available_bytes() if available is None else available
-    parts = training_bytes(cfg, vocab_size, n_tokens, on_device)
+    software = backend is not None and backend.is_gpu and backend.is_software
+    if backend is not None:
+        on_device = backend.is_gpu
+    parts = training_bytes(cfg, vocab_size, n_tokens, on_device, device_in_host_memory=software)
     total = sum(parts.values())
     if available is not None and total > available:
         largest = max(parts, key=parts.get)
-        raise TinynnError(f"this run needs about {_gib(total)} of memory ({largest}: {_gib(parts[largest])}; "
+        raise TinynnError(f"this run needs about {gib(total)} of memory ({largest}: {gib(parts[largest])}; "
                           f"vocabulary {vocab_size}, n_embd {cfg.n_embd}, batch {cfg.batch_size} x "
-                          f"{cfg.block_size}), only {_gib(available)} of host memory is available: make the model, "
-                          "the batch or the vocabulary smaller")
+                          f"{cfg.block_size}), only {gib(available)} of host memory is available"
+                          + (f" ({backend.device_name} is a software adapter: its GPU memory is host memory)"
+                             if software else "")
+                          + ": make the model, the batch or the vocabulary smaller")
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
     return f"{n / 2**30:,.2f} GiB"

@@ -2,7 +2,9 @@
 
 Backends other than the NumPy reference are found through the entry-point group `tinynn.backends` and
 imported only when first asked for. An entry point names a callable that returns a ready `Backend`
-(backends.py) or raises `BackendUnavailable` with the reason; a failure is kept as that backend's reason.
+(backends.py) or raises `BackendUnavailable` with the reason; a failure is kept as that backend's reason. A
+factory that raises `TinynnError` refuses a setting of the user's (an environment variable of its own, say):
+that too is kept, and choosing a GPU (auto or gpu) then fails with it rather than run on the CPU unasked.
 
 Device choice (`--device` on the CLI, `TINYNN_DEVICE` in the environment, see settings.py):
   auto  a GPU backend when one is installed and reports a hardware adapter, else the CPU, silently;
@@ -17,10 +19,9 @@ from importlib.metadata import EntryPoint, entry_points
 
 from tinynn.backends import INTERFACE_VERSION, Backend, BackendUnavailable, reference
 from tinynn.errors import TinynnError
-from tinynn.settings import Settings
+from tinynn.settings import DEVICES, Settings
 
 ENTRY_POINT_GROUP = "tinynn.backends"
-DEVICES = ("auto", "cpu", "gpu")
 
 
 @dataclass
@@ -28,6 +29,7 @@ class BackendStatus:
     name: str
     backend: Backend | None
     reason: str  # why it is not usable, or "" when it is
+    user_error: bool = False  # the reason is a setting of the user's, which no device choice may step around
 
 
 _entry_points: dict[str, EntryPoint] | None = None
@@ -58,6 +60,8 @@ def load(name: str, entry_point: EntryPoint | None = None) -> BackendStatus:
                 status = _checked(name, ep.load()())
             except BackendUnavailable as e:
                 status = BackendStatus(name, None, str(e))
+            except TinynnError as e:
+                status = BackendStatus(name, None, str(e), user_error=True)
             except Exception as e:  # a broken plugin must not break core: record why, fall back
                 status = BackendStatus(name, None, f"failed to load ({type(e).__name__}: {e})")
     _loaded[name] = status
@@ -79,7 +83,9 @@ def statuses() -> list[BackendStatus]:
 
 
 def select(device: str | None = None) -> Backend:
-    """The backend for `device` (auto, cpu or gpu); None takes the environment's (settings.py), default auto."""
+    """The backend for `device` (auto, cpu or gpu); None takes the environment's (settings.py), default auto.
+    An error names where the device was asked for: the flag, or TINYNN_DEVICE."""
+    asked = f"--device {device}" if device else None
     device = (device or Settings.from_environment().device).lower()
     if device not in DEVICES:
         raise TinynnError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
@@ -89,13 +95,25 @@ def select(device: str | None = None) -> Backend:
     if backend is not None:
         return backend
     if device == "gpu":
-        raise TinynnError(f"--device gpu: no usable GPU backend ({'; '.join(reasons)})")
+        raise TinynnError(f"{asked or 'TINYNN_DEVICE=gpu'}: no usable GPU backend ({'; '.join(reasons)})")
     return reference()
 
 
+def selection(device: str | None = None) -> tuple[Backend | None, str]:
+    """`select`'s backend and "", or None and the reason it cannot run: for `tinynn info`, which reports every
+    backend either way, then fails when the device asked for (by the flag or TINYNN_DEVICE) cannot run."""
+    try:
+        return select(device), ""
+    except TinynnError as e:
+        return None, str(e)
+
+
 def why_not_gpu() -> str:
-    """One line saying why `auto` runs on the CPU, or "" when it would use a GPU."""
-    backend, reasons = _gpu_for("auto")
+    """One line saying why `auto` runs on the CPU (or refuses to run), or "" when it would use a GPU."""
+    try:
+        backend, reasons = _gpu_for("auto")
+    except TinynnError as e:
+        return str(e)
     return "" if backend is not None else "; ".join(reasons)
 
 
@@ -104,6 +122,8 @@ def _gpu_for(device: str) -> tuple[Backend | None, list[str]]:
     reasons = []
     for name in sorted(discovered()):
         status = load(name)
+        if status.user_error:
+            raise TinynnError(f"{name}: {status.reason}")
         if status.backend is None:
             reasons.append(f"{name}: {status.reason}")
         elif device == "auto" and status.backend.is_software:

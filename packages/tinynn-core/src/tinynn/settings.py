@@ -2,8 +2,8 @@
 object, and the registry reads that when it chooses a backend for a run that named no device. A GPU backend
 reads its own variables.
 
-  TINYNN_DEVICE  the device when none is named (--device): auto (the default), cpu or gpu; checked where the
-                 flag is (registry.select), so both give the same error
+  TINYNN_DEVICE  the device when none is named (--device): auto (the default), cpu or gpu, in any case;
+                 anything else is an error that names the variable
 
 mpiexec's launch variables are read by distributed.py, which connects to MPI.
 """
@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from tinynn.errors import TinynnError
+
+DEVICES = ("auto", "cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,10 @@ class Settings:
     @classmethod
     def from_environment(cls, environ=None) -> Settings:
         """The settings in `environ` (the process's environment when None); an unset or empty variable leaves its
-        default."""
+        default. A value that is not one of the variable's choices raises a TinynnError naming the variable: the
+        user set it, so it is never quietly replaced by the default."""
         environ = os.environ if environ is None else environ
-        return cls(device=environ.get("TINYNN_DEVICE") or cls.device)
+        device = (environ.get("TINYNN_DEVICE") or "").strip().lower() or cls.device
+        if device not in DEVICES:
+            raise TinynnError(f"TINYNN_DEVICE must be one of {', '.join(DEVICES)}, got {environ['TINYNN_DEVICE']!r}")
+        return cls(device=device)
