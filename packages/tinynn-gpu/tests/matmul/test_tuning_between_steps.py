@@ -4,6 +4,7 @@ with the losses of an untuned run. lavapipe tunes only when told to (TINYNN_AUTO
 import json
 
 import numpy as np
+import pytest
 
 import tinynn
 from tinynn.model import GPT, GPTConfig
@@ -99,3 +100,23 @@ def test_tuning_outside_a_training_loop_says_so(gpu, setting, tmp_path, monkeypa
     np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
     assert "tuning matmul kernels" in capsys.readouterr().err
     assert not mm.pending and len(mm.choices) == 1
+
+
+def test_a_failed_tuning_raises_in_its_step_and_the_shape_keeps_its_default(gpu, setting, tmp_path, monkeypatch):
+    setting("TINYNN_CACHE_DIR", str(tmp_path))
+    mm = selector(gpu, monkeypatch, autotune=True)
+    mm.tune_seconds_per_step = 0.0
+
+    def timing(self, runs, reps, rounds):  # a candidate that fails to compile, after one that compiled
+        yield
+        raise RuntimeError("a candidate failed to compile")
+    monkeypatch.setattr(MatmulSelector, "_timing", timing)
+    _, run = training(gpu)
+    run()
+    key, waiting, default = next(iter(mm.pending)), len(mm.pending), dict(mm.choices)
+    run()
+    with pytest.raises(RuntimeError, match="failed to compile"):
+        run()
+    assert key not in mm.pending and len(mm.pending) == waiting - 1 and mm.choices == default
+    run()  # the next shape's tuning goes on
+    assert len(mm.pending) == waiting - 1 and mm.running is not None

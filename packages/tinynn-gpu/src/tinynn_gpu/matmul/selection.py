@@ -305,12 +305,19 @@ class MatmulSelector:
                 progress(f"tuning matmul kernels for {self.rt.ctx.name} between training steps, shape "
                          f"{self.tuned + 1} of {self.tuned + len(self.pending)} (kept in {self.cache_path})")
                 self.running = self._timing(runs_of(_arrays(self.rt, like)), 8, 2)
+            times = None
             try:
                 next(self.running)
             except StopIteration as done:
+                times = done.value
+            except BaseException:  # a candidate failed: the shape keeps its default, the error is this step's
+                del self.pending[key]
+                self.running = None
+                raise
+            if times is not None:
                 del self.pending[key]
                 self.running, self.tuned = None, self.tuned + 1
-                name = self._keep(key, min(done.value, key=done.value.get))
+                name = self._keep(key, min(times, key=times.get))
                 self.changed |= name != self.choices.get(key)
                 self.choices[key] = name
             if time.perf_counter() >= until:
