@@ -4,7 +4,8 @@ and bench.
 Bad input (a config key or flag, a missing file, a corrupt checkpoint, an unknown character in a prompt) prints
 one line, `tinynn: error: ...`, and exits with code 2; nothing already saved is touched. Warnings become
 one-line notices, `tinynn: notice: ...`; NumPy's floating-point warnings are silenced, since a non-finite
-loss stops training with its own error.
+loss stops training with its own error. Output to a pipe whose reader has gone (`| head`) is dropped:
+training goes on to its checkpoint; generate stops, with exit code 141 (a program ended by SIGPIPE).
 """
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ import numpy as np
 from tinynn import __version__, backends, distributed, registry
 from tinynn.errors import TinynnError
 
+BROKEN_PIPE = 141  # the exit code of a program ended by a closed pipe (128 + SIGPIPE), as a shell reports it
+
 
 def cmd_train(args):
     from tinynn import config
-    from tinynn.train import train
+    from tinynn.train import drop_stdout, train
     distributed.world()  # under mpiexec, connected first: rank 0 alone reports what loading the config says
     cfg = config.load(args.config, overrides={"--out-dir": ("out_dir", args.out_dir),
                                               "--max-steps": ("max_steps", args.max_steps),
@@ -31,11 +34,14 @@ def cmd_train(args):
     result = train(cfg, device=args.device, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
     if not distributed.world().is_root:  # data-parallel: rank 0 alone reports
         return
-    print(f"checkpoint: {result.checkpoint or 'none saved (every checkpoint step was diverging)'}")
-    if cfg.loss_plot:
-        print(f"loss curve: {cfg.loss_plot}")
-    print("sample:")
-    print(result.sample)
+    try:  # a reader that has gone (`| head -1`) does not turn a finished run into a failure
+        print(f"checkpoint: {result.checkpoint or 'none saved (every checkpoint step was diverging)'}")
+        if result.plot:
+            print(f"loss curve: {result.plot}")
+        print("sample:")
+        print(result.sample, flush=True)
+    except BrokenPipeError:
+        drop_stdout()
 
 
 def cmd_generate(args):
@@ -262,9 +268,13 @@ def main(argv=None) -> int:
         return distributed.fail(str(e), 2)  # prints `tinynn: error: ...`; under MPI it ends every rank
     except MemoryError:  # a backstop: train checks its estimate first (memory.py)
         return distributed.fail("out of memory: make the model, the batch or the vocabulary smaller", 2)
-    except KeyboardInterrupt:
-        distributed.say("tinynn: interrupted")
+    except KeyboardInterrupt as e:  # train's says where its checkpoint is (train.Interrupted)
+        distributed.say(f"tinynn: interrupted {e}" if str(e) else "tinynn: interrupted")
         return distributed.INTERRUPTED
+    except BrokenPipeError:  # stdout's reader has gone (`tinynn generate | head -c 20`): stop, as head meant
+        from tinynn.train import drop_stdout
+        drop_stdout()
+        return BROKEN_PIPE
     return 0
 
 
