@@ -283,3 +283,27 @@ def test_a_bad_data_file_is_reported_before_the_device_starts(workdir, monkeypat
         _, last = notices_and_error(capsys)
         assert data in last, last
     assert started == []
+
+
+# --- under mpiexec ---
+
+def test_ctrl_c_under_mpiexec_saves_the_step_it_ended(workdir):
+    """Rank 0 finishes its step and saves it before it ends the job (the other ranks wait in the next step's
+    sum until then)."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from test_distributed import interrupted
+    mpiexec = shutil.which("mpiexec", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if mpiexec is None:
+        if os.environ.get("TINYNN_REQUIRE_MPI") == "1":
+            pytest.fail("TINYNN_REQUIRE_MPI=1 but there is no mpiexec (pip install 'tinynn-core[mpi]')")
+        pytest.skip("no mpiexec: pip install 'tinynn-core[mpi]'")
+    code, err = interrupted(mpiexec, workdir, "mpiexec")
+    assert code == 130, err
+    last = [line for line in err.splitlines() if line.startswith("tinynn: interrupted")]
+    assert len(last) == 1 and "checkpoint is in dp/ckpt.safetensors; continue it with --resume" in last[0], err
+    step = int(last[0].split("at step ")[1].split(":")[0])
+    saved = checkpoint.load(workdir / "dp" / "ckpt.safetensors")
+    assert saved["step"] == step and saved["history"]["step"][-1] == step

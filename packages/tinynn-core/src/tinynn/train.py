@@ -224,9 +224,11 @@ class _Interrupts:
             pending, self.pending = self.pending, None
             self.previous(*pending)  # Python's raises KeyboardInterrupt, as distributed.py's does on rank 0
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, *exc):
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+        if kind is None:  # a Ctrl-C after the last step's check
+            self.check()
 
 
 def _save_on_interrupt(keeper: Keeper, done, running, start, state, model, batches, cfg) -> str:
