@@ -25,7 +25,7 @@ BROKEN_PIPE = 141  # the exit code of a program ended by a closed pipe (128 + SI
 
 
 def cmd_train(args):
-    from tinynn import config
+    from tinynn import config, rundir
     from tinynn.train import drop_stdout, train
     distributed.world()  # under mpiexec, connected first: rank 0 alone reports what loading the config says
     cfg = config.load(args.config, overrides={"--out-dir": ("out_dir", args.out_dir),
@@ -34,8 +34,12 @@ def cmd_train(args):
     result = train(cfg, device=args.device, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
     if not distributed.world().is_root:  # data-parallel: rank 0 alone reports
         return
+    if result.checkpoint is None:  # a run that leaves no model is a failure, whatever its last loss
+        raise TinynnError(f"no checkpoint saved in {cfg.out_dir}: every checkpoint step's loss was more than "
+                          f"{rundir.DIVERGENCE:g}x the best (the run diverged); try a lower learning_rate or a "
+                          "grad_clip")
     try:  # a reader that has gone (`| head -1`) does not turn a finished run into a failure
-        print(f"checkpoint: {result.checkpoint or 'none saved (every checkpoint step was diverging)'}")
+        print(f"checkpoint: {result.checkpoint}")
         if result.plot:
             print(f"loss curve: {result.plot}")
         print("sample:")
