@@ -89,7 +89,7 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
     tokenizer, batches = data.tokenizer, data.batches
     vocab_size = pretrained.config["vocab_size"] if pretrained else tokenizer.vocab_size
     backend = registry.set_default(device)  # after the data: a bad file is reported without starting a GPU
-    memory.check(cfg, vocab_size, data.in_memory, on_device=backend.is_gpu)
+    memory.check(cfg, vocab_size, data.in_memory, backend=backend)
     try:  # checked now, not after the training it would end
         prompt = tokenizer.encode(cfg.sample_prompt) if cfg.sample_prompt else data.first
     except TinynnError as e:
