@@ -327,3 +327,14 @@ def test_a_bad_data_file_on_a_real_gpu_backend_starts_no_adapter(workdir, capsys
     assert main(["train", "--config", write_config(workdir / "c.json", data="missing.txt"), "--device", "gpu"]) == 2
     notices, last = notices_and_error(capsys)
     assert notices == [] and last == "tinynn: error: data file not found: missing.txt", (notices, last)
+
+
+def test_ctrl_c_while_sampling_names_the_checkpoint(workdir, monkeypatch, capsys):
+    from tinynn.model import GPT
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(GPT, "generate", interrupted)
+    assert main(["train", "--config", write_config(workdir / "c.json"), "--quiet"]) == 130
+    _, last = notices_and_error(capsys)
+    assert last == "tinynn: interrupted while sampling, after training: the checkpoint is in run/ckpt.safetensors"

@@ -105,7 +105,10 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
         run_dir.release()
     if not world.is_root:  # rank 0 alone samples and plots
         return TrainResult(model, tokenizer, history, "", ckpt_path)
-    out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
+    try:
+        out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
+    except KeyboardInterrupt:
+        raise Interrupted(f"while sampling, after training: the checkpoint is in {ckpt_path}") from None
     sample = tokenizer.decode(out[0])
     plot = None
     if cfg.loss_plot:
