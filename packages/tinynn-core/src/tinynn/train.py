@@ -278,7 +278,7 @@ def _kept(keeper: Keeper) -> str:
 # what a step's update depends on besides the model and the state a checkpoint holds: a resume that changes one
 # goes on differently from the run it continues (max_steps is left out: raising it is how a run is extended)
 TRAJECTORY = ("batch_size", "grad_accum_steps", "learning_rate", "min_lr", "warmup_steps", "weight_decay", "beta1",
-              "beta2", "grad_clip", "data", "val_fraction", "seed")
+              "beta2", "grad_clip", "data", "val_fraction")
 
 
 def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
