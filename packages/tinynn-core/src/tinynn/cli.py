@@ -192,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("train", "train a GPT from a JSON config")
     p.add_argument("--config", required=True, help="path to the JSON config (README: Config reference)")
-    p.add_argument("--resume", action="store_true", help="continue from out_dir's checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="start afresh, replacing out_dir's checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from out_dir's checkpoint (Ctrl-C saves one)")
+    p.add_argument("--overwrite", action="store_true", help="start afresh, replacing out_dir's checkpoint (not with "
+                                                            "--resume)")
     p.add_argument("--out-dir", help="override the config's out_dir (default: the config's)")
     p.add_argument("--max-steps", type=int, help="override the config's max_steps (default: the config's)")
     p.add_argument("--init-from", help="fine-tune a Hugging Face GPT-2 folder (default: the config's init_from)")
