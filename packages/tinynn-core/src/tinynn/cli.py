@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from out_dir's checkpoint (Ctrl-C saves one)")
     p.add_argument("--overwrite", action="store_true", help="start afresh, replacing out_dir's checkpoint (not with "
                                                             "--resume)")
-    p.add_argument("--out-dir", help="override the config's out_dir (default: the config's)")
+    p.add_argument("--out-dir", help="override the config's out_dir; a loss_plot inside it moves too (default: the "
+                                     "config's)")
     p.add_argument("--max-steps", type=int, help="override the config's max_steps (default: the config's)")
     p.add_argument("--init-from", help="fine-tune a Hugging Face GPT-2 folder (default: the config's init_from)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
