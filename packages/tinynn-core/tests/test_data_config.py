@@ -141,3 +141,49 @@ def test_a_checkpoints_config_is_flat_and_loads_back():
                                              dropout=0.1)
     with pytest.raises(TinynnError, match=r"^n_embd \(30\) must be divisible by n_head \(4\)$"):
         GPT(GPTConfig(vocab_size=5, n_embd=30, n_head=4))
+
+
+def test_a_key_given_twice_is_refused(tmp_path):
+    """JSON keeps the last of two equal keys: a config that sets learning_rate twice would train on one of them."""
+    path = tmp_path / "c.json"
+    path.write_text('{"learning_rate": 0.01, "max_steps": 5, "learning_rate": 0.001}')
+    with pytest.raises(TinynnError) as e:
+        config.load(path)
+    assert str(e.value) == f"{path}: key 'learning_rate' is given twice"
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    """Some editors begin a UTF-8 file with a byte-order mark: it is neither a config's JSON nor a token."""
+    (tmp_path / "c.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"max_steps": 5}).encode())
+    assert config.load(tmp_path / "c.json").max_steps == 5
+    (tmp_path / "d.txt").write_bytes(b"\xef\xbb\xbfhello world")
+    assert load_text(str(tmp_path / "d.txt")) == "hello world"
+    assert "\ufeff" not in CharTokenizer(load_text(str(tmp_path / "d.txt"))).chars
+
+
+def test_out_dir_moves_a_loss_plot_kept_in_the_configs_out_dir(tmp_path, monkeypatch):
+    """Two runs of one config in two out_dirs must not write one plot."""
+    import warnings
+    path = tmp_path / "c.json"
+    flags = {"--out-dir": ("out_dir", "runs/b")}
+    path.write_text(json.dumps({"out_dir": "out/a", "loss_plot": "out/a/plots/loss.png"}))
+    assert config.load(path, flags).loss_plot == "runs/b/plots/loss.png"
+    assert config.load(path).loss_plot == "out/a/plots/loss.png"
+    path.write_text(json.dumps({"loss_plot": "./out/loss.svg"}))  # out_dir's default, "out"
+    assert config.load(path, flags).loss_plot == "runs/b/loss.svg"
+    path.write_text(json.dumps({"out_dir": "out/a", "loss_plot": "plots/loss.png"}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert config.load(path, flags).loss_plot == "plots/loss.png"
+    assert [str(w.message) for w in caught] == [
+        "loss_plot 'plots/loss.png' is outside out_dir 'out/a', so --out-dir does not move it: runs of this config "
+        "write one plot"]
+
+
+def test_a_long_bad_value_is_cut_in_the_error(tmp_path):
+    """A damaged checkpoint's config can hold a key or value kilobytes long: the error stays one short line."""
+    raw = {"data": ["x" * 2000], ("y" * 2000): 1}
+    for key in raw:
+        with pytest.raises(TinynnError) as e:
+            config.from_dict({key: raw[key]}, "checkpoint c.safetensors")
+        assert len(str(e.value)) < 300 and "checkpoint c.safetensors" in str(e.value), str(e.value)

@@ -7,9 +7,6 @@ from tinynn.config import TrainConfig
 from tinynn.errors import TinynnError
 from tinynn.train import train
 
-# train.py passes its backend to memory.check: the diff of the i45-bench report; remove the mark with it
-NEEDS_TRAIN_DIFF = pytest.mark.xfail(strict=True, reason="needs the train.py diff of the i45-bench report")
-
 CFG = TrainConfig(block_size=64, n_layer=2, n_head=2, n_embd=64, batch_size=32)
 VOCAB, TOKENS = 65, 100_000
 
@@ -40,7 +37,6 @@ def test_the_software_estimate_is_never_below_the_cpus():
         assert software >= cpu
 
 
-@NEEDS_TRAIN_DIFF
 @pytest.mark.filterwarnings("ignore:running on a software adapter")
 def test_train_on_a_software_adapter_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
     """The run fits the host as a hardware GPU would use it, not as lavapipe does: refused up front, where it

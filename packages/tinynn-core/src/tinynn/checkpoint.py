@@ -1,5 +1,6 @@
 """Checkpoints: one safetensors file holding the weights, the optimizer state, and (as JSON metadata) the
-config, the tokenizer, the step and the RNG state.
+config, the tokenizer, the step and the RNG state, and a SHA-256 checksum of all of it (`load` refuses a file
+whose bytes were changed; a checkpoint written before the checksum existed loads unchecked).
 
 A char tokenizer is its list of characters (`chars`); any other goes in `tokenizer` as its spec
 (tokenizer.py), with `chars` empty. `load` returns the spec either way, so a checkpoint written before BPE
@@ -12,6 +13,7 @@ The file is written by Python, not by safetensors, so it gets the umask's permis
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -23,6 +25,20 @@ from safetensors.numpy import save as serialize
 from tinynn.errors import TinynnError
 
 FORMAT = "tinynn-checkpoint-1"
+CHECKSUM = "sha256"  # the metadata entry of the checksum; a checkpoint written before it has none, and loads
+
+
+def _digest(tensors: dict, metadata: dict) -> str:
+    """SHA-256 over every tensor (name, dtype, shape, bytes) and every metadata entry but the checksum itself:
+    bytes overwritten inside a valid file (a bad disk, a stray write) still parse, and would load silently."""
+    h = hashlib.sha256()
+    for key in sorted(k for k in metadata if k != CHECKSUM):
+        h.update(json.dumps([key, metadata[key]]).encode())
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        h.update(json.dumps([name, array.dtype.str, array.shape]).encode())
+        h.update(array.reshape(-1).view(np.uint8))
+    return h.hexdigest()
 
 
 class SaveError(TinynnError):
@@ -43,6 +59,7 @@ def save(path, *, model_state: dict, optimizer_state: dict, config: dict, step: 
                 "rng_state": json.dumps(rng_state), "history": json.dumps(history)}
     if tokenizer is not None:
         metadata["tokenizer"] = json.dumps(tokenizer)
+    metadata[CHECKSUM] = _digest(tensors, metadata)
     data = serialize(tensors, metadata=metadata)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
@@ -81,6 +98,8 @@ def load(path) -> dict:
         raise TinynnError(f"checkpoint {path} is corrupt or not a safetensors file ({e})") from None
     if metadata.get("format") != FORMAT:
         raise TinynnError(f"checkpoint {path} is not a tinynn checkpoint (format {metadata.get('format')!r})")
+    if CHECKSUM in metadata and metadata[CHECKSUM] != _digest(tensors, metadata):
+        raise TinynnError(f"checkpoint {path} is damaged: its contents do not match the checksum saved with them")
     try:
         saved = {
             "model": {k[6:]: v for k, v in tensors.items() if k.startswith("model.")},

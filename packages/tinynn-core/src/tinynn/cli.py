@@ -4,7 +4,8 @@ and bench.
 Bad input (a config key or flag, a missing file, a corrupt checkpoint, an unknown character in a prompt) prints
 one line, `tinynn: error: ...`, and exits with code 2; nothing already saved is touched. Warnings become
 one-line notices, `tinynn: notice: ...`; NumPy's floating-point warnings are silenced, since a non-finite
-loss stops training with its own error.
+loss stops training with its own error. Output to a pipe whose reader has gone (`| head`) is dropped:
+training goes on to its checkpoint; generate stops, with exit code 141 (a program ended by SIGPIPE).
 """
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ import numpy as np
 from tinynn import __version__, backends, distributed, registry
 from tinynn.errors import TinynnError
 
+BROKEN_PIPE = 141  # the exit code of a program ended by a closed pipe (128 + SIGPIPE), as a shell reports it
+
 
 def cmd_train(args):
-    from tinynn import config
-    from tinynn.train import train
+    from tinynn import config, rundir
+    from tinynn.train import drop_stdout, train
     distributed.world()  # under mpiexec, connected first: rank 0 alone reports what loading the config says
     cfg = config.load(args.config, overrides={"--out-dir": ("out_dir", args.out_dir),
                                               "--max-steps": ("max_steps", args.max_steps),
@@ -31,11 +34,18 @@ def cmd_train(args):
     result = train(cfg, device=args.device, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
     if not distributed.world().is_root:  # data-parallel: rank 0 alone reports
         return
-    print(f"checkpoint: {result.checkpoint or 'none saved (every checkpoint step was diverging)'}")
-    if cfg.loss_plot:
-        print(f"loss curve: {cfg.loss_plot}")
-    print("sample:")
-    print(result.sample)
+    if result.checkpoint is None:  # a run that leaves no model is a failure, whatever its last loss
+        raise TinynnError(f"no checkpoint saved in {cfg.out_dir}: every checkpoint step's loss was more than "
+                          f"{rundir.DIVERGENCE:g}x the best (the run diverged); try a lower learning_rate or a "
+                          "grad_clip")
+    try:  # a reader that has gone (`| head -1`) does not turn a finished run into a failure
+        print(f"checkpoint: {result.checkpoint}")
+        if result.plot:
+            print(f"loss curve: {result.plot}")
+        print("sample:")
+        print(result.sample, flush=True)
+    except BrokenPipeError:
+        drop_stdout()
 
 
 def cmd_generate(args):
@@ -182,9 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("train", "train a GPT from a JSON config")
     p.add_argument("--config", required=True, help="path to the JSON config (README: Config reference)")
-    p.add_argument("--resume", action="store_true", help="continue from out_dir's checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="start afresh, replacing out_dir's checkpoint")
-    p.add_argument("--out-dir", help="override the config's out_dir (default: the config's)")
+    p.add_argument("--resume", action="store_true", help="continue from out_dir's checkpoint (Ctrl-C saves one)")
+    p.add_argument("--overwrite", action="store_true", help="start afresh, replacing out_dir's checkpoint (not with "
+                                                            "--resume)")
+    p.add_argument("--out-dir", help="override the config's out_dir; a loss_plot inside it moves too (default: the "
+                                     "config's)")
     p.add_argument("--max-steps", type=int, help="override the config's max_steps (default: the config's)")
     p.add_argument("--init-from", help="fine-tune a Hugging Face GPT-2 folder (default: the config's init_from)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -262,9 +274,13 @@ def main(argv=None) -> int:
         return distributed.fail(str(e), 2)  # prints `tinynn: error: ...`; under MPI it ends every rank
     except MemoryError:  # a backstop: train checks its estimate first (memory.py)
         return distributed.fail("out of memory: make the model, the batch or the vocabulary smaller", 2)
-    except KeyboardInterrupt:
-        distributed.say("tinynn: interrupted")
+    except KeyboardInterrupt as e:  # train's says where its checkpoint is (train.Interrupted)
+        distributed.say(f"tinynn: interrupted {e}" if str(e) else "tinynn: interrupted")
         return distributed.INTERRUPTED
+    except BrokenPipeError:  # stdout's reader has gone (`tinynn generate | head -c 20`): stop, as head meant
+        from tinynn.train import drop_stdout
+        drop_stdout()
+        return BROKEN_PIPE
     return 0
 
 

@@ -6,13 +6,16 @@ Any problem is a `TinynnError` whose one-line message names the file and the off
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
+import os
 import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, TinynnNotice
 from tinynn.model import Architecture, GPTConfig
 
 
@@ -49,7 +52,8 @@ class TrainConfig(Architecture):
     out_dir: str = "out"
     sample_tokens: int = 200
     sample_prompt: str = ""  # empty: start from the first character of the training text
-    loss_plot: str | None = None  # a PNG path for the loss curve (needs matplotlib)
+    loss_plot: str | None = None  # a path for the loss curve (.png, .svg, .pdf...; needs matplotlib); one in out_dir
+    # moves with --out-dir
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         model = {field.name: getattr(self, field.name) for field in dataclasses.fields(Architecture)}
@@ -132,13 +136,49 @@ def from_dict(raw: dict, source="config", overrides: dict | None = None) -> Trai
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     for key, value in raw.items():
         if key not in fields:
-            raise TinynnError(f"{source}: unknown key {key!r} (known keys: {', '.join(sorted(fields))})")
+            near = difflib.get_close_matches(key, fields, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else "README's Config reference lists the keys"
+            raise TinynnError(f"{source}: unknown key {_cut(repr(key))} ({hint})")
         if not _type_ok(value, hints[key]):
-            raise TinynnError(f"{source}: {key!r} must be {_type_name(hints[key])}, got {json.dumps(value)}")
+            raise TinynnError(f"{source}: {key!r} must be {_type_name(hints[key])}, got {_cut(json.dumps(value))}")
     given = {flag: kv for flag, kv in (overrides or {}).items() if kv[1] is not None}
+    out_dir = raw.get("out_dir", TrainConfig.out_dir)
     raw = {**raw, **dict(given.values())}
+    if raw.get("out_dir", out_dir) != out_dir and isinstance(raw.get("loss_plot"), str):
+        raw["loss_plot"] = _follow(raw["loss_plot"], out_dir, raw["out_dir"])
     values = {k: float(v) if hints[k] in (float, float | None) and v is not None else v for k, v in raw.items()}
     return TrainConfig(**values).validate(source, names={key: flag for flag, (key, _) in given.items()})
+
+
+def _follow(loss_plot: str, old_out_dir: str, out_dir: str) -> str:
+    """A loss_plot in the config's out_dir moves with an out_dir given on the command line, so that two runs of
+    one config in two out_dirs write two plots."""
+    try:
+        inside = Path(os.path.normpath(loss_plot)).relative_to(os.path.normpath(old_out_dir))
+    except ValueError:
+        warnings.warn(f"loss_plot {loss_plot!r} is outside out_dir {old_out_dir!r}, so --out-dir does not move "
+                      "it: runs of this config write one plot", TinynnNotice)
+        return loss_plot
+    return str(Path(out_dir) / inside)
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    """A value quoted in an error, cut short: a damaged checkpoint's config can hold one kilobytes long."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def _no_repeats(pairs: list) -> dict:
+    """A JSON object whose keys are all different: json keeps the last of two equal keys, silently."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Repeated(key)
+        seen[key] = value
+    return seen
+
+
+class _Repeated(Exception):
+    pass
 
 
 def load(path: str | Path, overrides: dict | None = None) -> TrainConfig:
@@ -146,12 +186,14 @@ def load(path: str | Path, overrides: dict | None = None) -> TrainConfig:
     path = Path(path)
     if not path.is_file():
         raise TinynnError(f"config file not found: {path}")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+    try:  # utf-8-sig: a byte-order mark some editors write is not JSON
+        raw = json.loads(path.read_text(encoding="utf-8-sig"), object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:
         raise TinynnError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
     except UnicodeDecodeError:
         raise TinynnError(f"{path}: not UTF-8 text") from None
+    except _Repeated as e:
+        raise TinynnError(f"{path}: key {_cut(repr(e.args[0]))} is given twice") from None
     return from_dict(raw, str(path), overrides)
 
 

@@ -60,7 +60,7 @@ def load_text(path: str | None) -> str:
         if not p.is_file():
             raise TinynnError(f"data file not found: {path}")
         try:
-            text = p.read_text(encoding="utf-8")
+            text = p.read_text(encoding="utf-8-sig")  # a byte-order mark some editors write is not text
         except UnicodeDecodeError as e:
             raise TinynnError(f"data file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not text:
@@ -256,5 +256,6 @@ def training_data(data: str | None, tokenizer: str | None, vocab_size: int | Non
     try:
         tokens = tok.encode(text)
     except TinynnError as e:
-        raise TinynnError(f"{data or 'the built-in corpus'}: {e}") from None
+        kept = f" (a run keeps the tokenizer of {fixed_source}: train on text it covers)" if fixed is not None else ""
+        raise TinynnError(f"data {data or 'the built-in corpus'}: {e}{kept}") from None
     return TrainingData(tok, Batches(tokens, block_size, val_fraction), tokens[:1], len(tokens))

@@ -6,11 +6,13 @@ with `--resume` or `--overwrite`, temporary files left by a killed save are remo
 room for two checkpoints (a save writes the new one before it removes the old).
 
 `Keeper` decides what is written. A checkpoint's weights are judged by a loss computed on them: the next
-step's training loss (its forward pass uses exactly those weights) or, at the last step, the validation
-loss. Until then the state waits in memory. A finite loss within `DIVERGENCE` times the best seen so far is
-written; a diverging one is dropped, so the file on disk stays the last good model. A failed write keeps the
-state in memory and is tried again at the next checkpoint; at the end it goes to a fallback path that the
-error names, so trained weights are never lost silently.
+step's training loss (its forward pass uses exactly those weights), or the validation loss evaluated at that
+step (at the last step, the only one). Until then the state waits in memory. A finite loss within
+`DIVERGENCE` times the best of its kind so far is written; a diverging one is dropped, so the file on disk
+stays the last good model. A first validation loss has nothing of its kind to compare with, so a training
+loss measured on the same weights judges them. A failed write keeps the state in memory and is tried again at
+the next checkpoint; at the end (or on Ctrl-C) it goes to a fallback path that the error names, so trained
+weights are never lost silently.
 """
 from __future__ import annotations
 
@@ -156,11 +158,22 @@ class Keeper:
         """A checkpoint step: hold a copy of the state (`checkpoint.save`'s arguments) until it is judged."""
         self.pending = copy.deepcopy(state)
 
-    def judge(self, loss: float, kind: str) -> None:
-        """`loss` was computed on the weights last offered (kind "train": the next step's; "val": evaluated)."""
-        # the first validation loss has no earlier one to compare with: the training losses stand in
-        best = self.best[kind] if math.isfinite(self.best[kind]) else min(self.best.values())
-        good = math.isfinite(loss) and loss <= DIVERGENCE * best
+    @property
+    def wants_train_loss(self) -> bool:
+        """Whether the next validation loss judges a state with no earlier validation loss to compare with: a
+        training loss measured on the same weights must judge it instead (see `judge`)."""
+        return self.pending is not None and not math.isfinite(self.best["val"])
+
+    def judge(self, loss: float, kind: str, train_loss: float | None = None) -> None:
+        """`loss` was computed on the weights last offered (kind "train": the next step's; "val": evaluated).
+        A first validation loss has no earlier one to compare with, and an overfit model's lies far above its
+        training losses with nothing diverging: `train_loss`, a training loss measured on the same weights,
+        then judges them against the training losses."""
+        judged, against = loss, kind
+        if kind == "val" and not math.isfinite(self.best["val"]) and train_loss is not None:
+            judged, against = train_loss, "train"
+        best = self.best[against]
+        good = math.isfinite(judged) and judged <= DIVERGENCE * best
         if math.isfinite(loss):
             self.best[kind] = min(self.best[kind], loss)
         if self.pending is None:
@@ -168,9 +181,9 @@ class Keeper:
         state, self.pending = self.pending, None
         if good:
             self._write(state)
-        elif math.isfinite(loss):  # a non-finite loss stops the run with its own error
+        elif math.isfinite(judged):  # a non-finite loss stops the run with its own error
             kept = f"step {self.saved_step}'s checkpoint is kept" if self.saved_step else "none is saved yet"
-            warnings.warn(f"step {state['step']} not saved: its {kind} loss {loss:.4g} is not within "
+            warnings.warn(f"step {state['step']} not saved: its {against} loss {judged:.4g} is not within "
                           f"{DIVERGENCE:g}x the best ({best:.4g}); {kept}", TinynnNotice)
 
     def _write(self, state: dict) -> None:

@@ -7,7 +7,13 @@ A step reads the loss back once (`loss.item()`): on a GPU backend that is the st
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+import signal
+import sys
+import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,7 +42,8 @@ class TrainResult:
     tokenizer: tokenizers.CharTokenizer | tokenizers.BPETokenizer
     history: dict  # step, train_loss, val_step, val_loss
     sample: str
-    checkpoint: Path
+    checkpoint: Path | None  # None: no state was good enough to write
+    plot: Path | None = None  # the loss curve, where loss_plot asked for one and it was written
 
 
 def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: int, seed: int) -> float:
@@ -50,15 +57,17 @@ def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: i
 
 
 def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progress=True) -> TrainResult:
-    """Train as `cfg` says. Everything checkable is checked before step 1 (see rundir.py and memory.py);
-    `resume` continues out_dir's checkpoint, `overwrite` lets a fresh run replace it. Under mpiexec, rank 0
-    alone holds out_dir, evaluates, writes checkpoints and samples."""
+    """Train as `cfg` says. Everything checkable is checked before step 1 (see rundir.py and memory.py), the
+    data before the device is started; `resume` continues out_dir's checkpoint, `overwrite` lets a fresh run
+    replace it. Ctrl-C ends the step under way and saves it (see `_Interrupts`). Under mpiexec, rank 0 alone
+    holds out_dir, evaluates, writes checkpoints and samples."""
     cfg.validate()
+    if resume and overwrite:
+        raise TinynnError("--resume continues out_dir's checkpoint and --overwrite replaces it: give one of them")
     world = distributed.world()  # under mpiexec: this rank (before the backend, which picks its GPU by it)
     world.check_batch(cfg.batch_size, cfg.grad_accum_steps)
-    backend = registry.set_default(device)
-    if cfg.loss_plot:
-        _require_matplotlib()
+    if cfg.loss_plot and world.is_root:
+        check_plot_path(cfg.loss_plot)
     run_dir = RunDir(cfg.out_dir, CHECKPOINT_NAME)
     pretrained = None
     if cfg.init_from:
@@ -66,7 +75,7 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
         cfg = _adopt(cfg, pretrained)
     saved = checkpoint.load(run_dir.checkpoint) if resume else None
     if saved:
-        _check_same_model(saved["config"], cfg, run_dir.checkpoint)
+        _check_resumable(saved, cfg, run_dir.checkpoint)
         fixed, fixed_source = tokenizers.from_spec(saved["tokenizer"]), f"checkpoint {run_dir.checkpoint}"
     elif pretrained:
         fixed, fixed_source = pretrained.tokenizer, f"GPT-2 folder {cfg.init_from}"
@@ -79,7 +88,8 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
                          fixed_source=fixed_source, progress=progress and world.is_root)
     tokenizer, batches = data.tokenizer, data.batches
     vocab_size = pretrained.config["vocab_size"] if pretrained else tokenizer.vocab_size
-    memory.check(cfg, vocab_size, data.in_memory, on_device=backend.is_gpu)
+    backend = registry.set_default(device)  # after the data: a bad file is reported without starting a GPU
+    memory.check(cfg, vocab_size, data.in_memory, backend=backend)
     try:  # checked now, not after the training it would end
         prompt = tokenizer.encode(cfg.sample_prompt) if cfg.sample_prompt else data.first
     except TinynnError as e:
@@ -95,11 +105,19 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
         run_dir.release()
     if not world.is_root:  # rank 0 alone samples and plots
         return TrainResult(model, tokenizer, history, "", ckpt_path)
-    out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
+    try:
+        out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
+    except KeyboardInterrupt:
+        raise Interrupted(f"while sampling, after training: the checkpoint is in {ckpt_path}") from None
     sample = tokenizer.decode(out[0])
+    plot = None
     if cfg.loss_plot:
-        plot_history(history, cfg.loss_plot)
-    return TrainResult(model, tokenizer, history, sample, ckpt_path)
+        try:
+            plot = plot_history(history, cfg.loss_plot)
+        except OSError as e:  # checked before training, so rare (a disk filled up since): the checkpoint stands
+            warnings.warn(f"loss_plot {cfg.loss_plot!r} not written ({e.strerror or e}); the checkpoint is saved",
+                          TinynnNotice)
+    return TrainResult(model, tokenizer, history, sample, ckpt_path, plot)
 
 
 def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pretrained, run_dir, progress):
@@ -130,33 +148,123 @@ def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pret
     train_step = TrainStep(model, optimizer, cfg.batch_size // world.size, cfg.block_size, cfg.grad_accum_steps,
                            world)
     t_last = time.perf_counter()
-    for step in bar:
-        lr = cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
-        x, y = batches.sample("train", cfg.batch_size, rng.generator())
-        loss_value = train_step(world.rows(x), world.rows(y), lr).item()  # the global batch's mean loss
-        keeper.judge(loss_value, "train")  # this loss was computed on the weights offered last step
-        if not math.isfinite(loss_value):
-            bar.close()
-            raise TinynnError(f"loss became {loss_value} at step {step + 1}; stopping ({_kept(keeper)}); "
-                              "try a lower learning_rate or a grad_clip")
-        history["step"].append(step + 1)
-        history["train_loss"].append(loss_value)
-        now = time.perf_counter()
-        bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_step / max(now - t_last, 1e-9):,.0f}")
-        t_last = now
-        last = step + 1 == cfg.max_steps
-        val = None
-        if world.is_root and ((step + 1) % cfg.eval_interval == 0 or last):
-            val = evaluate(model, batches, split_for_eval, cfg.eval_steps, cfg.batch_size, cfg.seed + 1)
-            history["val_step"].append(step + 1)
-            history["val_loss"].append(val)
-            bar.write(f"step {step + 1}: train loss {loss_value:.4f}, {split_for_eval} loss {val:.4f}")
-        if world.is_root and ((cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0) or last):
-            keeper.offer(state(step + 1))
-        if val is not None:
-            keeper.judge(val, "val")  # evaluated on the weights just offered
+    done, running = start, start  # the step whose state the model holds (None inside a step, where an update
+    # may be half made), and the step under way
+    try:
+        with _Interrupts(world.is_root) as interrupts:
+            for step in bar:
+                done, running = None, step + 1
+                lr = cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
+                x, y = batches.sample("train", cfg.batch_size, rng.generator())
+                loss_value = train_step(world.rows(x), world.rows(y), lr).item()  # the global batch's mean loss
+                keeper.judge(loss_value, "train")  # this loss was computed on the weights offered last step
+                if not math.isfinite(loss_value):
+                    bar.close()
+                    raise TinynnError(f"loss became {loss_value} at step {step + 1}; stopping ({_kept(keeper)}); "
+                                      "try a lower learning_rate or a grad_clip")
+                history["step"].append(step + 1)
+                history["train_loss"].append(loss_value)
+                done = step + 1
+                now = time.perf_counter()
+                bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tokens_per_step / max(now - t_last, 1e-9):,.0f}")
+                t_last = now
+                last = step + 1 == cfg.max_steps
+                val = None
+                if world.is_root and ((step + 1) % cfg.eval_interval == 0 or last):
+                    val = evaluate(model, batches, split_for_eval, cfg.eval_steps, cfg.batch_size, cfg.seed + 1)
+                    history["val_step"].append(step + 1)
+                    history["val_loss"].append(val)
+                    _report(bar, f"step {step + 1}: train loss {loss_value:.4f}, " + (
+                        f"val loss {val:.4f}" if split_for_eval == "val" else
+                        f"evaluated on training batches {val:.4f} (no validation split)"))
+                if world.is_root and ((cfg.checkpoint_interval and (step + 1) % cfg.checkpoint_interval == 0)
+                                      or last):
+                    keeper.offer(state(step + 1))
+                if val is not None:  # evaluated on the weights just offered
+                    train_loss = None
+                    if keeper.wants_train_loss:
+                        train_loss = val if split_for_eval == "train" else \
+                            evaluate(model, batches, "train", cfg.eval_steps, cfg.batch_size, cfg.seed + 2)
+                    keeper.judge(val, "val", train_loss)
+                interrupts.check()
+    except KeyboardInterrupt:
+        bar.close()
+        if not world.is_root:
+            raise
+        raise Interrupted(_save_on_interrupt(keeper, done, running, start, state, model, batches, cfg)) from None
     bar.close()
     return model, history, keeper.finish()
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C ended the run; the message says which checkpoint is on disk, and how to go on."""
+
+
+class _Interrupts:
+    """Ctrl-C during training takes effect at the end of the step under way (`check`), whose state is then
+    saved: an interrupt inside a step could leave the weights half updated, and those are never saved. A second
+    Ctrl-C takes effect at once. The handler it defers is the one in place (Python's, or distributed.py's, which
+    also ends an MPI job); the main thread alone receives signals, so elsewhere nothing is deferred."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.previous, self.pending = enabled, None, None
+
+    def __enter__(self):
+        handler = signal.getsignal(signal.SIGINT)
+        if self.enabled and callable(handler) and threading.current_thread() is threading.main_thread():
+            self.previous = handler
+            signal.signal(signal.SIGINT, self._defer)
+        return self
+
+    def _defer(self, signum, frame):
+        if self.pending is not None:
+            self.previous(signum, frame)
+        self.pending = (signum, frame)
+        distributed.say("tinynn: stopping after this step (Ctrl-C again to stop at once)")
+
+    def check(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.previous(*pending)  # Python's raises KeyboardInterrupt, as distributed.py's does on rank 0
+
+    def __exit__(self, kind, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        if kind is None:  # a Ctrl-C after the last step's check
+            self.check()
+
+
+def _save_on_interrupt(keeper: Keeper, done, running, start, state, model, batches, cfg) -> str:
+    """Write the state at the step the interrupt ended (`done`; None inside step `running`), judged like any
+    other by a training loss measured on it, and say what is on disk."""
+    at = f"at step {done}" if done is not None else f"during step {running}"
+    if done is not None and done > start and keeper.saved_step != done:
+        keeper.offer(state(done))
+        keeper.judge(evaluate(model, batches, "train", 1, cfg.batch_size, cfg.seed + 2), "train")
+    try:
+        path = keeper.finish()
+    except TinynnError as e:  # a state out_dir could not take, rescued elsewhere (or lost): the error says where
+        return f"{at}: {e}"
+    if path is None:
+        return f"{at}: no checkpoint was saved"
+    return f"{at}: step {keeper.saved_step}'s checkpoint is in {path}; continue it with --resume"
+
+
+def _report(bar, line: str) -> None:
+    """A line of the run's report on stdout. A reader that has gone (`tinynn train ... | head -1`) does not
+    end the training: the rest of the output is dropped."""
+    try:
+        bar.write(line)
+    except BrokenPipeError:
+        drop_stdout()
+
+
+def drop_stdout() -> None:
+    """Send the rest of stdout to os.devnull once its reader has gone, so that later prints (and Python's flush
+    at exit) do not raise BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _kept(keeper: Keeper) -> str:
@@ -167,12 +275,29 @@ def _kept(keeper: Keeper) -> str:
     return f"the last good checkpoint {path} (step {keeper.saved_step}) is kept" if path else "no checkpoint was saved"
 
 
-def _check_same_model(saved_config: dict, cfg: TrainConfig, path: Path) -> None:
+# what a step's update depends on besides the model and the state a checkpoint holds: a resume that changes one
+# goes on differently from the run it continues (max_steps is left out: raising it is how a run is extended)
+TRAJECTORY = ("batch_size", "grad_accum_steps", "learning_rate", "min_lr", "warmup_steps", "weight_decay", "beta1",
+              "beta2", "grad_clip", "data", "val_fraction")
+
+
+def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
+    """The checkpoint's model must be the config's; steps must be left to train; settings that change the
+    updates are named in a notice (a lower learning rate on resume is a real choice, not a mistake)."""
+    saved_config = saved["config"]
     for field in dataclasses.fields(Architecture):
-        saved = saved_config.get(field.name, field.default)  # a field the checkpoint predates: its default
-        if saved != getattr(cfg, field.name):
-            raise TinynnError(f"cannot resume from {path}: it has {field.name}={saved!r}, "
+        before = saved_config.get(field.name, field.default)  # a field the checkpoint predates: its default
+        if before != getattr(cfg, field.name):
+            raise TinynnError(f"cannot resume from {path}: it has {field.name}={before!r}, "
                               f"the config says {getattr(cfg, field.name)!r}")
+    if saved["step"] >= cfg.max_steps:
+        raise TinynnError(f"{path} is at step {saved['step']} and max_steps is {cfg.max_steps}: nothing to train "
+                          f"(raise it with --max-steps to train further)")
+    changed = [f"{key} {json.dumps(saved_config[key])} -> {json.dumps(getattr(cfg, key))}" for key in TRAJECTORY
+               if key in saved_config and saved_config[key] != getattr(cfg, key)]
+    if changed:
+        warnings.warn(f"resuming {path} with {', '.join(changed)}: from step {saved['step'] + 1} the run trains "
+                      "with the new values, not as it would have gone on", TinynnNotice)
 
 
 def _adopt(cfg: TrainConfig, pretrained: hf.Pretrained) -> TrainConfig:
@@ -190,14 +315,35 @@ def _adopt(cfg: TrainConfig, pretrained: hf.Pretrained) -> TrainConfig:
     return dataclasses.replace(cfg, **shape)
 
 
-def _require_matplotlib():
+def check_plot_path(path: str) -> None:
+    """loss_plot is written after training; what would stop it then is an error now: no matplotlib, a format it
+    cannot write, a folder, a place that cannot take a file."""
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
         raise TinynnError("loss_plot needs matplotlib: pip install 'tinynn-core[plot]'") from None
+    p = Path(path)
+    if p.is_dir():
+        raise TinynnError(f"loss_plot {path!r} is a folder: name a file in it (e.g. {str(p / 'loss.png')!r})")
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if p.suffix.lstrip(".").lower() not in formats:
+        raise TinynnError(f"loss_plot {path!r} must end in a format matplotlib writes "
+                          f"({', '.join('.' + f for f in sorted(formats))})")
+    folder = p.parent
+    while not folder.exists():  # plot_history creates the folders missing
+        folder = folder.parent
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(20, f"{folder} is a file")
+        if p.exists():
+            open(p, "ab").close()  # opened for writing, left as it is
+        else:
+            tempfile.NamedTemporaryFile(dir=folder, prefix=f".{p.name}.").close()
+    except OSError as e:
+        raise TinynnError(f"loss_plot {path!r} cannot be written ({e.strerror or e})") from None
 
 
-def plot_history(history: dict, path: str) -> None:
+def plot_history(history: dict, path: str) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -210,6 +356,9 @@ def plot_history(history: dict, path: str) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+    return Path(path)
