@@ -1,0 +1,128 @@
+"""A pool of threads sized to the cores, for NumPy work cut into blocks of rows.
+
+NumPy's ufuncs and reductions release the GIL, so the rows of one op can run on several cores at once from
+pure Python. An op cuts its rows into blocks whose size depends only on the array's shape, never on the number
+of threads, and each block is computed by the same NumPy calls whichever thread runs it: the same bits on every
+run and for every thread count. A block is small enough that the op's temporaries stay in a core's cache, which
+pays even on one thread.
+
+Matrix products stay on the calling thread: OpenBLAS threads them itself, serialises concurrent threaded calls,
+and keeps separate locks per transpose variant (OpenBLAS issue 5836), so a pool calling it would at best wait.
+
+    TINYNN_NUM_THREADS=4 tinynn train ...   # the pool's size; default: the cores this process may run on
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from tinynn.errors import TinynnError
+
+ENV = "TINYNN_NUM_THREADS"
+# elements of one block: 64 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
+BLOCK_ELEMENTS = 1 << 14
+
+_pool: ThreadPoolExecutor | None = None
+_size: int | None = None
+_worker = threading.local()  # set in the pool's threads: work they submit runs inline (no deadlock)
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity mask: `taskset` counts), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
+def num_threads() -> int:
+    """The pool's size: TINYNN_NUM_THREADS, or the cores available."""
+    global _size
+    if _size is None:
+        value = os.environ.get(ENV, "").strip()
+        if not value:
+            _size = cores()
+        elif value.isdigit() and int(value) >= 1:
+            _size = int(value)
+        else:
+            raise TinynnError(f"{ENV} must be a whole number >= 1, got {value!r}")
+    return _size
+
+
+def set_num_threads(n: int | None) -> None:
+    """Resize the pool (None: back to TINYNN_NUM_THREADS or the cores); the threads start at the next op."""
+    global _size
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise TinynnError(f"the number of threads must be an integer >= 1, got {n!r}")
+    _shutdown()
+    _size = n
+
+
+def describe() -> dict:
+    """What `tinynn info` shows: the pool's size and where it comes from."""
+    source = ENV if os.environ.get(ENV, "").strip() else "the cores available"
+    return {"threads": num_threads(), "from": source, "cores": cores()}
+
+
+def blocks(rows: int, row_size: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges covering `rows` rows of `row_size` elements, each about BLOCK_ELEMENTS elements."""
+    step = max(1, BLOCK_ELEMENTS // max(1, row_size))
+    return [(lo, min(lo + step, rows)) for lo in range(0, rows, step)]
+
+
+def run(fn, items: list) -> None:
+    """fn(item) for every item, the items cut into one contiguous run per thread (the calling thread takes the
+    first); returns when all are done, raising the first error. fn must not call BLAS (see the docstring)."""
+    threads = min(num_threads(), len(items))
+    if threads <= 1 or getattr(_worker, "active", False):
+        for item in items:
+            fn(item)
+        return
+    bounds = [len(items) * i // threads for i in range(threads + 1)]
+    runs = [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    futures = [_executor().submit(_run_all, fn, r) for r in runs[1:]]
+    try:
+        for item in runs[0]:
+            fn(item)
+    finally:
+        for f in futures:
+            f.result()
+
+
+def for_rows(fn, rows: int, row_size: int) -> None:
+    """fn(lo, hi) over blocks of rows (see `blocks`), spread over the pool."""
+    run(lambda block: fn(*block), blocks(rows, row_size))
+
+
+def _run_all(fn, items) -> None:
+    for item in items:
+        fn(item)
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(num_threads() - 1, thread_name_prefix="tinynn", initializer=_mark_worker)
+    return _pool
+
+
+def _mark_worker() -> None:
+    _worker.active = True
+
+
+def _shutdown() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
+
+
+def _forget_after_fork() -> None:
+    """A forked child has none of its parent's threads: it starts a pool of its own when it needs one."""
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
