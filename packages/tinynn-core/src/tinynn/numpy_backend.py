@@ -94,7 +94,7 @@ def _layernorm_grad(g, x, weight, mean, rstd):
     return g_x, g * xhat
 
 
-def _by_blocks(formula, outs, *ins, row_size=1):
+def _into(formula, outs, *ins, row_size=1):
     """outs[lo:hi] = formula(*(a[lo:hi] for a in ins)) over blocks of rows, on the thread pool; outs is one
     array or a tuple of them (formula then returns a tuple), each with the rows on its first axis."""
     single = not isinstance(outs, tuple)
@@ -105,6 +105,14 @@ def _by_blocks(formula, outs, *ins, row_size=1):
             out[lo:hi] = result
     parallel.for_rows(block, len(ins[0]), row_size)
     return outs
+
+
+def _by_blocks(formula, outs, *ins, row_size=1):
+    """formula(*ins), fresh arrays of the dtypes the formula keeps: rows that fit one block in one piece (no
+    copy), more through `_into` and `outs`, made by calling it."""
+    if len(ins[0]) * row_size <= parallel.BLOCK_ELEMENTS:
+        return formula(*ins)
+    return _into(formula, outs(), *ins, row_size=row_size)
 
 
 def _column_sums(formula, rows, row_size, width, dtype):
@@ -127,7 +135,7 @@ def _elementwise(formula, *arrays):
     if _small(a) or any(b.shape != a.shape or b.dtype != a.dtype for b in arrays[1:]):
         return formula(*arrays)
     out = np.empty(a.shape, a.dtype)
-    return _by_blocks(formula, out.reshape(-1), *(b.reshape(-1) for b in arrays)).reshape(a.shape)
+    return _into(formula, out.reshape(-1), *(b.reshape(-1) for b in arrays)).reshape(a.shape)
 
 
 def _pieces(*lists) -> list[tuple]:
@@ -251,7 +259,7 @@ class NumpyBackend(Backend):
         formula = BINARY[op]
         if a.shape != b.shape and b.ndim == 1 and a.shape[-1:] == b.shape and a.dtype == b.dtype and not _small(a):
             out = np.empty(a.shape, a.dtype)  # a row vector (a bias) against every row
-            return _by_blocks(lambda rows: formula(rows, b), _rows(out), _rows(a), row_size=a.shape[-1]).reshape(a.shape)
+            return _into(lambda rows: formula(rows, b), _rows(out), _rows(a), row_size=a.shape[-1]).reshape(a.shape)
         return _elementwise(formula, a, b)
 
     def scalar(self, op, a, s):
@@ -295,12 +303,14 @@ class NumpyBackend(Backend):
         extra = () if residual is None else (_rows(residual),)
         if activation is None and bias is None and residual is None:
             return pre, None
-        if activation is None:  # every pass in place on the product, which is this op's own
-            _by_blocks(lambda *ins: epilogue(*ins)[0], _rows(pre), _rows(pre), *extra, row_size=pre.shape[-1])
-            return pre, None
-        y = np.empty_like(pre)
-        _by_blocks(epilogue, (_rows(y), _rows(pre)), _rows(pre), *extra, row_size=pre.shape[-1])
-        return y, (pre if for_backward else None)
+        if _small(pre):
+            y, pre = epilogue(pre, *(() if residual is None else (residual,)))
+        elif activation is None:  # every pass in place on the product, which is this op's own
+            y = pre = _into(lambda *ins: epilogue(*ins)[0], _rows(pre), _rows(pre), *extra, row_size=pre.shape[-1])
+        else:
+            y = np.empty_like(pre)
+            _into(epilogue, (_rows(y), _rows(pre)), _rows(pre), *extra, row_size=pre.shape[-1])
+        return y.reshape(x.shape[:-1] + weight.shape[:1]), (pre if activation and for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         if activation is not None:
@@ -317,22 +327,25 @@ class NumpyBackend(Backend):
         formula = lambda rows: _softmax(rows * scale)  # noqa: E731
         if causal:
             x, formula = self.causal_fill(x * scale, -np.inf), _softmax
-        return _by_blocks(formula, _rows(np.empty_like(x)), _rows(x), row_size=x.shape[-1]).reshape(x.shape)
+        return _by_blocks(formula, lambda: _rows(np.empty_like(x)), _rows(x), row_size=x.shape[-1]).reshape(x.shape)
 
     def softmax_backward(self, y, g, scale=1.0):
-        return _by_blocks(lambda y, g: _softmax_grad(y, g, scale), _rows(np.empty_like(y)), _rows(y), _rows(g),
-                          row_size=y.shape[-1]).reshape(y.shape)
+        return _by_blocks(lambda y, g: _softmax_grad(y, g, scale), lambda: _rows(np.empty_like(y)), _rows(y),
+                          _rows(g), row_size=y.shape[-1]).reshape(y.shape)
 
     def log_softmax_forward(self, x):
-        return _by_blocks(_log_softmax, _rows(np.empty_like(x)), _rows(x), row_size=x.shape[-1]).reshape(x.shape)
+        return _by_blocks(_log_softmax, lambda: _rows(np.empty_like(x)), _rows(x),
+                          row_size=x.shape[-1]).reshape(x.shape)
 
     def log_softmax_backward(self, y, g):
         return g - np.exp(y) * g.sum(axis=-1, keepdims=True)
 
     def layernorm_forward(self, x, weight, bias, eps, for_backward=True):
-        y, mean, rstd = np.empty_like(x), np.empty(x.shape[:-1], x.dtype), np.empty(x.shape[:-1], x.dtype)
-        _by_blocks(lambda x: _layernorm(x, weight, bias, eps), (_rows(y), mean.reshape(-1), rstd.reshape(-1)),
-                   _rows(x), row_size=x.shape[-1])
+        rows = len(_rows(x))
+        y, mean, rstd = _by_blocks(lambda x: _layernorm(x, weight, bias, eps),
+                                   lambda: (_rows(np.empty_like(x)), np.empty(rows, x.dtype), np.empty(rows, x.dtype)),
+                                   _rows(x), row_size=x.shape[-1])
+        y, mean, rstd = y.reshape(x.shape), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
         return (y, mean, rstd) if for_backward else (y, None, None)
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
@@ -405,9 +418,9 @@ class NumpyBackend(Backend):
             e = np.exp(s - m)
             total = e.sum(axis=-1, keepdims=True)
             return e / total, (m + np.log(total))[..., 0]
-        _by_blocks(softmax, (s, lse), s, row_size=s[0].size)  # blocks of whole sequences
+        p, lse = _into(softmax, (s, lse), s, row_size=s[0].size)  # blocks of whole sequences
         y = np.empty(qkv.shape[:-1] + (qkv.shape[-1] // 3,), qkv.dtype)  # (B, T, C)
-        _by_blocks(lambda y: y, _split_heads(y, n_head), s @ v, row_size=s[0].size)  # (B, nh, T, hs) into place
+        _into(lambda y: y, _split_heads(y, n_head), p @ v, row_size=s[0].size)  # (B, nh, T, hs) into place
         return y, (lse if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
@@ -419,14 +432,13 @@ class NumpyBackend(Backend):
         def softmax_grad(s, lse, g_p, g_y, y_h):  # -> (p, g_s), written over s and g_p
             p = np.where(future, 0.0, np.exp(scale * s - lse[..., None]))
             return p, p * (g_p - (g_y * y_h).sum(axis=-1, keepdims=True))  # softmax's backward, its row dot from y
-        _by_blocks(softmax_grad, (s, g_p), s, lse, g_p, g_y, y_h, row_size=s[0].size)
-        p, g_s = s, g_p
+        p, g_s = _into(softmax_grad, (s, g_p), s, lse, g_p, g_y, y_h, row_size=s[0].size)
         g_qkv = np.empty(qkv.shape, qkv.dtype)
         B, T, _ = qkv.shape
         g_parts = g_qkv.reshape(B, T, 3, n_head, -1).transpose(2, 0, 3, 1, 4)  # (3, B, nh, T, hs), views of g_qkv
         for part, grad, factor in ((0, g_s @ k, scale), (1, g_s.swapaxes(-1, -2) @ q, scale),
                                    (2, p.swapaxes(-1, -2) @ g_y, 1.0)):
-            _by_blocks(lambda grad: factor * grad, g_parts[part], grad, row_size=grad[0].size)
+            _into(lambda grad: factor * grad, g_parts[part], grad, row_size=grad[0].size)
         return g_qkv
 
     # --- optimizer: every array cut into blocks, all blocks of all arrays in one run on the pool ---

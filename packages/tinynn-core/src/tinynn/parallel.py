@@ -21,7 +21,7 @@ from tinynn.errors import TinynnError
 
 ENV = "TINYNN_NUM_THREADS"
 # elements of one block: 64 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
-BLOCK_ELEMENTS = 1 << 14
+BLOCK_ELEMENTS = 1 << 15
 
 _pool: ThreadPoolExecutor | None = None
 _size: int | None = None
@@ -92,7 +92,10 @@ def run(fn, items: list) -> None:
 
 def for_rows(fn, rows: int, row_size: int) -> None:
     """fn(lo, hi) over blocks of rows (see `blocks`), spread over the pool."""
-    run(lambda block: fn(*block), blocks(rows, row_size))
+    if rows * row_size <= BLOCK_ELEMENTS:
+        fn(0, rows)  # one block (or none): no list, no pool
+    else:
+        run(lambda block: fn(*block), blocks(rows, row_size))
 
 
 def _run_all(fn, items) -> None:
