@@ -106,7 +106,7 @@ def outputs(rng_seed):
     w = randn(rng, 2 * width, width)
     out["linear gelu"] = NUMPY.linear_forward(x, w, randn(rng, 2 * width), activation="gelu")
     out["linear residual"] = NUMPY.linear_forward(x, w[:width], bias, residual=y)[0]
-    B, T, n_head = 3, 24, 2
+    B, T, n_head = 2, 170, 2  # T * T * head size > SMALL_PRODUCT: more than one block of queries
     qkv = randn(rng, B, T, 3 * 2 * 16)
     att, lse = NUMPY.attention_forward(qkv, n_head, 0.25)
     out["attention"] = att, lse
@@ -144,6 +144,34 @@ def assert_same_bits(a, b, what):
             assert l.dtype == r.dtype and l.shape == r.shape, f"{what}: {name}[{i}]"
             assert np.array_equal(l, r, equal_nan=True), \
                 f"{what}: {name}[{i}] differs by up to {np.nanmax(np.abs(l.astype(float) - r)):.3g}"
+
+
+def attention_by_formula(qkv, n_head, scale, g):
+    """Attention and its gradient from the whole T x T matrices, in float64."""
+    B, T, C3 = qkv.shape
+    q, k, v = qkv.astype(np.float64).reshape(B, T, 3, n_head, -1).transpose(2, 0, 3, 1, 4)  # (B, nh, T, hs) each
+    future = np.triu(np.ones((T, T), bool), 1)
+    p = np.exp(np.where(future, -np.inf, scale * q @ k.swapaxes(-1, -2)))
+    p /= p.sum(-1, keepdims=True)
+    y = p @ v
+    g_y = g.astype(np.float64).reshape(B, T, n_head, -1).transpose(0, 2, 1, 3)
+    g_s = p * (g_y @ v.swapaxes(-1, -2) - (g_y * y).sum(-1, keepdims=True))
+    grads = np.stack([scale * g_s @ k, scale * g_s.swapaxes(-1, -2) @ q, p.swapaxes(-1, -2) @ g_y])
+    return y.transpose(0, 2, 1, 3).reshape(B, T, -1), grads.transpose(1, 3, 0, 2, 4).reshape(qkv.shape)
+
+
+@pytest.mark.parametrize("small_product", [1 << 10, 1 << 14, 1 << 40])
+def test_attention_by_blocks_of_queries_is_the_formula(monkeypatch, small_product):
+    """Blocks of a few queries each (over the keys up to their last one), down to one query a block."""
+    monkeypatch.setattr("tinynn.numpy_backend.SMALL_PRODUCT", small_product)
+    parallel.set_num_threads(3)
+    rng = np.random.default_rng()
+    B, T, n_head, hs = int(rng.integers(1, 4)), int(rng.integers(20, 70)), 2, 8
+    qkv, g = randn(rng, B, T, 3 * n_head * hs), randn(rng, B, T, n_head * hs)
+    y, lse = NUMPY.attention_forward(qkv, n_head, 0.3)
+    want_y, want_g_qkv = attention_by_formula(qkv, n_head, 0.3, g)
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(NUMPY.attention_backward(g, qkv, y, lse, n_head, 0.3), want_g_qkv, rtol=1e-4, atol=1e-5)
 
 
 def test_blocks_and_threads_give_the_bits_of_one_piece(monkeypatch):

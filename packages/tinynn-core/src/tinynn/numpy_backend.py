@@ -26,6 +26,9 @@ EMBEDDING_RANGE = "embedding: an id is outside [0, num_embeddings)"
 TARGET_RANGE = "cross_entropy: a target is outside [0, number of classes) and is not ignore_index"
 
 
+# OpenBLAS runs a product of at most 65536 x 4 multiply-adds (GEMM_MULTITHREAD_THRESHOLD's default) on the thread
+# that calls it: products that small may run on the pool (larger ones would queue on BLAS's lock)
+SMALL_PRODUCT = 1 << 18
 GELU_EDGE = 12.0  # beyond +-12, 2 x s (1 - s) u' in GELU's gradient is 0 in float32
 
 
@@ -138,6 +141,13 @@ def _elementwise(formula, *arrays):
     return _into(formula, out.reshape(-1), *(b.reshape(-1) for b in arrays)).reshape(a.shape)
 
 
+def _query_rows(T, hs) -> int:
+    """Queries per block of attention: each product then has at most SMALL_PRODUCT multiply-adds, so OpenBLAS runs
+    it on the calling thread and the pool's threads run such products side by side. (Attention's T x T products
+    are too small for BLAS's own threads: on the 16-core Xeon a batch of them ran at 55-77 GFLOP/s threaded.)"""
+    return max(1, min(T, SMALL_PRODUCT // (T * hs)))
+
+
 def _pieces(*lists) -> list[tuple]:
     """(array index, lo, hi) over the elements of each array of lists[0] in blocks; a whole array where one of
     the arrays of that index is not contiguous (its flat view would be a copy, which an update in place misses)."""
@@ -176,12 +186,6 @@ def _split_heads(x, n_head):
     """(B, T, C) -> (B, nh, T, hs): head h is columns h*hs:(h+1)*hs."""
     B, T, C = x.shape
     return x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
-
-
-def _merge_heads(x):
-    """(B, nh, T, hs) -> (B, T, C), the inverse of _split_heads."""
-    B, nh, T, hs = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)
 
 
 def _heads(qkv, n_head):
@@ -406,39 +410,48 @@ class NumpyBackend(Backend):
         return self.embedding_backward(g, idx, num_embeddings), g_wpe
 
     def attention_forward(self, qkv, n_head, scale, for_backward=True):
-        """The plain formula, with the T x T scores: the specification the fused kernels are tested against."""
+        """The plain formula, with the T x T scores: the specification the fused kernels are tested against. Each
+        (sequence, head, block of queries) on the pool, over the keys up to its last query (the rest are masked)."""
         q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)
-        s = q @ k.swapaxes(-1, -2)  # (B, nh, T, T)
-        future = _causal(s.shape)
-        lse = np.empty(s.shape[:-1], s.dtype)  # (B, nh, T)
+        B, nh, T, hs = q.shape
+        y, lse = np.empty(qkv.shape[:-1] + (nh * hs,), qkv.dtype), np.empty((B, nh, T), qkv.dtype)
+        y_h, future, rows = _split_heads(y, n_head), _causal((T, T)), _query_rows(T, hs)
 
-        def softmax(s):  # -> (probabilities, lse), written over the scores
-            s = np.where(future, -np.inf, scale * s)
+        def piece(item):
+            b, h, lo = item
+            hi = min(lo + rows, T)
+            s = np.where(future[lo:hi, :hi], -np.inf, scale * (q[b, h, lo:hi] @ k[b, h, :hi].T))  # (rows, hi)
             m = s.max(axis=-1, keepdims=True)
             e = np.exp(s - m)
             total = e.sum(axis=-1, keepdims=True)
-            return e / total, (m + np.log(total))[..., 0]
-        p, lse = _into(softmax, (s, lse), s, row_size=s[0].size)  # blocks of whole sequences
-        y = np.empty(qkv.shape[:-1] + (qkv.shape[-1] // 3,), qkv.dtype)  # (B, T, C)
-        _into(lambda y: y, _split_heads(y, n_head), p @ v, row_size=s[0].size)  # (B, nh, T, hs) into place
+            y_h[b, h, lo:hi] = (e / total) @ v[b, h, :hi]  # (rows, hs)
+            lse[b, h, lo:hi] = (m + np.log(total))[:, 0]
+        parallel.run(piece, [(b, h, lo) for b in range(B) for h in range(nh) for lo in range(0, T, rows)])
         return y, (lse if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
+        """Each (sequence, head) on the pool; its keys' and values' gradients add up over its blocks of queries."""
         q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)
         g_y, y_h = _split_heads(g, n_head), _split_heads(y, n_head)  # (B, nh, T, hs)
-        s, g_p = q @ k.swapaxes(-1, -2), g_y @ v.swapaxes(-1, -2)  # (B, nh, T, T) each
-        future = _causal(s.shape)
-
-        def softmax_grad(s, lse, g_p, g_y, y_h):  # -> (p, g_s), written over s and g_p
-            p = np.where(future, 0.0, np.exp(scale * s - lse[..., None]))
-            return p, p * (g_p - (g_y * y_h).sum(axis=-1, keepdims=True))  # softmax's backward, its row dot from y
-        p, g_s = _into(softmax_grad, (s, g_p), s, lse, g_p, g_y, y_h, row_size=s[0].size)
+        B, nh, T, hs = q.shape
         g_qkv = np.empty(qkv.shape, qkv.dtype)
-        B, T, _ = qkv.shape
-        g_parts = g_qkv.reshape(B, T, 3, n_head, -1).transpose(2, 0, 3, 1, 4)  # (3, B, nh, T, hs), views of g_qkv
-        for part, grad, factor in ((0, g_s @ k, scale), (1, g_s.swapaxes(-1, -2) @ q, scale),
-                                   (2, p.swapaxes(-1, -2) @ g_y, 1.0)):
-            _into(lambda grad: factor * grad, g_parts[part], grad, row_size=grad[0].size)
+        g_q, g_k, g_v = _heads(g_qkv, n_head)  # views of g_qkv
+        future, rows = _causal((T, T)), _query_rows(T, hs)
+
+        def sequence_head(item):
+            b, h = item
+            g_keys, g_values = np.zeros((T, hs), g.dtype), np.zeros((T, hs), g.dtype)
+            for lo in range(0, T, rows):
+                hi = min(lo + rows, T)
+                s = scale * (q[b, h, lo:hi] @ k[b, h, :hi].T)  # (rows, hi)
+                p = np.where(future[lo:hi, :hi], 0.0, np.exp(s - lse[b, h, lo:hi, None]))
+                g_p = g_y[b, h, lo:hi] @ v[b, h, :hi].T  # (rows, hi)
+                g_s = p * (g_p - (g_y[b, h, lo:hi] * y_h[b, h, lo:hi]).sum(axis=-1, keepdims=True))  # its row dot from y
+                g_q[b, h, lo:hi] = scale * (g_s @ k[b, h, :hi])
+                g_keys[:hi] += scale * (g_s.T @ q[b, h, lo:hi])
+                g_values[:hi] += p.T @ g_y[b, h, lo:hi]
+            g_k[b, h], g_v[b, h] = g_keys, g_values
+        parallel.run(sequence_head, [(b, h) for b in range(B) for h in range(nh)])
         return g_qkv
 
     # --- optimizer: every array cut into blocks, all blocks of all arrays in one run on the pool ---

@@ -13,6 +13,7 @@ and keeps separate locks per transpose variant (OpenBLAS issue 5836), so a pool 
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -72,19 +73,25 @@ def blocks(rows: int, row_size: int) -> list[tuple[int, int]]:
 
 
 def run(fn, items: list) -> None:
-    """fn(item) for every item, the items cut into one contiguous run per thread (the calling thread takes the
-    first); returns when all are done, raising the first error. fn must not call BLAS (see the docstring)."""
+    """fn(item) for every item, on the pool's threads and the calling thread; returns when all are done, raising
+    the first error. Each thread takes the next item not yet taken, so a thread that shares its core (with
+    BLAS threads spinning after a product, or with other programs) does less of the work instead of holding
+    all of it up. fn may call BLAS only for products below its threading threshold (see the docstring)."""
     threads = min(num_threads(), len(items))
     if threads <= 1 or getattr(_worker, "active", False):
         for item in items:
             fn(item)
         return
-    bounds = [len(items) * i // threads for i in range(threads + 1)]
-    runs = [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-    futures = [_executor().submit(_run_all, fn, r) for r in runs[1:]]
+    taken = itertools.count()  # next() on it is atomic under the GIL
+
+    def work():
+        for i in iter(taken.__next__, None):
+            if i >= len(items):
+                return
+            fn(items[i])
+    futures = [_executor().submit(work) for _ in range(threads - 1)]
     try:
-        for item in runs[0]:
-            fn(item)
+        work()
     finally:
         for f in futures:
             f.result()
@@ -96,11 +103,6 @@ def for_rows(fn, rows: int, row_size: int) -> None:
         fn(0, rows)  # one block (or none): no list, no pool
     else:
         run(lambda block: fn(*block), blocks(rows, row_size))
-
-
-def _run_all(fn, items) -> None:
-    for item in items:
-        fn(item)
 
 
 def _executor() -> ThreadPoolExecutor:
