@@ -97,69 +97,11 @@ def _layernorm_grad(g, x, weight, mean, rstd):
     return g_x, g * xhat
 
 
-def _into(formula, outs, *ins, row_size=1):
-    """outs[lo:hi] = formula(*(a[lo:hi] for a in ins)) over blocks of rows, on the thread pool; outs is one
-    array or a tuple of them (formula then returns a tuple), each with the rows on its first axis."""
-    single = not isinstance(outs, tuple)
-
-    def block(lo, hi):
-        results = formula(*(a[lo:hi] for a in ins))
-        for out, result in ((outs, results),) if single else zip(outs, results):
-            out[lo:hi] = result
-    parallel.for_rows(block, len(ins[0]), row_size)
-    return outs
-
-
-def _by_blocks(formula, outs, *ins, row_size=1):
-    """formula(*ins), fresh arrays of the dtypes the formula keeps: rows that fit one block in one piece (no
-    copy), more through `_into` and `outs`, made by calling it."""
-    if len(ins[0]) * row_size <= parallel.BLOCK_ELEMENTS:
-        return formula(*ins)
-    return _into(formula, outs(), *ins, row_size=row_size)
-
-
-def _column_sums(formula, rows, row_size, width, dtype):
-    """The sum over rows of formula(lo, hi) (hi - lo, width): per-block partial sums added in block order, the
-    same bits for every thread count."""
-    spans = parallel.blocks(rows, row_size)
-    partial = np.empty((len(spans), width), dtype)
-    parallel.run(lambda i: np.sum(formula(*spans[i]), axis=0, out=partial[i]), list(range(len(spans))))
-    return partial.sum(axis=0)
-
-
-def _small(a) -> bool:
-    """An array the plain formula handles in one piece: one block or less, or not floating point."""
-    return a.size <= parallel.BLOCK_ELEMENTS or a.dtype.kind != "f"
-
-
-def _elementwise(formula, *arrays):
-    """formula(*arrays) for arrays of one shape and float dtype (the result's), by blocks on the pool."""
-    a = arrays[0]
-    if _small(a) or any(b.shape != a.shape or b.dtype != a.dtype for b in arrays[1:]):
-        return formula(*arrays)
-    out = np.empty(a.shape, a.dtype)
-    return _into(formula, out.reshape(-1), *(b.reshape(-1) for b in arrays)).reshape(a.shape)
-
-
 def _query_rows(T, hs) -> int:
     """Queries per block of attention: each product then has at most SMALL_PRODUCT multiply-adds, so OpenBLAS runs
     it on the calling thread and the pool's threads run such products side by side. (Attention's T x T products
     are too small for BLAS's own threads: on the 16-core Xeon a batch of them ran at 55-77 GFLOP/s threaded.)"""
     return max(1, min(T, SMALL_PRODUCT // (T * hs)))
-
-
-def _pieces(*lists) -> list[tuple]:
-    """(array index, lo, hi) over the elements of each array of lists[0] in blocks; a whole array where one of
-    the arrays of that index is not contiguous (its flat view would be a copy, which an update in place misses)."""
-    return [(i, lo, hi) for i, a in enumerate(lists[0])
-            for lo, hi in (parallel.blocks(a.size, 1) if all(x[i].flags.c_contiguous for x in lists)
-                           else [(None, None)])]
-
-
-def _piece(piece, *arrays) -> list:
-    """The piece's elements, as views, of each of `arrays` (lists indexed alike)."""
-    i, lo, hi = piece
-    return [a[i] if lo is None else a[i].reshape(-1)[lo:hi] for a in arrays]
 
 
 def _rows(a):
@@ -246,7 +188,7 @@ class NumpyBackend(Backend):
     def unary(self, op, a):
         if op not in UNARY:
             raise ValueError(f"unknown unary op {op!r}")
-        return _elementwise(UNARY[op], a)
+        return parallel.elementwise(UNARY[op], a)
 
     def unary_backward(self, op, x, y, g):
         """Gradient of `y = unary(op, x)` given the output gradient g."""
@@ -254,23 +196,23 @@ class NumpyBackend(Backend):
             raise ValueError(f"unknown unary op {op!r}")
         formula = UNARY_BACKWARD[op]
         if y is None:  # GELU's and ReLU's gradients need only their input
-            return _elementwise(lambda x, g: formula(x, None, g), x, g)
-        return _elementwise(formula, x, y, g)
+            return parallel.elementwise(lambda x, g: formula(x, None, g), x, g)
+        return parallel.elementwise(formula, x, y, g)
 
     def binary(self, op, a, b):
         if op not in BINARY:
             raise ValueError(f"unknown binary op {op!r}")
         formula = BINARY[op]
-        if a.shape != b.shape and b.ndim == 1 and a.shape[-1:] == b.shape and a.dtype == b.dtype and not _small(a):
+        if a.shape != b.shape and b.ndim == 1 and a.shape[-1:] == b.shape and a.dtype == b.dtype and not parallel.small(a):
             out = np.empty(a.shape, a.dtype)  # a row vector (a bias) against every row
-            return _into(lambda rows: formula(rows, b), _rows(out), _rows(a), row_size=a.shape[-1]).reshape(a.shape)
-        return _elementwise(formula, a, b)
+            return parallel.into(lambda rows: formula(rows, b), _rows(out), _rows(a), row_size=a.shape[-1]).reshape(a.shape)
+        return parallel.elementwise(formula, a, b)
 
     def scalar(self, op, a, s):
         if op not in SCALAR:
             raise ValueError(f"unknown scalar op {op!r}")
         formula = SCALAR[op]
-        return _elementwise(lambda a: formula(a, s), a)
+        return parallel.elementwise(lambda a: formula(a, s), a)
 
     def causal_fill(self, x, value):
         return np.where(_causal(x.shape), np.asarray(value, x.dtype), x)
@@ -307,13 +249,13 @@ class NumpyBackend(Backend):
         extra = () if residual is None else (_rows(residual),)
         if activation is None and bias is None and residual is None:
             return pre, None
-        if _small(pre):
+        if parallel.small(pre):
             y, pre = epilogue(pre, *(() if residual is None else (residual,)))
         elif activation is None:  # every pass in place on the product, which is this op's own
-            y = pre = _into(lambda *ins: epilogue(*ins)[0], _rows(pre), _rows(pre), *extra, row_size=pre.shape[-1])
+            y = pre = parallel.into(lambda *ins: epilogue(*ins)[0], _rows(pre), _rows(pre), *extra, row_size=pre.shape[-1])
         else:
             y = np.empty_like(pre)
-            _into(epilogue, (_rows(y), _rows(pre)), _rows(pre), *extra, row_size=pre.shape[-1])
+            parallel.into(epilogue, (_rows(y), _rows(pre)), _rows(pre), *extra, row_size=pre.shape[-1])
         return y.reshape(x.shape[:-1] + weight.shape[:1]), (pre if activation and for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
@@ -322,7 +264,7 @@ class NumpyBackend(Backend):
         g_x = g @ weight
         if x_activation is not None:
             g_x = self.unary_backward(x_activation, x_pre, None, g_x)
-        g_b = _column_sums(lambda lo, hi: g[lo:hi], *g.shape, g.shape[1], g.dtype) if has_bias else None
+        g_b = parallel.column_sums(lambda lo, hi: g[lo:hi], *g.shape, g.shape[1], g.dtype) if has_bias else None
         return g_x, g.T @ x, g_b
 
     # --- fused neural-network ops (over the last axis) ---
@@ -331,14 +273,14 @@ class NumpyBackend(Backend):
         formula = lambda rows: _softmax(rows * scale)  # noqa: E731
         if causal:
             x, formula = self.causal_fill(x * scale, -np.inf), _softmax
-        return _by_blocks(formula, lambda: _rows(np.empty_like(x)), _rows(x), row_size=x.shape[-1]).reshape(x.shape)
+        return parallel.by_blocks(formula, lambda: _rows(np.empty_like(x)), _rows(x), row_size=x.shape[-1]).reshape(x.shape)
 
     def softmax_backward(self, y, g, scale=1.0):
-        return _by_blocks(lambda y, g: _softmax_grad(y, g, scale), lambda: _rows(np.empty_like(y)), _rows(y),
+        return parallel.by_blocks(lambda y, g: _softmax_grad(y, g, scale), lambda: _rows(np.empty_like(y)), _rows(y),
                           _rows(g), row_size=y.shape[-1]).reshape(y.shape)
 
     def log_softmax_forward(self, x):
-        return _by_blocks(_log_softmax, lambda: _rows(np.empty_like(x)), _rows(x),
+        return parallel.by_blocks(_log_softmax, lambda: _rows(np.empty_like(x)), _rows(x),
                           row_size=x.shape[-1]).reshape(x.shape)
 
     def log_softmax_backward(self, y, g):
@@ -346,7 +288,7 @@ class NumpyBackend(Backend):
 
     def layernorm_forward(self, x, weight, bias, eps, for_backward=True):
         rows = len(_rows(x))
-        y, mean, rstd = _by_blocks(lambda x: _layernorm(x, weight, bias, eps),
+        y, mean, rstd = parallel.by_blocks(lambda x: _layernorm(x, weight, bias, eps),
                                    lambda: (_rows(np.empty_like(x)), np.empty(rows, x.dtype), np.empty(rows, x.dtype)),
                                    _rows(x), row_size=x.shape[-1])
         y, mean, rstd = y.reshape(x.shape), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
@@ -456,11 +398,11 @@ class NumpyBackend(Backend):
 
     # --- optimizer: every array cut into blocks, all blocks of all arrays in one run on the pool ---
     def global_norm(self, arrays):
-        pieces = _pieces(arrays)
+        pieces = parallel.pieces(arrays)
         squares = [0.0] * len(pieces)
 
         def block(i):
-            a, = _piece(pieces[i], arrays)
+            a, = parallel.piece(pieces[i], arrays)
             squares[i] = float((a.astype(np.float64) ** 2).sum())
         parallel.run(block, list(range(len(pieces))))
         return np.asarray(math.sqrt(sum(squares)), dtype=arrays[0].dtype)
@@ -477,7 +419,7 @@ class NumpyBackend(Backend):
         decays = weight_decay if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(params)
 
         def update(piece):
-            p, g, m, v = _piece(piece, params, grads, exp_avgs, exp_avg_sqs)
+            p, g, m, v = parallel.piece(piece, params, grads, exp_avgs, exp_avg_sqs)
             g = g * scale
             p *= 1.0 - lr * decays[piece[0]]  # decoupled weight decay (Loshchilov & Hutter)
             m *= beta1
@@ -485,7 +427,7 @@ class NumpyBackend(Backend):
             v *= beta2
             v += (1.0 - beta2) * g * g
             p -= lr * (m / bias1) / (np.sqrt(v / bias2) + eps)
-        parallel.run(update, _pieces(params, grads, exp_avgs, exp_avg_sqs))
+        parallel.run(update, parallel.pieces(params, grads, exp_avgs, exp_avg_sqs))
 
     def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
         """hyper = [lr]."""
@@ -493,12 +435,12 @@ class NumpyBackend(Backend):
         lr = float(hyper[0])
 
         def update(piece):
-            p, g, buf = _piece(piece, params, grads, momentum_buffers)
+            p, g, buf = parallel.piece(piece, params, grads, momentum_buffers)
             g = g * scale + weight_decay * p
             buf *= momentum
             buf += g
             p -= lr * buf
-        parallel.run(update, _pieces(params, grads, momentum_buffers))
+        parallel.run(update, parallel.pieces(params, grads, momentum_buffers))
 
     # --- data parallel ---
     def pack(self, arrays):

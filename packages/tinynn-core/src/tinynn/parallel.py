@@ -6,8 +6,10 @@ of threads, and each block is computed by the same NumPy calls whichever thread 
 run and for every thread count. A block is small enough that the op's temporaries stay in a core's cache, which
 pays even on one thread.
 
-Matrix products stay on the calling thread: OpenBLAS threads them itself, serialises concurrent threaded calls,
-and keeps separate locks per transpose variant (OpenBLAS issue 5836), so a pool calling it would at best wait.
+Large matrix products stay on the calling thread: OpenBLAS threads them itself, serialises concurrent threaded
+calls, and keeps separate locks per transpose variant (OpenBLAS issue 5836), so a pool calling them would at best
+wait. Products below its threading threshold run on the thread that calls them, so the pool may run those side by
+side (attention's, numpy_backend.SMALL_PRODUCT).
 
     TINYNN_NUM_THREADS=4 tinynn train ...   # the pool's size; default: the cores this process may run on
 """
@@ -18,11 +20,13 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from tinynn.errors import TinynnError
 
 ENV = "TINYNN_NUM_THREADS"
-# elements of one block: 64 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
-BLOCK_ELEMENTS = 1 << 15
+# elements of one block: 256 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
+BLOCK_ELEMENTS = 1 << 16
 
 _pool: ThreadPoolExecutor | None = None
 _size: int | None = None
@@ -76,7 +80,7 @@ def run(fn, items: list) -> None:
     """fn(item) for every item, on the pool's threads and the calling thread; returns when all are done, raising
     the first error. Each thread takes the next item not yet taken, so a thread that shares its core (with
     BLAS threads spinning after a product, or with other programs) does less of the work instead of holding
-    all of it up. fn may call BLAS only for products below its threading threshold (see the docstring)."""
+    all of it up. fn may call BLAS only for products below its threading threshold (see above)."""
     threads = min(num_threads(), len(items))
     if threads <= 1 or getattr(_worker, "active", False):
         for item in items:
@@ -103,6 +107,66 @@ def for_rows(fn, rows: int, row_size: int) -> None:
         fn(0, rows)  # one block (or none): no list, no pool
     else:
         run(lambda block: fn(*block), blocks(rows, row_size))
+
+
+# --- NumPy work cut into blocks: the backend's ops (numpy_backend.py) call these ---
+
+def into(formula, outs, *ins, row_size=1):
+    """outs[lo:hi] = formula(*(a[lo:hi] for a in ins)) over blocks of rows, on the thread pool; outs is one
+    array or a tuple of them (formula then returns a tuple), each with the rows on its first axis."""
+    single = not isinstance(outs, tuple)
+
+    def block(lo, hi):
+        results = formula(*(a[lo:hi] for a in ins))
+        for out, result in ((outs, results),) if single else zip(outs, results):
+            out[lo:hi] = result
+    for_rows(block, len(ins[0]), row_size)
+    return outs
+
+
+def by_blocks(formula, outs, *ins, row_size=1):
+    """formula(*ins), fresh arrays of the dtypes the formula keeps: rows that fit one block in one piece (no
+    copy), more through `into` and `outs`, made by calling it."""
+    if len(ins[0]) * row_size <= BLOCK_ELEMENTS:
+        return formula(*ins)
+    return into(formula, outs(), *ins, row_size=row_size)
+
+
+def column_sums(formula, rows, row_size, width, dtype):
+    """The sum over rows of formula(lo, hi) (hi - lo, width): per-block partial sums added in block order, the
+    same bits for every thread count."""
+    spans = blocks(rows, row_size)
+    partial = np.empty((len(spans), width), dtype)
+    run(lambda i: np.sum(formula(*spans[i]), axis=0, out=partial[i]), list(range(len(spans))))
+    return partial.sum(axis=0)
+
+
+def small(a) -> bool:
+    """An array the plain formula handles in one piece: one block or less, or not floating point."""
+    return a.size <= BLOCK_ELEMENTS or a.dtype.kind != "f"
+
+
+def elementwise(formula, *arrays):
+    """formula(*arrays) for arrays of one shape and float dtype (the result's), by blocks on the pool."""
+    a = arrays[0]
+    if small(a) or any(b.shape != a.shape or b.dtype != a.dtype for b in arrays[1:]):
+        return formula(*arrays)
+    out = np.empty(a.shape, a.dtype)
+    return into(formula, out.reshape(-1), *(b.reshape(-1) for b in arrays)).reshape(a.shape)
+
+
+def pieces(*lists) -> list[tuple]:
+    """(array index, lo, hi) over the elements of each array of lists[0] in blocks; a whole array where one of
+    the arrays of that index is not contiguous (its flat view would be a copy, which an update in place misses)."""
+    return [(i, lo, hi) for i, a in enumerate(lists[0])
+            for lo, hi in (blocks(a.size, 1) if all(x[i].flags.c_contiguous for x in lists)
+                           else [(None, None)])]
+
+
+def piece(item, *arrays) -> list:
+    """The elements of `item`, one of `pieces`, as views of each of `arrays` (lists indexed alike)."""
+    i, lo, hi = item
+    return [a[i] if lo is None else a[i].reshape(-1)[lo:hi] for a in arrays]
 
 
 def _executor() -> ThreadPoolExecutor:
