@@ -81,6 +81,13 @@ def test_num_threads_comes_from_the_environment_or_the_cores(monkeypatch):
         parallel.set_num_threads(0)
 
 
+def test_the_cpu_backend_describes_its_pool(monkeypatch):
+    """What `tinynn info` prints under the active backend."""
+    monkeypatch.setenv(parallel.ENV, "5")
+    parallel.set_num_threads(None)
+    assert NUMPY.describe()["threads"].startswith(f"5 (from {parallel.ENV}")
+
+
 def outputs(rng_seed):
     """Every op the backend cuts into blocks, on fresh inputs drawn from the seed: {name: arrays}."""
     rng = np.random.default_rng(rng_seed)

@@ -140,6 +140,12 @@ class NumpyBackend(Backend):
     interface_version = INTERFACE_VERSION
     device_name = "NumPy"
 
+    def describe(self) -> dict:
+        """... and the thread pool's size, which `tinynn info` shows."""
+        pool = parallel.describe()
+        threads = f"{pool['threads']} (from {pool['from']}; {pool['cores']} cores available)"
+        return {**super().describe(), "threads": threads}
+
     # --- transfer and creation ---
     def from_numpy(self, x):
         return np.array(x, copy=True)
@@ -203,9 +209,10 @@ class NumpyBackend(Backend):
         if op not in BINARY:
             raise ValueError(f"unknown binary op {op!r}")
         formula = BINARY[op]
-        if a.shape != b.shape and b.ndim == 1 and a.shape[-1:] == b.shape and a.dtype == b.dtype and not parallel.small(a):
-            out = np.empty(a.shape, a.dtype)  # a row vector (a bias) against every row
-            return parallel.into(lambda rows: formula(rows, b), _rows(out), _rows(a), row_size=a.shape[-1]).reshape(a.shape)
+        if a.shape != b.shape and b.ndim == 1 and a.shape[-1:] == b.shape and a.dtype == b.dtype \
+                and not parallel.small(a):  # a row vector (a bias) against every row
+            out = _rows(np.empty(a.shape, a.dtype))
+            return parallel.into(lambda rows: formula(rows, b), out, _rows(a), row_size=a.shape[-1]).reshape(a.shape)
         return parallel.elementwise(formula, a, b)
 
     def scalar(self, op, a, s):
@@ -252,7 +259,8 @@ class NumpyBackend(Backend):
         if parallel.small(pre):
             y, pre = epilogue(pre, *(() if residual is None else (residual,)))
         elif activation is None:  # every pass in place on the product, which is this op's own
-            y = pre = parallel.into(lambda *ins: epilogue(*ins)[0], _rows(pre), _rows(pre), *extra, row_size=pre.shape[-1])
+            y = pre = parallel.into(lambda *ins: epilogue(*ins)[0], _rows(pre), _rows(pre), *extra,
+                                    row_size=pre.shape[-1])
         else:
             y = np.empty_like(pre)
             parallel.into(epilogue, (_rows(y), _rows(pre)), _rows(pre), *extra, row_size=pre.shape[-1])
@@ -273,7 +281,8 @@ class NumpyBackend(Backend):
         formula = lambda rows: _softmax(rows * scale)  # noqa: E731
         if causal:
             x, formula = self.causal_fill(x * scale, -np.inf), _softmax
-        return parallel.by_blocks(formula, lambda: _rows(np.empty_like(x)), _rows(x), row_size=x.shape[-1]).reshape(x.shape)
+        return parallel.by_blocks(formula, lambda: _rows(np.empty_like(x)), _rows(x),
+                                  row_size=x.shape[-1]).reshape(x.shape)
 
     def softmax_backward(self, y, g, scale=1.0):
         return parallel.by_blocks(lambda y, g: _softmax_grad(y, g, scale), lambda: _rows(np.empty_like(y)), _rows(y),
@@ -388,7 +397,8 @@ class NumpyBackend(Backend):
                 s = scale * (q[b, h, lo:hi] @ k[b, h, :hi].T)  # (rows, hi)
                 p = np.where(future[lo:hi, :hi], 0.0, np.exp(s - lse[b, h, lo:hi, None]))
                 g_p = g_y[b, h, lo:hi] @ v[b, h, :hi].T  # (rows, hi)
-                g_s = p * (g_p - (g_y[b, h, lo:hi] * y_h[b, h, lo:hi]).sum(axis=-1, keepdims=True))  # its row dot from y
+                row_dot = (g_y[b, h, lo:hi] * y_h[b, h, lo:hi]).sum(axis=-1, keepdims=True)  # softmax's, from y
+                g_s = p * (g_p - row_dot)
                 g_q[b, h, lo:hi] = scale * (g_s @ k[b, h, :hi])
                 g_keys[:hi] += scale * (g_s.T @ q[b, h, lo:hi])
                 g_values[:hi] += p.T @ g_y[b, h, lo:hi]
