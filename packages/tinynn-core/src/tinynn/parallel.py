@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -97,8 +97,9 @@ def run(fn, items: list) -> None:
     try:
         work()
     finally:
-        for f in futures:
-            f.result()
+        wait(futures)  # every thread done with the arrays before anyone reads them, or an error is raised
+    for f in futures:
+        f.result()
 
 
 def for_rows(fn, rows: int, row_size: int) -> None:
