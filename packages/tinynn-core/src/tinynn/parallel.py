@@ -25,8 +25,8 @@ import numpy as np
 from tinynn.errors import TinynnError
 
 ENV = "TINYNN_NUM_THREADS"
-# elements of one block: 256 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
-BLOCK_ELEMENTS = 1 << 16
+# elements of one block: 128 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
+BLOCK_ELEMENTS = 1 << 15
 
 _pool: ThreadPoolExecutor | None = None
 _size: int | None = None
