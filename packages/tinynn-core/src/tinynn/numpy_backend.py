@@ -3,6 +3,12 @@
 Each op is the plain textbook formula, written for clarity; results are fresh contiguous arrays so that no
 op's output aliases its input (the in-place optimizer updates rely on that). Float ops keep their input's
 dtype: float32 for training, float64 for the finite-difference gradient checks.
+
+Large float arrays go through the same formulas one block of rows at a time, on the thread pool (parallel.py):
+an elementwise or row-wise formula gives the same bits by blocks as in one piece, and the blocks' temporaries
+stay in cache. Sums across rows (bias and LayerNorm gradients, the gradient norm) add per-block partial sums in
+block order: the same bits for every thread count. Matrix products run on the calling thread (OpenBLAS's own
+threads).
 """
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import math
 
 import numpy as np
 
+from tinynn import parallel
 from tinynn.backends import INTERFACE_VERSION, Backend
 from tinynn.errors import TinynnError
 
@@ -19,6 +26,9 @@ EMBEDDING_RANGE = "embedding: an id is outside [0, num_embeddings)"
 TARGET_RANGE = "cross_entropy: a target is outside [0, number of classes) and is not ignore_index"
 
 
+# OpenBLAS runs a product of at most 65536 x 4 multiply-adds (GEMM_MULTITHREAD_THRESHOLD's default) on the thread
+# that calls it: products that small may run on the pool (larger ones would queue on BLAS's lock)
+SMALL_PRODUCT = 1 << 18
 GELU_EDGE = 12.0  # beyond +-12, 2 x s (1 - s) u' in GELU's gradient is 0 in float32
 
 
@@ -29,6 +39,74 @@ def _gelu_sigmoid(x):
     common.wgsl, which may not assume infinities, computes it from exp(-|2u|) instead)."""
     with np.errstate(over="ignore"):
         return 1 / (1 + np.exp(-2 * GELU_C * (x + 0.044715 * x * x * x)))  # x*x*x: float power is ~20x slower
+
+
+def _gelu(x):
+    return x * _gelu_sigmoid(x)
+
+
+def _gelu_grad(x, g):
+    """GELU's gradient: s + 2 x s (1 - s) u', x clamped where s (1 - s) is 0: finite for every finite x."""
+    s, c = _gelu_sigmoid(x), np.clip(x, -GELU_EDGE, GELU_EDGE)
+    return g * (s + 2 * c * s * (1 - s) * GELU_C * (1 + 3 * 0.044715 * c * c))
+
+
+UNARY = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh,
+         "relu": lambda a: np.maximum(a, 0).astype(a.dtype), "gelu": lambda a: _gelu(a).astype(a.dtype)}
+UNARY_BACKWARD = {"neg": lambda x, y, g: -g, "exp": lambda x, y, g: g * y, "log": lambda x, y, g: g / x,
+                  "tanh": lambda x, y, g: g * (1.0 - y * y),
+                  "relu": lambda x, y, g: g * (x > 0).astype(g.dtype),
+                  "gelu": lambda x, y, g: _gelu_grad(x, g).astype(g.dtype)}
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+          "eq": lambda a, b: (a == b).astype(np.result_type(a, b))}
+SCALAR = {"add": lambda a, s: a + s, "mul": lambda a, s: a * s, "pow": lambda a, s: a ** s}
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _softmax_grad(y, g, scale):
+    return scale * y * (g - (g * y).sum(axis=-1, keepdims=True))
+
+
+def _log_softmax(x):
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _layernorm(x, weight, bias, eps):
+    """-> (y, mean, rstd) over the last axis."""
+    mean = x.mean(axis=-1)
+    rstd = 1.0 / np.sqrt(((x - mean[..., None]) ** 2).mean(axis=-1) + eps)
+    y = (x - mean[..., None]) * rstd[..., None]
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y, mean, rstd
+
+
+def _layernorm_grad(g, x, weight, mean, rstd):
+    """-> (g_x, g * xhat): x's gradient, and what the weight's gradient sums over the rows."""
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    g_xhat = g * weight if weight is not None else g
+    g_x = rstd[..., None] * (g_xhat - g_xhat.mean(axis=-1, keepdims=True)
+                             - xhat * (g_xhat * xhat).mean(axis=-1, keepdims=True))
+    return g_x, g * xhat
+
+
+def _query_rows(T, hs) -> int:
+    """Queries per block of attention: each product then has at most SMALL_PRODUCT multiply-adds, so OpenBLAS runs
+    it on the calling thread and the pool's threads run such products side by side. (Attention's T x T products
+    are too small for BLAS's own threads: on the 16-core Xeon a batch of them ran at 55-77 GFLOP/s threaded.)"""
+    return max(1, min(T, SMALL_PRODUCT // (T * hs)))
+
+
+def _rows(a):
+    """a (..., n) as rows (N, n)."""
+    return a.reshape(-1, a.shape[-1])
 
 
 def _check_range(ids, stop, message, ignore=None):
@@ -52,12 +130,6 @@ def _split_heads(x, n_head):
     return x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
 
 
-def _merge_heads(x):
-    """(B, nh, T, hs) -> (B, T, C), the inverse of _split_heads."""
-    B, nh, T, hs = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(B, T, nh * hs)
-
-
 def _heads(qkv, n_head):
     """q, k and v of the qkv projection's output (B, T, 3C), each (B, nh, T, hs)."""
     return (_split_heads(part, n_head) for part in np.split(qkv, 3, axis=-1))
@@ -67,6 +139,12 @@ class NumpyBackend(Backend):
     name = "cpu"
     interface_version = INTERFACE_VERSION
     device_name = "NumPy"
+
+    def describe(self) -> dict:
+        """... and the thread pool's size, which `tinynn info` shows."""
+        pool = parallel.describe()
+        threads = f"{pool['threads']} (from {pool['from']}; {pool['cores']} cores available)"
+        return {**super().describe(), "threads": threads}
 
     # --- transfer and creation ---
     def from_numpy(self, x):
@@ -114,58 +192,34 @@ class NumpyBackend(Backend):
 
     # --- elementwise ---
     def unary(self, op, a):
-        if op == "neg":
-            return -a
-        if op == "exp":
-            return np.exp(a)
-        if op == "log":
-            return np.log(a)
-        if op == "tanh":
-            return np.tanh(a)
-        if op == "relu":
-            return np.maximum(a, 0).astype(a.dtype)
-        if op == "gelu":
-            return (a * _gelu_sigmoid(a)).astype(a.dtype)
-        raise ValueError(f"unknown unary op {op!r}")
+        if op not in UNARY:
+            raise ValueError(f"unknown unary op {op!r}")
+        return parallel.elementwise(UNARY[op], a)
 
     def unary_backward(self, op, x, y, g):
         """Gradient of `y = unary(op, x)` given the output gradient g."""
-        if op == "neg":
-            return -g
-        if op == "exp":
-            return g * y
-        if op == "log":
-            return g / x
-        if op == "tanh":
-            return g * (1.0 - y * y)
-        if op == "relu":
-            return g * (x > 0).astype(g.dtype)
-        if op == "gelu":  # s + 2 x s (1 - s) u', x clamped where s (1 - s) is 0: finite for every finite x
-            s, c = _gelu_sigmoid(x), np.clip(x, -GELU_EDGE, GELU_EDGE)
-            return (g * (s + 2 * c * s * (1 - s) * GELU_C * (1 + 3 * 0.044715 * c * c))).astype(g.dtype)
-        raise ValueError(f"unknown unary op {op!r}")
+        if op not in UNARY_BACKWARD:
+            raise ValueError(f"unknown unary op {op!r}")
+        formula = UNARY_BACKWARD[op]
+        if y is None:  # GELU's and ReLU's gradients need only their input
+            return parallel.elementwise(lambda x, g: formula(x, None, g), x, g)
+        return parallel.elementwise(formula, x, y, g)
 
     def binary(self, op, a, b):
-        if op == "add":
-            return a + b
-        if op == "sub":
-            return a - b
-        if op == "mul":
-            return a * b
-        if op == "div":
-            return a / b
-        if op == "eq":
-            return (a == b).astype(np.result_type(a, b))
-        raise ValueError(f"unknown binary op {op!r}")
+        if op not in BINARY:
+            raise ValueError(f"unknown binary op {op!r}")
+        formula = BINARY[op]
+        if a.shape != b.shape and b.ndim == 1 and a.shape[-1:] == b.shape and a.dtype == b.dtype \
+                and not parallel.small(a):  # a row vector (a bias) against every row
+            out = _rows(np.empty(a.shape, a.dtype))
+            return parallel.into(lambda rows: formula(rows, b), out, _rows(a), row_size=a.shape[-1]).reshape(a.shape)
+        return parallel.elementwise(formula, a, b)
 
     def scalar(self, op, a, s):
-        if op == "add":
-            return a + s
-        if op == "mul":
-            return a * s
-        if op == "pow":
-            return a ** s
-        raise ValueError(f"unknown scalar op {op!r}")
+        if op not in SCALAR:
+            raise ValueError(f"unknown scalar op {op!r}")
+        formula = SCALAR[op]
+        return parallel.elementwise(lambda a: formula(a, s), a)
 
     def causal_fill(self, x, value):
         return np.where(_causal(x.shape), np.asarray(value, x.dtype), x)
@@ -190,15 +244,27 @@ class NumpyBackend(Backend):
         return np.matmul(a, b)
 
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
-        pre = x @ weight.T
-        if bias is not None:
-            pre = pre + bias
         if activation not in (None, "gelu"):
             raise ValueError(f"unknown activation {activation!r}")
-        y = pre if activation is None else self.unary(activation, pre)
-        if residual is not None:
-            y = y + residual
-        return y, (pre if activation and for_backward else None)
+        pre = (_rows(x) @ weight.T).reshape(x.shape[:-1] + weight.shape[:1])  # one product for all rows
+
+        def epilogue(pre, *residual):  # -> (activation(pre + bias) + residual, pre + bias)
+            if bias is not None:
+                pre = pre + bias
+            y = pre if activation is None else UNARY[activation](pre)
+            return (y + residual[0] if residual else y), pre
+        extra = () if residual is None else (_rows(residual),)
+        if activation is None and bias is None and residual is None:
+            return pre, None
+        if parallel.small(pre):
+            y, pre = epilogue(pre, *(() if residual is None else (residual,)))
+        elif activation is None:  # every pass in place on the product, which is this op's own
+            y = pre = parallel.into(lambda *ins: epilogue(*ins)[0], _rows(pre), _rows(pre), *extra,
+                                    row_size=pre.shape[-1])
+        else:
+            y = np.empty_like(pre)
+            parallel.into(epilogue, (_rows(y), _rows(pre)), _rows(pre), *extra, row_size=pre.shape[-1])
+        return y.reshape(x.shape[:-1] + weight.shape[:1]), (pre if activation and for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         if activation is not None:
@@ -206,50 +272,52 @@ class NumpyBackend(Backend):
         g_x = g @ weight
         if x_activation is not None:
             g_x = self.unary_backward(x_activation, x_pre, None, g_x)
-        return g_x, g.T @ x, (g.sum(axis=0) if has_bias else None)
+        g_b = parallel.column_sums(lambda lo, hi: g[lo:hi], *g.shape, g.shape[1], g.dtype) if has_bias else None
+        return g_x, g.T @ x, g_b
 
     # --- fused neural-network ops (over the last axis) ---
     def softmax_forward(self, x, causal=False, scale=1.0):
         """softmax(scale * x) over the last axis; `causal` hides the future first (attention's scores)."""
-        x = x * scale
+        formula = lambda rows: _softmax(rows * scale)  # noqa: E731
         if causal:
-            x = self.causal_fill(x, -np.inf)
-        e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return (e / e.sum(axis=-1, keepdims=True)).astype(x.dtype)
+            x, formula = self.causal_fill(x * scale, -np.inf), _softmax
+        return parallel.by_blocks(formula, lambda: _rows(np.empty_like(x)), _rows(x),
+                                  row_size=x.shape[-1]).reshape(x.shape)
 
     def softmax_backward(self, y, g, scale=1.0):
-        return (scale * y * (g - (g * y).sum(axis=-1, keepdims=True))).astype(y.dtype)
+        return parallel.by_blocks(lambda y, g: _softmax_grad(y, g, scale), lambda: _rows(np.empty_like(y)), _rows(y),
+                          _rows(g), row_size=y.shape[-1]).reshape(y.shape)
 
     def log_softmax_forward(self, x):
-        shifted = x - x.max(axis=-1, keepdims=True)
-        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        return parallel.by_blocks(_log_softmax, lambda: _rows(np.empty_like(x)), _rows(x),
+                          row_size=x.shape[-1]).reshape(x.shape)
 
     def log_softmax_backward(self, y, g):
         return g - np.exp(y) * g.sum(axis=-1, keepdims=True)
 
     def layernorm_forward(self, x, weight, bias, eps, for_backward=True):
-        mean = x.mean(axis=-1)
-        rstd = 1.0 / np.sqrt(((x - mean[..., None]) ** 2).mean(axis=-1) + eps)
-        y = (x - mean[..., None]) * rstd[..., None]
-        if weight is not None:
-            y = y * weight
-        if bias is not None:
-            y = y + bias
-        if not for_backward:
-            return y.astype(x.dtype), None, None
-        return y.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
+        rows = len(_rows(x))
+        y, mean, rstd = parallel.by_blocks(lambda x: _layernorm(x, weight, bias, eps),
+                                   lambda: (_rows(np.empty_like(x)), np.empty(rows, x.dtype), np.empty(rows, x.dtype)),
+                                   _rows(x), row_size=x.shape[-1])
+        y, mean, rstd = y.reshape(x.shape), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
+        return (y, mean, rstd) if for_backward else (y, None, None)
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
-        xhat = (x - mean[..., None]) * rstd[..., None]
-        batch_axes = tuple(range(x.ndim - 1))
-        g_weight = (g * xhat).sum(axis=batch_axes) if weight is not None else None
-        g_bias = g.sum(axis=batch_axes) if has_bias else None
-        g_xhat = g * weight if weight is not None else g
-        g_x = rstd[..., None] * (g_xhat - g_xhat.mean(axis=-1, keepdims=True)
-                                 - xhat * (g_xhat * xhat).mean(axis=-1, keepdims=True))
-        if g_add is not None:
-            g_x = g_x + g_add
-        return g_x.astype(x.dtype), g_weight, g_bias
+        g_rows, x_rows, mean, rstd = _rows(g), _rows(x), mean.reshape(-1), rstd.reshape(-1)
+        spans, width = parallel.blocks(*x_rows.shape), x.shape[-1]
+        g_x = np.empty_like(x)
+        sums = np.empty((2, len(spans), width), x.dtype)  # per block: the rows' sums of g * xhat and of g
+
+        def block(i):
+            lo, hi = spans[i]
+            g_x_rows, g_xhat = _layernorm_grad(g_rows[lo:hi], x_rows[lo:hi], weight, mean[lo:hi], rstd[lo:hi])
+            _rows(g_x)[lo:hi] = g_x_rows if g_add is None else g_x_rows + _rows(g_add)[lo:hi]
+            np.sum(g_xhat, axis=0, out=sums[0, i])
+            np.sum(g_rows[lo:hi], axis=0, out=sums[1, i])
+        parallel.run(block, list(range(len(spans))))
+        g_weight, g_bias = sums.sum(axis=1)
+        return g_x, (g_weight if weight is not None else None), (g_bias if has_bias else None)
 
     def cross_entropy_forward(self, logits, targets, ignore_index, for_backward=True):
         """Mean negative log-likelihood of `targets` (N,) under `logits` (N, C) -> (loss, probs, count)."""
@@ -293,31 +361,61 @@ class NumpyBackend(Backend):
         return self.embedding_backward(g, idx, num_embeddings), g_wpe
 
     def attention_forward(self, qkv, n_head, scale, for_backward=True):
-        """The plain formula, with the T x T scores: the specification the fused kernels are tested against."""
+        """The plain formula, with the T x T scores: the specification the fused kernels are tested against. Each
+        (sequence, head, block of queries) on the pool, over the keys up to its last query (the rest are masked)."""
         q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)
-        s = np.where(_causal((q.shape[-2], k.shape[-2])), -np.inf, scale * (q @ k.swapaxes(-1, -2)))  # (B, nh, T, T)
-        m = s.max(axis=-1, keepdims=True)
-        e = np.exp(s - m)
-        total = e.sum(axis=-1, keepdims=True)
-        y = (e / total) @ v  # (B, nh, T, hs)
-        lse = (m + np.log(total))[..., 0]  # (B, nh, T)
-        return _merge_heads(y).astype(qkv.dtype), (lse.astype(qkv.dtype) if for_backward else None)
+        B, nh, T, hs = q.shape
+        y, lse = np.empty(qkv.shape[:-1] + (nh * hs,), qkv.dtype), np.empty((B, nh, T), qkv.dtype)
+        y_h, future, rows = _split_heads(y, n_head), _causal((T, T)), _query_rows(T, hs)
+
+        def piece(item):
+            b, h, lo = item
+            hi = min(lo + rows, T)
+            s = np.where(future[lo:hi, :hi], -np.inf, scale * (q[b, h, lo:hi] @ k[b, h, :hi].T))  # (rows, hi)
+            m = s.max(axis=-1, keepdims=True)
+            e = np.exp(s - m)
+            total = e.sum(axis=-1, keepdims=True)
+            y_h[b, h, lo:hi] = (e / total) @ v[b, h, :hi]  # (rows, hs)
+            lse[b, h, lo:hi] = (m + np.log(total))[:, 0]
+        parallel.run(piece, [(b, h, lo) for b in range(B) for h in range(nh) for lo in range(0, T, rows)])
+        return y, (lse if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
+        """Each (sequence, head) on the pool; its keys' and values' gradients add up over its blocks of queries."""
         q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)
         g_y, y_h = _split_heads(g, n_head), _split_heads(y, n_head)  # (B, nh, T, hs)
-        s = scale * (q @ k.swapaxes(-1, -2))  # (B, nh, T, T)
-        p = np.where(_causal(s.shape), 0.0, np.exp(s - lse[..., None]))
-        g_p = g_y @ v.swapaxes(-1, -2)  # (B, nh, T, T)
-        g_s = p * (g_p - (g_y * y_h).sum(axis=-1, keepdims=True))  # softmax's backward, its row dot from y
-        g_q, g_k, g_v = scale * (g_s @ k), scale * (g_s.swapaxes(-1, -2) @ q), p.swapaxes(-1, -2) @ g_y
-        g_qkv = np.stack([g_q, g_k, g_v]).transpose(1, 3, 0, 2, 4)  # (B, T, 3, nh, hs)
-        return g_qkv.reshape(qkv.shape).astype(qkv.dtype)
+        B, nh, T, hs = q.shape
+        g_qkv = np.empty(qkv.shape, qkv.dtype)
+        g_q, g_k, g_v = _heads(g_qkv, n_head)  # views of g_qkv
+        future, rows = _causal((T, T)), _query_rows(T, hs)
 
-    # --- optimizer ---
+        def sequence_head(item):
+            b, h = item
+            g_keys, g_values = np.zeros((T, hs), g.dtype), np.zeros((T, hs), g.dtype)
+            for lo in range(0, T, rows):
+                hi = min(lo + rows, T)
+                s = scale * (q[b, h, lo:hi] @ k[b, h, :hi].T)  # (rows, hi)
+                p = np.where(future[lo:hi, :hi], 0.0, np.exp(s - lse[b, h, lo:hi, None]))
+                g_p = g_y[b, h, lo:hi] @ v[b, h, :hi].T  # (rows, hi)
+                row_dot = (g_y[b, h, lo:hi] * y_h[b, h, lo:hi]).sum(axis=-1, keepdims=True)  # softmax's, from y
+                g_s = p * (g_p - row_dot)
+                g_q[b, h, lo:hi] = scale * (g_s @ k[b, h, :hi])
+                g_keys[:hi] += scale * (g_s.T @ q[b, h, lo:hi])
+                g_values[:hi] += p.T @ g_y[b, h, lo:hi]
+            g_k[b, h], g_v[b, h] = g_keys, g_values
+        parallel.run(sequence_head, [(b, h) for b in range(B) for h in range(nh)])
+        return g_qkv
+
+    # --- optimizer: every array cut into blocks, all blocks of all arrays in one run on the pool ---
     def global_norm(self, arrays):
-        total = sum(float((a.astype(np.float64) ** 2).sum()) for a in arrays)
-        return np.asarray(math.sqrt(total), dtype=arrays[0].dtype)
+        pieces = parallel.pieces(arrays)
+        squares = [0.0] * len(pieces)
+
+        def block(i):
+            a, = parallel.piece(pieces[i], arrays)
+            squares[i] = float((a.astype(np.float64) ** 2).sum())
+        parallel.run(block, list(range(len(pieces))))
+        return np.asarray(math.sqrt(sum(squares)), dtype=arrays[0].dtype)
 
     def global_norm_and_clip(self, arrays, max_norm):
         norm = self.global_norm(arrays)
@@ -329,24 +427,30 @@ class NumpyBackend(Backend):
         scale = 1.0 if grad_scale is None else float(grad_scale)
         lr, bias1, bias2 = (float(v) for v in hyper)
         decays = weight_decay if isinstance(weight_decay, (list, tuple)) else [weight_decay] * len(params)
-        for p, g, m, v, decay in zip(params, grads, exp_avgs, exp_avg_sqs, decays):
+
+        def update(piece):
+            p, g, m, v = parallel.piece(piece, params, grads, exp_avgs, exp_avg_sqs)
             g = g * scale
-            p *= 1.0 - lr * decay  # decoupled weight decay (Loshchilov & Hutter)
+            p *= 1.0 - lr * decays[piece[0]]  # decoupled weight decay (Loshchilov & Hutter)
             m *= beta1
             m += (1.0 - beta1) * g
             v *= beta2
             v += (1.0 - beta2) * g * g
             p -= lr * (m / bias1) / (np.sqrt(v / bias2) + eps)
+        parallel.run(update, parallel.pieces(params, grads, exp_avgs, exp_avg_sqs))
 
     def sgd_update_(self, params, grads, momentum_buffers, hyper, *, momentum, weight_decay, grad_scale=None):
         """hyper = [lr]."""
         scale = 1.0 if grad_scale is None else float(grad_scale)
         lr = float(hyper[0])
-        for p, g, buf in zip(params, grads, momentum_buffers):
+
+        def update(piece):
+            p, g, buf = parallel.piece(piece, params, grads, momentum_buffers)
             g = g * scale + weight_decay * p
             buf *= momentum
             buf += g
             p -= lr * buf
+        parallel.run(update, parallel.pieces(params, grads, momentum_buffers))
 
     # --- data parallel ---
     def pack(self, arrays):

@@ -1,0 +1,198 @@
+"""A pool of threads sized to the cores, for NumPy work cut into blocks of rows.
+
+NumPy's ufuncs and reductions release the GIL, so the rows of one op can run on several cores at once from
+pure Python. An op cuts its rows into blocks whose size depends only on the array's shape, never on the number
+of threads, and each block is computed by the same NumPy calls whichever thread runs it: the same bits on every
+run and for every thread count. A block is small enough that the op's temporaries stay in a core's cache, which
+pays even on one thread.
+
+Large matrix products stay on the calling thread: OpenBLAS threads them itself, serialises concurrent threaded
+calls, and keeps separate locks per transpose variant (OpenBLAS issue 5836), so a pool calling them would at best
+wait. Products below its threading threshold run on the thread that calls them, so the pool may run those side by
+side (attention's, numpy_backend.SMALL_PRODUCT).
+
+    TINYNN_NUM_THREADS=4 tinynn train ...   # the pool's size; default: the cores this process may run on
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+
+import numpy as np
+
+from tinynn.errors import TinynnError
+
+ENV = "TINYNN_NUM_THREADS"
+# elements of one block: 128 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
+BLOCK_ELEMENTS = 1 << 15
+
+_pool: ThreadPoolExecutor | None = None
+_size: int | None = None
+_worker = threading.local()  # set in the pool's threads: work they submit runs inline (no deadlock)
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity mask: `taskset` counts), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
+def num_threads() -> int:
+    """The pool's size: TINYNN_NUM_THREADS, or the cores available."""
+    global _size
+    if _size is None:
+        value = os.environ.get(ENV, "").strip()
+        if not value:
+            _size = cores()
+        elif value.isdigit() and int(value) >= 1:
+            _size = int(value)
+        else:
+            raise TinynnError(f"{ENV} must be a whole number >= 1, got {value!r}")
+    return _size
+
+
+def set_num_threads(n: int | None) -> None:
+    """Resize the pool (None: back to TINYNN_NUM_THREADS or the cores); the threads start at the next op."""
+    global _size
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise TinynnError(f"the number of threads must be an integer >= 1, got {n!r}")
+    _shutdown()
+    _size = n
+
+
+def describe() -> dict:
+    """What `tinynn info` shows: the pool's size and where it comes from."""
+    source = ENV if os.environ.get(ENV, "").strip() else "the cores available"
+    return {"threads": num_threads(), "from": source, "cores": cores()}
+
+
+def blocks(rows: int, row_size: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges covering `rows` rows of `row_size` elements, each about BLOCK_ELEMENTS elements."""
+    step = max(1, BLOCK_ELEMENTS // max(1, row_size))
+    return [(lo, min(lo + step, rows)) for lo in range(0, rows, step)]
+
+
+def run(fn, items: list) -> None:
+    """fn(item) for every item, on the pool's threads and the calling thread; returns when all are done, raising
+    the first error. Each thread takes the next item not yet taken, so a thread that shares its core (with
+    BLAS threads spinning after a product, or with other programs) does less of the work instead of holding
+    all of it up. fn may call BLAS only for products below its threading threshold (see above)."""
+    threads = min(num_threads(), len(items))
+    if threads <= 1 or getattr(_worker, "active", False):
+        for item in items:
+            fn(item)
+        return
+    taken = itertools.count()  # next() on it is atomic under the GIL
+
+    def work():
+        for i in iter(taken.__next__, None):
+            if i >= len(items):
+                return
+            fn(items[i])
+    futures = [_executor().submit(work) for _ in range(threads - 1)]
+    try:
+        work()
+    finally:
+        wait(futures)  # every thread done with the arrays before anyone reads them, or an error is raised
+    for f in futures:
+        f.result()
+
+
+def for_rows(fn, rows: int, row_size: int) -> None:
+    """fn(lo, hi) over blocks of rows (see `blocks`), spread over the pool."""
+    if rows * row_size <= BLOCK_ELEMENTS:
+        fn(0, rows)  # one block (or none): no list, no pool
+    else:
+        run(lambda block: fn(*block), blocks(rows, row_size))
+
+
+# --- NumPy work cut into blocks: the backend's ops (numpy_backend.py) call these ---
+
+def into(formula, outs, *ins, row_size=1):
+    """outs[lo:hi] = formula(*(a[lo:hi] for a in ins)) over blocks of rows, on the thread pool; outs is one
+    array or a tuple of them (formula then returns a tuple), each with the rows on its first axis."""
+    single = not isinstance(outs, tuple)
+
+    def block(lo, hi):
+        results = formula(*(a[lo:hi] for a in ins))
+        for out, result in ((outs, results),) if single else zip(outs, results):
+            out[lo:hi] = result
+    for_rows(block, len(ins[0]), row_size)
+    return outs
+
+
+def by_blocks(formula, outs, *ins, row_size=1):
+    """formula(*ins), fresh arrays of the dtypes the formula keeps: rows that fit one block in one piece (no
+    copy), more through `into` and `outs`, made by calling it."""
+    if len(ins[0]) * row_size <= BLOCK_ELEMENTS:
+        return formula(*ins)
+    return into(formula, outs(), *ins, row_size=row_size)
+
+
+def column_sums(formula, rows, row_size, width, dtype):
+    """The sum over rows of formula(lo, hi) (hi - lo, width): per-block partial sums added in block order, the
+    same bits for every thread count."""
+    spans = blocks(rows, row_size)
+    partial = np.empty((len(spans), width), dtype)
+    run(lambda i: np.sum(formula(*spans[i]), axis=0, out=partial[i]), list(range(len(spans))))
+    return partial.sum(axis=0)
+
+
+def small(a) -> bool:
+    """An array the plain formula handles in one piece: one block or less, or not floating point."""
+    return a.size <= BLOCK_ELEMENTS or a.dtype.kind != "f"
+
+
+def elementwise(formula, *arrays):
+    """formula(*arrays) for arrays of one shape and float dtype (the result's), by blocks on the pool."""
+    a = arrays[0]
+    if small(a) or any(b.shape != a.shape or b.dtype != a.dtype for b in arrays[1:]):
+        return formula(*arrays)
+    out = np.empty(a.shape, a.dtype)
+    return into(formula, out.reshape(-1), *(b.reshape(-1) for b in arrays)).reshape(a.shape)
+
+
+def pieces(*lists) -> list[tuple]:
+    """(array index, lo, hi) over the elements of each array of lists[0] in blocks; a whole array where one of
+    the arrays of that index is not contiguous (its flat view would be a copy, which an update in place misses)."""
+    return [(i, lo, hi) for i, a in enumerate(lists[0])
+            for lo, hi in (blocks(a.size, 1) if all(x[i].flags.c_contiguous for x in lists)
+                           else [(None, None)])]
+
+
+def piece(item, *arrays) -> list:
+    """The elements of `item`, one of `pieces`, as views of each of `arrays` (lists indexed alike)."""
+    i, lo, hi = item
+    return [a[i] if lo is None else a[i].reshape(-1)[lo:hi] for a in arrays]
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(num_threads() - 1, thread_name_prefix="tinynn", initializer=_mark_worker)
+    return _pool
+
+
+def _mark_worker() -> None:
+    _worker.active = True
+
+
+def _shutdown() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
+
+
+def _forget_after_fork() -> None:
+    """A forked child has none of its parent's threads: it starts a pool of its own when it needs one."""
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
