@@ -170,7 +170,7 @@ def attention_by_formula(qkv, n_head, scale, g):
 @pytest.mark.parametrize("small_product", [1 << 10, 1 << 14, 1 << 40])
 def test_attention_by_blocks_of_queries_is_the_formula(monkeypatch, small_product):
     """Blocks of a few queries each (over the keys up to their last one), down to one query a block."""
-    monkeypatch.setattr("tinynn.numpy_backend.SMALL_PRODUCT", small_product)
+    monkeypatch.setattr("tinynn.numpy_formulas.SMALL_PRODUCT", small_product)
     parallel.set_num_threads(3)
     rng = np.random.default_rng()
     B, T, n_head, hs = int(rng.integers(1, 4)), int(rng.integers(20, 70)), 2, 8

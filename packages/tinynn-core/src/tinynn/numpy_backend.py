@@ -16,123 +16,13 @@ import math
 
 import numpy as np
 
+from tinynn import numpy_formulas as formulas
 from tinynn import parallel
 from tinynn.backends import INTERFACE_VERSION, Backend
-from tinynn.errors import TinynnError
 
-GELU_C = math.sqrt(2.0 / math.pi)
 # the errors for ids out of range, worded alike on every backend (a GPU raises them at its next read-back)
 EMBEDDING_RANGE = "embedding: an id is outside [0, num_embeddings)"
 TARGET_RANGE = "cross_entropy: a target is outside [0, number of classes) and is not ignore_index"
-
-
-# OpenBLAS runs a product of at most 65536 x 4 multiply-adds (GEMM_MULTITHREAD_THRESHOLD's default) on the thread
-# that calls it: products that small may run on the pool (larger ones would queue on BLAS's lock)
-SMALL_PRODUCT = 1 << 18
-GELU_EDGE = 12.0  # beyond +-12, 2 x s (1 - s) u' in GELU's gradient is 0 in float32
-
-
-def _gelu_sigmoid(x):
-    """GELU (tanh form, GPT-2's) is 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = GELU_C (x + 0.044715 x^3): this
-    sigmoid. It does not cancel: 1 + tanh(u) rounds to 0 in float32 for x < -5.4, where GELU(x) is still ~1e-8 x.
-    exp overflows to inf for x < -10 and the sigmoid is then 0, GELU's limit (NumPy's floats are IEEE; the GPU's
-    common.wgsl, which may not assume infinities, computes it from exp(-|2u|) instead)."""
-    with np.errstate(over="ignore"):
-        return 1 / (1 + np.exp(-2 * GELU_C * (x + 0.044715 * x * x * x)))  # x*x*x: float power is ~20x slower
-
-
-def _gelu(x):
-    return x * _gelu_sigmoid(x)
-
-
-def _gelu_grad(x, g):
-    """GELU's gradient: s + 2 x s (1 - s) u', x clamped where s (1 - s) is 0: finite for every finite x."""
-    s, c = _gelu_sigmoid(x), np.clip(x, -GELU_EDGE, GELU_EDGE)
-    return g * (s + 2 * c * s * (1 - s) * GELU_C * (1 + 3 * 0.044715 * c * c))
-
-
-UNARY = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh,
-         "relu": lambda a: np.maximum(a, 0).astype(a.dtype), "gelu": lambda a: _gelu(a).astype(a.dtype)}
-UNARY_BACKWARD = {"neg": lambda x, y, g: -g, "exp": lambda x, y, g: g * y, "log": lambda x, y, g: g / x,
-                  "tanh": lambda x, y, g: g * (1.0 - y * y),
-                  "relu": lambda x, y, g: g * (x > 0).astype(g.dtype),
-                  "gelu": lambda x, y, g: _gelu_grad(x, g).astype(g.dtype)}
-BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-          "eq": lambda a, b: (a == b).astype(np.result_type(a, b))}
-SCALAR = {"add": lambda a, s: a + s, "mul": lambda a, s: a * s, "pow": lambda a, s: a ** s}
-
-
-def _softmax(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def _softmax_grad(y, g, scale):
-    return scale * y * (g - (g * y).sum(axis=-1, keepdims=True))
-
-
-def _log_softmax(x):
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def _layernorm(x, weight, bias, eps):
-    """-> (y, mean, rstd) over the last axis."""
-    mean = x.mean(axis=-1)
-    rstd = 1.0 / np.sqrt(((x - mean[..., None]) ** 2).mean(axis=-1) + eps)
-    y = (x - mean[..., None]) * rstd[..., None]
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y, mean, rstd
-
-
-def _layernorm_grad(g, x, weight, mean, rstd):
-    """-> (g_x, g * xhat): x's gradient, and what the weight's gradient sums over the rows."""
-    xhat = (x - mean[..., None]) * rstd[..., None]
-    g_xhat = g * weight if weight is not None else g
-    g_x = rstd[..., None] * (g_xhat - g_xhat.mean(axis=-1, keepdims=True)
-                             - xhat * (g_xhat * xhat).mean(axis=-1, keepdims=True))
-    return g_x, g * xhat
-
-
-def _query_rows(T, hs) -> int:
-    """Queries per block of attention: each product then has at most SMALL_PRODUCT multiply-adds, so OpenBLAS runs
-    it on the calling thread and the pool's threads run such products side by side. (Attention's T x T products
-    are too small for BLAS's own threads: on the 16-core Xeon a batch of them ran at 55-77 GFLOP/s threaded.)"""
-    return max(1, min(T, SMALL_PRODUCT // (T * hs)))
-
-
-def _rows(a):
-    """a (..., n) as rows (N, n)."""
-    return a.reshape(-1, a.shape[-1])
-
-
-def _check_range(ids, stop, message, ignore=None):
-    """Refuse ids outside [0, stop) (except `ignore`): NumPy would wrap a negative one silently."""
-    bad = (ids < 0) | (ids >= stop)
-    if ignore is not None:
-        bad &= ids != ignore
-    if bad.any():
-        raise TinynnError(message)
-
-
-def _causal(shape):
-    """True above the diagonal of the last two dims: the future positions a token must not see."""
-    t_q, t_k = shape[-2], shape[-1]
-    return np.triu(np.ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
-
-
-def _split_heads(x, n_head):
-    """(B, T, C) -> (B, nh, T, hs): head h is columns h*hs:(h+1)*hs."""
-    B, T, C = x.shape
-    return x.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
-
-
-def _heads(qkv, n_head):
-    """q, k and v of the qkv projection's output (B, T, 3C), each (B, nh, T, hs)."""
-    return (_split_heads(part, n_head) for part in np.split(qkv, 3, axis=-1))
 
 
 class NumpyBackend(Backend):
@@ -192,37 +82,38 @@ class NumpyBackend(Backend):
 
     # --- elementwise ---
     def unary(self, op, a):
-        if op not in UNARY:
+        if op not in formulas.UNARY:
             raise ValueError(f"unknown unary op {op!r}")
-        return parallel.elementwise(UNARY[op], a)
+        return parallel.elementwise(formulas.UNARY[op], a)
 
     def unary_backward(self, op, x, y, g):
         """Gradient of `y = unary(op, x)` given the output gradient g."""
-        if op not in UNARY_BACKWARD:
+        if op not in formulas.UNARY_BACKWARD:
             raise ValueError(f"unknown unary op {op!r}")
-        formula = UNARY_BACKWARD[op]
+        formula = formulas.UNARY_BACKWARD[op]
         if y is None:  # GELU's and ReLU's gradients need only their input
             return parallel.elementwise(lambda x, g: formula(x, None, g), x, g)
         return parallel.elementwise(formula, x, y, g)
 
     def binary(self, op, a, b):
-        if op not in BINARY:
+        if op not in formulas.BINARY:
             raise ValueError(f"unknown binary op {op!r}")
-        formula = BINARY[op]
+        formula = formulas.BINARY[op]
         if a.shape != b.shape and b.ndim == 1 and a.shape[-1:] == b.shape and a.dtype == b.dtype \
                 and not parallel.small(a):  # a row vector (a bias) against every row
-            out = _rows(np.empty(a.shape, a.dtype))
-            return parallel.into(lambda rows: formula(rows, b), out, _rows(a), row_size=a.shape[-1]).reshape(a.shape)
+            out = formulas.rows(np.empty(a.shape, a.dtype))
+            return parallel.into(lambda rows: formula(rows, b), out, formulas.rows(a),
+                                 row_size=a.shape[-1]).reshape(a.shape)
         return parallel.elementwise(formula, a, b)
 
     def scalar(self, op, a, s):
-        if op not in SCALAR:
+        if op not in formulas.SCALAR:
             raise ValueError(f"unknown scalar op {op!r}")
-        formula = SCALAR[op]
+        formula = formulas.SCALAR[op]
         return parallel.elementwise(lambda a: formula(a, s), a)
 
     def causal_fill(self, x, value):
-        return np.where(_causal(x.shape), np.asarray(value, x.dtype), x)
+        return np.where(formulas.causal(x.shape), np.asarray(value, x.dtype), x)
 
     def dropout_mask(self, shape, p, seed, dtype=np.float32):
         keep = np.random.default_rng(seed).random(shape) >= p
@@ -246,24 +137,25 @@ class NumpyBackend(Backend):
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         if activation not in (None, "gelu"):
             raise ValueError(f"unknown activation {activation!r}")
-        pre = (_rows(x) @ weight.T).reshape(x.shape[:-1] + weight.shape[:1])  # one product for all rows
+        pre = (formulas.rows(x) @ weight.T).reshape(x.shape[:-1] + weight.shape[:1])  # one product for all rows
 
         def epilogue(pre, *residual):  # -> (activation(pre + bias) + residual, pre + bias)
             if bias is not None:
                 pre = pre + bias
-            y = pre if activation is None else UNARY[activation](pre)
+            y = pre if activation is None else formulas.UNARY[activation](pre)
             return (y + residual[0] if residual else y), pre
-        extra = () if residual is None else (_rows(residual),)
+        extra = () if residual is None else (formulas.rows(residual),)
         if activation is None and bias is None and residual is None:
             return pre, None
         if parallel.small(pre):
             y, pre = epilogue(pre, *(() if residual is None else (residual,)))
         elif activation is None:  # every pass in place on the product, which is this op's own
-            y = pre = parallel.into(lambda *ins: epilogue(*ins)[0], _rows(pre), _rows(pre), *extra,
+            y = pre = parallel.into(lambda *ins: epilogue(*ins)[0], formulas.rows(pre), formulas.rows(pre), *extra,
                                     row_size=pre.shape[-1])
         else:
             y = np.empty_like(pre)
-            parallel.into(epilogue, (_rows(y), _rows(pre)), _rows(pre), *extra, row_size=pre.shape[-1])
+            parallel.into(epilogue, (formulas.rows(y), formulas.rows(pre)), formulas.rows(pre), *extra,
+                          row_size=pre.shape[-1])
         return y.reshape(x.shape[:-1] + weight.shape[:1]), (pre if activation and for_backward else None)
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
@@ -278,41 +170,44 @@ class NumpyBackend(Backend):
     # --- fused neural-network ops (over the last axis) ---
     def softmax_forward(self, x, causal=False, scale=1.0):
         """softmax(scale * x) over the last axis; `causal` hides the future first (attention's scores)."""
-        formula = lambda rows: _softmax(rows * scale)  # noqa: E731
+        formula = lambda rows: formulas.softmax(rows * scale)  # noqa: E731
         if causal:
-            x, formula = self.causal_fill(x * scale, -np.inf), _softmax
-        return parallel.by_blocks(formula, lambda: _rows(np.empty_like(x)), _rows(x),
+            x, formula = self.causal_fill(x * scale, -np.inf), formulas.softmax
+        return parallel.by_blocks(formula, lambda: formulas.rows(np.empty_like(x)), formulas.rows(x),
                                   row_size=x.shape[-1]).reshape(x.shape)
 
     def softmax_backward(self, y, g, scale=1.0):
-        return parallel.by_blocks(lambda y, g: _softmax_grad(y, g, scale), lambda: _rows(np.empty_like(y)), _rows(y),
-                          _rows(g), row_size=y.shape[-1]).reshape(y.shape)
+        return parallel.by_blocks(lambda y, g: formulas.softmax_grad(y, g, scale),
+                                  lambda: formulas.rows(np.empty_like(y)), formulas.rows(y),
+                                  formulas.rows(g), row_size=y.shape[-1]).reshape(y.shape)
 
     def log_softmax_forward(self, x):
-        return parallel.by_blocks(_log_softmax, lambda: _rows(np.empty_like(x)), _rows(x),
-                          row_size=x.shape[-1]).reshape(x.shape)
+        return parallel.by_blocks(formulas.log_softmax, lambda: formulas.rows(np.empty_like(x)), formulas.rows(x),
+                                  row_size=x.shape[-1]).reshape(x.shape)
 
     def log_softmax_backward(self, y, g):
         return g - np.exp(y) * g.sum(axis=-1, keepdims=True)
 
     def layernorm_forward(self, x, weight, bias, eps, for_backward=True):
-        rows = len(_rows(x))
-        y, mean, rstd = parallel.by_blocks(lambda x: _layernorm(x, weight, bias, eps),
-                                   lambda: (_rows(np.empty_like(x)), np.empty(rows, x.dtype), np.empty(rows, x.dtype)),
-                                   _rows(x), row_size=x.shape[-1])
+        rows = len(formulas.rows(x))
+
+        def outputs():
+            return formulas.rows(np.empty_like(x)), np.empty(rows, x.dtype), np.empty(rows, x.dtype)
+        y, mean, rstd = parallel.by_blocks(lambda x: formulas.layernorm(x, weight, bias, eps), outputs,
+                                           formulas.rows(x), row_size=x.shape[-1])
         y, mean, rstd = y.reshape(x.shape), mean.reshape(x.shape[:-1]), rstd.reshape(x.shape[:-1])
         return (y, mean, rstd) if for_backward else (y, None, None)
 
     def layernorm_backward(self, g, x, weight, mean, rstd, has_bias=True, g_add=None):
-        g_rows, x_rows, mean, rstd = _rows(g), _rows(x), mean.reshape(-1), rstd.reshape(-1)
+        g_rows, x_rows, mean, rstd = formulas.rows(g), formulas.rows(x), mean.reshape(-1), rstd.reshape(-1)
         spans, width = parallel.blocks(*x_rows.shape), x.shape[-1]
         g_x = np.empty_like(x)
         sums = np.empty((2, len(spans), width), x.dtype)  # per block: the rows' sums of g * xhat and of g
 
         def block(i):
             lo, hi = spans[i]
-            g_x_rows, g_xhat = _layernorm_grad(g_rows[lo:hi], x_rows[lo:hi], weight, mean[lo:hi], rstd[lo:hi])
-            _rows(g_x)[lo:hi] = g_x_rows if g_add is None else g_x_rows + _rows(g_add)[lo:hi]
+            g_x_rows, g_xhat = formulas.layernorm_grad(g_rows[lo:hi], x_rows[lo:hi], weight, mean[lo:hi], rstd[lo:hi])
+            formulas.rows(g_x)[lo:hi] = g_x_rows if g_add is None else g_x_rows + formulas.rows(g_add)[lo:hi]
             np.sum(g_xhat, axis=0, out=sums[0, i])
             np.sum(g_rows[lo:hi], axis=0, out=sums[1, i])
         parallel.run(block, list(range(len(spans))))
@@ -321,7 +216,7 @@ class NumpyBackend(Backend):
 
     def cross_entropy_forward(self, logits, targets, ignore_index, for_backward=True):
         """Mean negative log-likelihood of `targets` (N,) under `logits` (N, C) -> (loss, probs, count)."""
-        _check_range(targets, logits.shape[-1], TARGET_RANGE, ignore_index)
+        formulas.check_range(targets, logits.shape[-1], TARGET_RANGE, ignore_index)
         probs = self.softmax_forward(logits)
         valid = targets != ignore_index
         picked = probs[np.arange(len(targets)), np.where(valid, targets, 0)]
@@ -332,7 +227,7 @@ class NumpyBackend(Backend):
         return np.asarray(loss, dtype=logits.dtype), probs, np.asarray(valid.sum(), dtype=logits.dtype)
 
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index, count=None):
-        _check_range(targets, probs.shape[-1], TARGET_RANGE, ignore_index)
+        formulas.check_range(targets, probs.shape[-1], TARGET_RANGE, ignore_index)
         valid = targets != ignore_index
         count = valid.sum() if count is None else float(count)
         g = probs.copy()
@@ -341,17 +236,17 @@ class NumpyBackend(Backend):
         return (g * (g_loss / max(count, 1))).astype(probs.dtype)
 
     def embedding_forward(self, weight, idx):
-        _check_range(idx, len(weight), EMBEDDING_RANGE)
+        formulas.check_range(idx, len(weight), EMBEDDING_RANGE)
         return weight[idx]
 
     def embedding_backward(self, g, idx, num_embeddings):
-        _check_range(idx, num_embeddings, EMBEDDING_RANGE)
+        formulas.check_range(idx, num_embeddings, EMBEDDING_RANGE)
         out = np.zeros((num_embeddings, g.shape[-1]), dtype=g.dtype)
         np.add.at(out, idx.reshape(-1), g.reshape(-1, g.shape[-1]))
         return out
 
     def embedding_with_positions_forward(self, wte, wpe, idx):
-        _check_range(idx, len(wte), EMBEDDING_RANGE)
+        formulas.check_range(idx, len(wte), EMBEDDING_RANGE)
         return wte[idx] + wpe[:idx.shape[-1]]  # (..., T, C) + (T, C)
 
     def embedding_with_positions_backward(self, g, idx, num_embeddings, num_positions):
@@ -363,10 +258,10 @@ class NumpyBackend(Backend):
     def attention_forward(self, qkv, n_head, scale, for_backward=True):
         """The plain formula, with the T x T scores: the specification the fused kernels are tested against. Each
         (sequence, head, block of queries) on the pool, over the keys up to its last query (the rest are masked)."""
-        q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)
+        q, k, v = formulas.heads(qkv, n_head)  # each (B, nh, T, hs)
         B, nh, T, hs = q.shape
         y, lse = np.empty(qkv.shape[:-1] + (nh * hs,), qkv.dtype), np.empty((B, nh, T), qkv.dtype)
-        y_h, future, rows = _split_heads(y, n_head), _causal((T, T)), _query_rows(T, hs)
+        y_h, future, rows = formulas.split_heads(y, n_head), formulas.causal((T, T)), formulas.query_rows(T, hs)
 
         def piece(item):
             b, h, lo = item
@@ -382,12 +277,12 @@ class NumpyBackend(Backend):
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
         """Each (sequence, head) on the pool; its keys' and values' gradients add up over its blocks of queries."""
-        q, k, v = _heads(qkv, n_head)  # each (B, nh, T, hs)
-        g_y, y_h = _split_heads(g, n_head), _split_heads(y, n_head)  # (B, nh, T, hs)
+        q, k, v = formulas.heads(qkv, n_head)  # each (B, nh, T, hs)
+        g_y, y_h = formulas.split_heads(g, n_head), formulas.split_heads(y, n_head)  # (B, nh, T, hs)
         B, nh, T, hs = q.shape
         g_qkv = np.empty(qkv.shape, qkv.dtype)
-        g_q, g_k, g_v = _heads(g_qkv, n_head)  # views of g_qkv
-        future, rows = _causal((T, T)), _query_rows(T, hs)
+        g_q, g_k, g_v = formulas.heads(g_qkv, n_head)  # views of g_qkv
+        future, rows = formulas.causal((T, T)), formulas.query_rows(T, hs)
 
         def sequence_head(item):
             b, h = item
