@@ -1,12 +1,16 @@
 """The fused classifier (ops/cross_entropy.py's classifier_forward) against NumPy, outputs poisoned with NaN: the loss
-and the head's three gradients, over one chunk of rows and several, padded columns and ignored rows."""
+and the head's three gradients, over one chunk of rows and several, padded columns and ignored rows; and a GPT's
+training step at GPT-2's vocabulary that runs no op on the CPU."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinynn import backends
+from tinynn import backends, rng as tinynn_rng
 from tinynn.errors import TinynnError
+from tinynn.model import GPT, GPTConfig
+from tinynn.optim import AdamW
+from tinynn.train_step import TrainStep
 from tinynn_gpu.ops import cross_entropy
 
 RTOL = 1e-5
@@ -67,3 +71,22 @@ def test_classifier_forward_edges(poisoned):
     with pytest.raises(TinynnError, match="target"):
         gpu.to_numpy(cross_entropy.classifier_forward(gpu, gpu.from_numpy(x), gpu.from_numpy(w), None,
                                                       gpu.from_numpy(np.array([0, 1, 7, 2, 3])), 7, -100)[0])
+
+
+def test_a_training_step_at_gpt2_vocabulary_runs_no_op_on_the_cpu(gpu, monkeypatch):
+    """A small GPT with GPT-2's padded vocabulary (50257 in a head of 50304), its batch's logits over the binding
+    limit (lowered to 32 MiB, so the shapes stay small on any adapter): the training step runs every op on the GPU
+    (no NumPy fallback counted), and its losses are the CPU's."""
+    monkeypatch.setattr(gpu.rt, "max_binding", 32 << 20)
+    config = GPTConfig(vocab_size=50257, vocab_multiple=64, n_embd=32, n_head=2, n_layer=1, block_size=64)
+    batch = np.random.default_rng(0).integers(0, 50257, (4, 65))
+    assert 4 * 64 * 4 * config.padded_vocab_size > 32 << 20
+    losses = {}
+    for backend in (REF, gpu):
+        tinynn_rng.manual_seed(0)
+        model = GPT(config).to(backend)
+        step = TrainStep(model, AdamW(model.parameters(), lr=1e-3), 4, 64)
+        before = dict(backend.fallbacks)
+        losses[backend.name] = [step(batch[:, :-1], batch[:, 1:], 1e-3).item() for _ in range(3)]
+        assert dict(backend.fallbacks) == before
+    np.testing.assert_allclose(losses["gpu"], losses["cpu"], rtol=1e-4)
