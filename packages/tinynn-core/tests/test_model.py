@@ -31,7 +31,8 @@ def test_gpt_forward_shapes_and_initial_loss(backend):
     model = GPT(SMALL).to(backend)
     idx = np.random.default_rng(0).integers(0, 11, (3, 8))
     logits, loss = model(idx, idx)
-    assert logits.shape == (3, 8, 11)
+    assert logits is None  # the fused classifier makes no logits
+    assert model(idx)[0].shape == (3, 8, 11)
     assert abs(loss.item() - np.log(11)) < 0.1  # small init: close to uniform
 
 
@@ -41,9 +42,9 @@ def test_gpt_forward_gives_the_same_bits_with_grad_on_and_off(backend):
     tinynn.manual_seed(0)
     model = GPT(SMALL).to(backend)
     idx = np.random.default_rng(1).integers(0, 11, (2, 8))
-    with_grad = [t.numpy() for t in model(idx, idx)]
+    with_grad = [model(idx)[0].numpy(), model(idx, idx)[1].numpy()]
     with tinynn.no_grad():
-        without = [t.numpy() for t in model(idx, idx)]
+        without = [model(idx)[0].numpy(), model(idx, idx)[1].numpy()]
     for a, b in zip(with_grad, without):
         np.testing.assert_array_equal(a, b)
 
@@ -57,6 +58,69 @@ def test_gpt_is_causal(backend):
     a, b = model(idx)[0].numpy(), model(changed)[0].numpy()
     assert_close(a[0, :5], b[0, :5], rtol=1e-5, atol=1e-6)
     assert not np.allclose(a[0, 5:], b[0, 5:])
+
+
+def test_classifier_is_the_head_and_its_cross_entropy(backend, rng):
+    """F.classifier against its composition, linear then cross_entropy: the loss and all three gradients, with an
+    ignored row, a gradient other than 1 reaching the loss, and rows in (B, T) shape."""
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((2, 5, 7), (13, 7), (13,)))
+    t = rng.integers(0, 13, (2, 5))
+    t[1, 2] = -100
+    losses, grads = [], []
+    for fused in (True, False):
+        xs, ws, bs = (tinynn.tensor(a, requires_grad=True, backend=backend) for a in (x, w, b))
+        loss = F.classifier(xs, ws, bs, t) if fused else F.cross_entropy(F.linear(xs, ws, bs), t)
+        (loss * 3.0).backward()
+        losses.append(loss.numpy())
+        grads.append([a.grad.numpy() for a in (xs, ws, bs)])
+    assert_close(losses[0], losses[1], rtol=1e-5)
+    for ours, theirs, name in zip(grads[0], grads[1], ("x", "weight", "bias")):
+        assert_close(ours, theirs, rtol=1e-5, atol=1e-7, what=name)
+
+
+def test_classifier_masks_the_padded_columns(backend, rng):
+    """With vocab < the head's rows, the padded columns take no probability: the loss is the one over the first vocab
+    columns alone, and their rows of the weight and bias get no gradient."""
+    x, w = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal((16, 4)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    w[11:] *= 100  # padded logits that would dominate a softmax over every column
+    t = rng.integers(0, 11, 6)
+    xs, ws, bs = (tinynn.tensor(a, requires_grad=True, backend=backend) for a in (x, w, b))
+    loss = F.classifier(xs, ws, bs, t, vocab=11)
+    loss.backward()
+    logits = (x @ w[:11].T + b[:11]).astype(np.float64)
+    lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    assert_close(loss.item(), (lse - logits[np.arange(6), t]).mean(), rtol=1e-5)
+    assert not ws.grad.numpy()[11:].any() and not bs.grad.numpy()[11:].any()
+    with pytest.raises(TinynnError, match="target"):
+        F.classifier(xs, ws, bs, np.full(6, 11), vocab=11).item()  # a padded column is no class
+
+
+def test_classifier_gradients_in_float64(rng):
+    """The fused classifier's gradients by finite differences, padded columns, an ignored row and no bias included."""
+    t = np.array([3, 0, -100, 4])
+    gradcheck(lambda x, w, b: F.classifier(x, w, b, t, vocab=5), rng.standard_normal((4, 3)),
+              rng.standard_normal((7, 3)), rng.standard_normal(7))
+    gradcheck(lambda x, w: F.classifier(x, w, None, t, vocab=5), rng.standard_normal((4, 3)),
+              rng.standard_normal((7, 3)))
+
+
+def test_padded_vocabulary(backend):
+    """vocab_multiple pads the token table and the head to a multiple; the model still predicts vocab_size tokens:
+    its logits, a generation's and the loss (uniform at the start) are over the real vocabulary only."""
+    config = GPTConfig(**{**SMALL.__dict__, "vocab_multiple": 8})
+    assert config.padded_vocab_size == 16
+    tinynn.manual_seed(0)
+    model = GPT(config).to(backend)
+    assert model.wte.weight.shape == (16, 16) and model.lm_head.weight.shape == (16, 16)
+    with tinynn.no_grad():
+        model.lm_head.bias.data = backend.from_numpy(np.r_[np.zeros(11), np.full(5, 50.0)].astype(np.float32))
+    idx = np.random.default_rng(0).integers(0, 11, (2, 8))
+    assert model(idx)[0].shape == (2, 8, 11)
+    assert abs(model(idx, idx)[1].item() - np.log(11)) < 0.1
+    assert model.generate(idx[:, :2], 5, temperature=0).max() < 11
+    with pytest.raises(TinynnError, match="vocab_multiple"):
+        GPT(GPTConfig(**{**SMALL.__dict__, "vocab_multiple": 0}))
 
 
 def test_gpt_rejects_sequences_longer_than_block():

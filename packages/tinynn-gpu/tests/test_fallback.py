@@ -31,6 +31,9 @@ def operands(name, rng):
         return [floats(2, 4, 24), 2, 0.5, True], (0,), ()
     if name == "embedding_with_positions_forward":
         return [floats(7, 8), floats(6, 8), rng.integers(0, 7, (2, 4)).astype(np.int32)], (0, 1), (2,)
+    if name == "classifier_forward":  # x, the head's weight (two padded rows) and bias, the targets
+        return [floats(6, 4), floats(9, 4), floats(9), rng.integers(0, 7, 6).astype(np.int32), 7, -100, True], \
+            (0, 1, 2), (3,)
     assert name == "cross_entropy_forward"
     return [floats(6, 7), rng.integers(0, 7, 6).astype(np.int32), -100, True], (0,), (1,)
 

@@ -13,7 +13,7 @@ import numpy as np
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
-INTERFACE_VERSION = 4
+INTERFACE_VERSION = 5
 
 
 class BackendUnavailable(Exception):
@@ -226,6 +226,19 @@ class Backend:
     def cross_entropy_backward(self, probs, targets, g_loss, ignore_index: int, count=None):
         """Gradient of the loss with respect to the logits, scaled by the scalar array g_loss; count as the
         forward returned it (counted here when None)."""
+
+    @reference_fallback
+    def classifier_forward(self, x, weight, bias, targets, vocab: int, ignore_index: int, for_backward=True):
+        """The output head and its mean cross entropy as one op (llm.c's fused classifier): logits
+        x @ weight.T + bias for rows x (N, C) and weight (V_padded, C), bias (V_padded,) or None; their softmax over
+        the first `vocab` columns only (the rest pad the table to a size matmuls like, and take no probability);
+        the mean over rows whose target (N,) is not `ignore_index` of -log softmax[target] -> (loss scalar, g_x
+        (N, C), g_weight (V_padded, C), g_bias or None): the loss's gradients, all None without for_backward.
+        They are made here, where the logits are: a backend may take a chunk of rows at a time, the logits'
+        gradient overwriting them in place and going into the head's two products at once, so that no more than a
+        chunk's logits exist (the GPU's: one storage binding's worth) and none is kept for the backward, which only
+        scales these by the loss's gradient. A target outside [0, vocab) that is not ignore_index is
+        cross_entropy_forward's error."""
 
     @reference_fallback
     def embedding_forward(self, weight, idx):

@@ -435,6 +435,38 @@ def cross_entropy(logits: Tensor, targets, ignore_index=-100) -> Tensor:
     return _result(loss, be, (flat,), lambda g: (be.cross_entropy_backward(probs, t, g, ignore_index, count),))
 
 
+def classifier(x: Tensor, weight: Tensor, bias: Tensor | None, targets, vocab: int | None = None,
+               ignore_index=-100) -> Tensor:
+    """Mean cross entropy of integer `targets` (...) under the logits x @ weight.T + bias, with x (..., C) and
+    weight (V, C) as a linear layer's: cross_entropy(linear(x, weight, bias), targets) with the logits never
+    made whole nor kept (`Backend.classifier_forward`, llm.c's fused classifier). Only the first `vocab` columns
+    (default: all V) are classes; the others pad the head to a size matmuls like and take no probability."""
+    be, parents = x.backend, (x, weight, bias)
+    _check_linear("classifier", x.shape, weight, bias, None)
+    vocab = weight.shape[0] if vocab is None else vocab
+    if not 1 <= vocab <= weight.shape[0]:
+        raise ValueError(f"classifier: vocab {vocab} is not in [1, {weight.shape[0]}] (the head's rows)")
+    if not isinstance(targets, Tensor):
+        targets = Tensor(be.from_numpy(np.asarray(targets, dtype=np.int64)), be)
+    if targets.shape != x.shape[:-1]:
+        raise ValueError(f"classifier: targets {targets.shape} do not match x {x.shape}")
+    recorded = _recorded(parents)
+    loss, g_x, g_w, g_b = be.classifier_forward(_rows(be, x.data), weight.data, _data(bias),
+                                                be.reshape(targets.data, (math.prod(targets.shape),)), vocab,
+                                                ignore_index, recorded)
+    if not recorded:
+        return Tensor(loss, be)
+    return _result(loss, be, parents, _classifier_backward(be, x.shape, g_x, g_w, g_b))
+
+
+def _classifier_backward(be, x_shape, g_x, g_w, g_b):
+    """The gradients the forward made, of the loss itself, scaled by the loss's gradient g (a scalar array)."""
+    def backward(g):
+        scaled = (be.reshape(be.binary("mul", g_x, g), x_shape), be.binary("mul", g_w, g))
+        return scaled + ((be.binary("mul", g_b, g),) if g_b is not None else ())
+    return backward
+
+
 def dropout(x: Tensor, p: float, training=True) -> Tensor:
     """Zero each element with probability p and scale the rest by 1/(1-p); identity when not training."""
     if not training or p == 0.0:

@@ -1,5 +1,6 @@
 """GPT: token and position embeddings, a stack of pre-norm transformer blocks, a final LayerNorm and a
-linear head over the vocabulary (nanoGPT's shape, without weight tying, like the PyTorch reference bench).
+linear head over the vocabulary (nanoGPT's shape, without weight tying, like the PyTorch reference bench), fused with
+the loss in training (llm.c's classifier: F.classifier).
 
 Here are its configuration (`GPTConfig`), its blocks (attention, MLP, `Block`) and the model (`GPT`); the
 generic layers they are made of are nn.py's.
@@ -46,7 +47,21 @@ class Architecture:
 
 @dataclass(kw_only=True)
 class GPTConfig(Architecture):
-    vocab_size: int = 65  # the lesson's: Shakespeare's characters
+    vocab_size: int = 65  # the lesson's: Shakespeare's characters; the tokens, whatever the tables' padding
+    # The token table's and the head's rows: the vocabulary rounded up to a multiple of this (64 takes GPT-2's 50257
+    # tokens to 50304, a size matmul tiles divide). The padded rows are no token: their logits are masked out of
+    # the loss's softmax and out of generation, so the vocabulary a model predicts is always vocab_size.
+    vocab_multiple: int = 1
+
+    def problems(self):
+        yield from super().problems()
+        if self.vocab_multiple < 1:
+            yield "vocab_multiple", f"must be at least 1, got {self.vocab_multiple}"
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The rows of the token table and the head: vocab_size rounded up to a multiple of vocab_multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
 
 class CausalSelfAttention(Module):
@@ -138,15 +153,17 @@ class GPT(Module):
             raise TinynnError(f"{key} {why}")
         self.config = config
         c = config
-        self.wte = Embedding(c.vocab_size, c.n_embd)
+        self.wte = Embedding(c.padded_vocab_size, c.n_embd)
         self.wpe = Embedding(c.block_size, c.n_embd)
         self.drop = Dropout(c.dropout)
         self.blocks = [Block(c.n_embd, c.n_head, c.n_layer, c.dropout, c.bias) for _ in range(c.n_layer)]
         self.ln_f = LayerNorm(c.n_embd, c.bias)
-        self.lm_head = Linear(c.n_embd, c.vocab_size, c.bias and c.head_bias)
+        self.lm_head = Linear(c.n_embd, c.padded_vocab_size, c.bias and c.head_bias)
 
     def forward(self, idx, targets=None):
-        """idx (B, T) token ids -> logits (B, T, vocab); with targets (B, T), also the mean cross entropy."""
+        """idx (B, T) token ids -> (logits (B, T, vocab), None); with targets (B, T), (None, the mean cross entropy):
+        then the head and the loss are one fused op (F.classifier) that never makes the B x T x vocab logits whole
+        nor keeps them for the backward."""
         if not isinstance(idx, Tensor):
             idx = Tensor(self.wte.weight.backend.from_numpy(np.asarray(idx, dtype=np.int64)), self.wte.weight.backend)
         B, T = idx.shape
@@ -155,9 +172,11 @@ class GPT(Module):
         x = self.drop(F.embedding_with_positions(self.wte.weight, self.wpe.weight, idx))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
-        loss = None if targets is None else F.cross_entropy(logits, targets)
-        return logits, loss
+        x = self.ln_f(x)
+        if targets is not None:
+            head = self.lm_head
+            return None, F.classifier(x, head.weight, head.bias, targets, self.config.vocab_size)
+        return self._vocabulary(self.lm_head(x)), None  # (B, T, vocab)
 
     # --- generation (tinynn/generate.py drives these; x is an embedded window, embed_window's output) ---
     def prefill(self, x: Tensor, cache) -> Tensor:
@@ -183,7 +202,13 @@ class GPT(Module):
         B, T, _ = x.shape
         if T > 1:
             x = x[:, T - 1:]  # only the last position's next token is drawn
-        return self.lm_head(self.ln_f(x)).reshape(B, self.config.vocab_size)  # (B, 1, vocab) -> (B, vocab)
+        logits = self.lm_head(self.ln_f(x)).reshape(B, self.config.padded_vocab_size)  # (B, 1, Vp) -> (B, Vp)
+        return self._vocabulary(logits)  # (B, vocab)
+
+    def _vocabulary(self, logits: Tensor) -> Tensor:
+        """The logits of the real tokens: the head's padded columns (vocab_multiple) dropped."""
+        vocab = self.config.vocab_size
+        return logits if logits.shape[-1] == vocab else logits[..., :vocab]
 
     def generate(self, idx, max_new_tokens: int, temperature=1.0, top_k=None, seed=0, use_cache=True) -> np.ndarray:
         """idx (B, T) token ids extended by max_new_tokens sampled tokens -> (B, T + max_new_tokens).

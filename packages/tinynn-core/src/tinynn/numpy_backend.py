@@ -235,6 +235,30 @@ class NumpyBackend(Backend):
         g[~valid] = 0
         return (g * (g_loss / max(count, 1))).astype(probs.dtype)
 
+    def classifier_forward(self, x, weight, bias, targets, vocab, ignore_index, for_backward=True):
+        """The head's logits, their softmax over the first `vocab` columns, the mean loss and its gradients, whole
+        (the specification: a GPU computes them a chunk of rows at a time)."""
+        _check_range(targets, vocab, TARGET_RANGE, ignore_index)
+        logits = x @ weight.T if bias is None else x @ weight.T + bias  # (N, Vp)
+        z = logits[:, :vocab]  # the padded columns take no part
+        m = z.max(axis=-1, keepdims=True)
+        e = np.exp(z - m)
+        s = e.sum(axis=-1, keepdims=True)
+        valid = targets != ignore_index
+        rows = np.arange(len(targets))
+        picked = np.where(valid, targets, 0)
+        count = valid.sum()
+        with np.errstate(invalid="ignore", divide="ignore"):  # no valid target: nan, like PyTorch
+            loss = np.asarray(((np.log(s) + m)[:, 0] - z[rows, picked])[valid].sum() / count, dtype=x.dtype)
+        if not for_backward:
+            return loss, None, None, None
+        g = np.zeros_like(logits)  # the logits' gradient: softmax - onehot(target), zero on ignored rows
+        g[:, :vocab] = e / s
+        g[rows, picked] -= 1
+        g[~valid] = 0
+        g /= max(count, 1)
+        return loss, g @ weight, g.T @ x, (g.sum(axis=0) if bias is not None else None)
+
     def embedding_forward(self, weight, idx):
         formulas.check_range(idx, len(weight), EMBEDDING_RANGE)
         return weight[idx]

@@ -36,7 +36,7 @@ from tinynn_gpu.runtime.capture import CapturedStep
 
 class WgpuBackend(Backend):
     name = "gpu"
-    interface_version = 4  # tinynn.backends.INTERFACE_VERSION when these ops were written
+    interface_version = 5  # tinynn.backends.INTERFACE_VERSION when these ops were written
     is_gpu = True
 
     def __init__(self, ctx):
@@ -164,6 +164,7 @@ class WgpuBackend(Backend):
     layernorm_forward, layernorm_backward = layernorm.layernorm_forward, layernorm.layernorm_backward
     cross_entropy_forward = cross_entropy.cross_entropy_forward
     cross_entropy_backward = cross_entropy.cross_entropy_backward
+    classifier_forward = cross_entropy.classifier_forward
     embedding_forward, embedding_backward = embedding.embedding_forward, embedding.embedding_backward
     embedding_with_positions_forward = embedding.embedding_with_positions_forward
     embedding_with_positions_backward = embedding.embedding_with_positions_backward

@@ -32,7 +32,7 @@ INT_AWARE = {"full", "permute", "broadcast_to", "getitem", "getitem_backward", "
 VIEWS = {"reshape"}  # ops every operand can take on the GPU: no check, no fallback
 # ops that refuse unfit operands themselves, raising TooLarge or OnCpu before they dispatch (see above)
 REFUSE_IN_OP = {"matmul", "linear_forward", "layernorm_forward", "attention_forward",
-                "embedding_with_positions_forward", "cross_entropy_forward"}
+                "embedding_with_positions_forward", "cross_entropy_forward", "classifier_forward"}
 
 
 def cpu_reason(int_aware: bool, operands) -> str | None:

@@ -52,8 +52,8 @@ def dispatches(gpu, fn):
 @given(batch=st.integers(1, 9), t=st.one_of(st.integers(1, 40), st.just(257)), extra=st.integers(0, 3),
        vocab=st.integers(1, 70), cols=dims, seed=st.integers(0, 2**31))
 def test_embedding_with_positions(poisoned, batch, t, extra, vocab, cols, seed):
-    """A GPT's input in one dispatch, and its two gradients in one (the position rows summed over a batch
-    shorter and longer than the four sequences a thread loads at once)."""
+    """A GPT's input in one dispatch, and its two gradients in two (the ids' sort, then the sums; the position rows
+    summed over a batch shorter and longer than the four sequences a thread loads at once)."""
     gpu, g = poisoned, np.random.default_rng(seed)
     wte, wpe = g.standard_normal((vocab, cols)).astype(np.float32), g.standard_normal((t + extra, cols)).astype(np.float32)
     idx, dy = g.integers(0, vocab, (batch, t)), g.standard_normal((batch, t, cols)).astype(np.float32)
@@ -65,16 +65,34 @@ def test_embedding_with_positions(poisoned, batch, t, extra, vocab, cols, seed):
         gpu.from_numpy(dy), gpu.from_numpy(idx), vocab, t + extra))
     want_wte, want_wpe = REF.embedding_with_positions_backward(dy.astype(np.float64), idx, vocab, t + extra)
     assert rel_err(gpu.to_numpy(g_wte), want_wte) <= RTOL and rel_err(gpu.to_numpy(g_wpe), want_wpe) <= RTOL
-    assert count == 1
+    assert count == 2
 
 
-@pytest.mark.parametrize("batch, t, vocab, cols", [(9, 257, 3, 40), (2, 33, 600, 70), (1, 1, 1, 1)],
-                         ids=["ids-in-two-chunks", "one-block-a-row", "one-id"])
+@pytest.mark.parametrize("batch, t, vocab, cols", [(9, 257, 3, 40), (2, 33, 600, 70), (1, 1, 1, 1),
+                                                  (3, 100, 50304, 8)],
+                         ids=["long-runs", "one-block-a-row", "one-id", "gpt2-vocabulary"])
 def test_embedding_with_positions_backward_edges(poisoned, rng, batch, t, vocab, cols):
-    """More ids than one workgroup lists at once (2048: a row's sums carried over chunks); a vocabulary large
-    enough that each row's columns take one workgroup; a single id."""
+    """Runs of hundreds of positions per id (a sort of 4096 pairs, most of them padding past N); a vocabulary large
+    enough that each row's columns take one workgroup; a single id; GPT-2's vocabulary, most rows finding no
+    position (and the last row's id drawn)."""
     idx, dy = rng.integers(0, vocab, (batch, t)), rng.standard_normal((batch, t, cols)).astype(np.float32)
+    idx[0, 0] = vocab - 1
     g_wte, g_wpe = poisoned.embedding_with_positions_backward(poisoned.from_numpy(dy), poisoned.from_numpy(idx),
                                                               vocab, t + 2)
     want_wte, want_wpe = REF.embedding_with_positions_backward(dy.astype(np.float64), idx, vocab, t + 2)
     assert rel_err(poisoned.to_numpy(g_wte), want_wte) <= RTOL and rel_err(poisoned.to_numpy(g_wpe), want_wpe) <= RTOL
+
+
+def test_embedding_backward_sums_in_position_order(poisoned):
+    """Each row's gradient is its positions' rows added in position order, the same bits every run: values whose
+    float32 sum depends on the order (1e8, 1, -1e8 gives 0 in this order, 1 in others) under one id, the other ids
+    interleaved, run twice."""
+    gpu = poisoned
+    idx = np.array([2, 0, 2, 1, 2, 0])
+    g = np.array([1e8, 5, 1, 7, -1e8, 3], np.float32)[:, None] * np.ones((1, 40), np.float32)
+    runs = [gpu.to_numpy(gpu.embedding_backward(gpu.from_numpy(g), gpu.from_numpy(idx), 3)) for _ in range(2)]
+    want = np.zeros((3, 40), np.float32)
+    for i, v in enumerate(idx):  # in position order, in float32
+        want[v] += g[i]
+    np.testing.assert_array_equal(runs[0], want)
+    np.testing.assert_array_equal(runs[1], runs[0])

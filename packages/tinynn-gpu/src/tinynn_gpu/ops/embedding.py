@@ -1,8 +1,10 @@
 """Embedding lookups and their gradients (embedding.wgsl), with and without a GPT's position table: the forward a
-thread an element, the backward without atomics (each gradient element summed in a fixed order). An id out of
-range sets a bit of the runtime's error flags, raised at the next read-back. Methods of the backend (backend.py's
-table)."""
+thread an element; the backward two dispatches, the ids sorted once, then each table row's positions found in them
+and summed in position order (no atomics, no scan of every id for every row). An id out of range sets a bit of the
+runtime's error flags, raised at the next read-back. Methods of the backend (backend.py's table)."""
 from __future__ import annotations
+
+import numpy as np
 
 from tinynn_gpu.ops.cross_entropy import check_dtypes
 from tinynn_gpu.runtime.arrays import bindable, bindable_any
@@ -21,17 +23,9 @@ def embedding_forward(self, weight, idx):
 
 def embedding_backward(self, g, idx, num_embeddings):
     check_dtypes("embedding_backward", g, idx)
-    c, n = g.shape[-1], idx.size
-    table = num_embeddings * c
-    chunk = max(64, -(-n // max(1, 65536 // table)))  # ~64K threads, at least 64 positions each
-    chunks = -(-n // chunk)
-    partial = self._empty((chunks * table,))
-    self.rt.dispatch("embedding", "embedding_backward_main", groups(partial.size),
-                     {"idx": bindable_any(idx), "g": bindable(g), "out": partial, "errors": self.rt.error_flags},
-                     {"total": table, "cols": c, "rows": num_embeddings, "positions": n, "chunk": chunk,
-                      "chunks": chunks})
-    out = partial if chunks == 1 else self._reduce_middle(partial, 1, chunks, table, 0)
-    return out.view((num_embeddings, c))
+    c = g.shape[-1]
+    g_wte, _ = _backward(self, g, idx, num_embeddings, idx.size, 1, None)
+    return g_wte.view((num_embeddings, c))
 
 
 def embedding_with_positions_forward(self, wte, wpe, idx):
@@ -52,14 +46,24 @@ def embedding_with_positions_forward(self, wte, wpe, idx):
 def embedding_with_positions_backward(self, g, idx, num_embeddings, num_positions):
     check_dtypes("embedding_with_positions_backward", g, idx)
     t, c = g.shape[-2:]
-    g_wte, g_wpe = self._empty((num_embeddings, c)), self._empty((num_positions, c))
+    return _backward(self, g, idx, num_embeddings, t, g.size // max(1, t * c), self._empty((num_positions, c)))
+
+
+def _backward(self, g, idx, num_embeddings, t, batch, g_wpe):
+    """(g_wte, g_wpe) for ids idx read as (batch, t) and g's rows of C floats; without a position table (g_wpe
+    None) a stand-in is bound and no workgroup writes it."""
+    c = g.shape[-1]
+    g_wte = self._empty((num_embeddings, c))
+    pairs = 1 << max(0, idx.size - 1).bit_length()  # the sort's size: a power of two
+    keys = self._empty((2 * pairs,), np.int32)
     # ~512 token workgroups, 32 columns or more each
     blocks = max(1, min(-(-c // 32), -(-512 // max(1, num_embeddings))))
     block_cols = 32 * -(-c // (32 * blocks))
-    self.rt.dispatch("embedding", "embedding_with_positions_backward_main",
-                     num_embeddings * blocks + -(-g_wpe.size // 256),
-                     {"idx": bindable_any(idx), "g": bindable(g), "g_wte": g_wte, "g_wpe": g_wpe,
-                      "errors": self.rt.error_flags},
-                     {"total": g_wpe.size, "cols": c, "rows": num_embeddings, "positions": t,
-                      "batch": g.size // max(1, t * c), "blocks": blocks, "block_cols": block_cols})
+    params = {"total": 0 if g_wpe is None else g_wpe.size, "cols": c, "rows": num_embeddings, "positions": t,
+              "batch": batch, "blocks": blocks, "block_cols": block_cols, "pairs": pairs}
+    self.rt.dispatch("embedding", "embedding_sort_main", 1,
+                     {"idx": bindable_any(idx), "keys": keys, "errors": self.rt.error_flags}, params)
+    self.rt.dispatch("embedding", "embedding_backward_main", num_embeddings * blocks + -(-params["total"] // 256),
+                     {"keys": keys, "g": bindable(g), "g_wte": g_wte,
+                      "g_wpe": self.rt.stand_in(0) if g_wpe is None else g_wpe}, params)
     return g_wte, g_wpe
