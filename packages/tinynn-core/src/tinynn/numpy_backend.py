@@ -238,7 +238,7 @@ class NumpyBackend(Backend):
     def classifier_forward(self, x, weight, bias, targets, vocab, ignore_index, for_backward=True):
         """The head's logits, their softmax over the first `vocab` columns, the mean loss and its gradients, whole
         (the specification: a GPU computes them a chunk of rows at a time)."""
-        _check_range(targets, vocab, TARGET_RANGE, ignore_index)
+        formulas.check_range(targets, vocab, TARGET_RANGE, ignore_index)
         logits = x @ weight.T if bias is None else x @ weight.T + bias  # (N, Vp)
         z = logits[:, :vocab]  # the padded columns take no part
         m = z.max(axis=-1, keepdims=True)

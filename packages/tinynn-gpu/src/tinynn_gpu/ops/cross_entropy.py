@@ -74,7 +74,7 @@ def chunk_rows(rt, v_padded: int) -> int:
 
 def classifier_forward(self, x, weight, bias, targets, vocab, ignore_index, for_backward=True):
     check_dtypes("classifier_forward", x, weight, *([] if bias is None else [bias]), targets)
-    (n, c), v_padded = x.shape, weight.shape[0]
+    n, v_padded = x.shape[0], weight.shape[0]
     operands = bindable(x), bindable(weight), None if bias is None else bindable(bias), bindable_any(targets)
     x, weight, bias, targets = operands
     chunks = -(-n // chunk_rows(self.rt, v_padded))  # as few as can be, and as even

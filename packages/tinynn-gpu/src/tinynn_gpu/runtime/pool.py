@@ -17,7 +17,7 @@ import numpy as np
 import wgpu
 
 from tinynn.errors import TinynnError
-from tinynn_gpu.runtime.arrays import FLOAT32, SHAPES_CACHED, PooledArray, TooLarge, as_shape
+from tinynn_gpu.runtime.arrays import FLOAT32, SHAPES_CACHED, GpuArray, PooledArray, TooLarge, as_shape
 
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 
