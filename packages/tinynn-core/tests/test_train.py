@@ -338,3 +338,27 @@ def test_ctrl_c_while_sampling_names_the_checkpoint(workdir, monkeypatch, capsys
     assert main(["train", "--config", write_config(workdir / "c.json"), "--quiet"]) == 130
     _, last = notices_and_error(capsys)
     assert last == "tinynn: interrupted while sampling, after training: the checkpoint is in run/ckpt.safetensors"
+
+
+# --- the library call and what a long run shows ---
+
+def test_train_takes_a_dict_of_the_configs_keys_checked_as_json_is(workdir):
+    from tinynn.errors import TinynnError
+    from tinynn.train import train
+    result = train({**TINY, "max_steps": 2, "eval_interval": 2}, progress=False)
+    assert result.history["step"] == [1, 2] and result.sample.startswith("The ")
+    with pytest.raises(TinynnError, match="n_layr"):
+        train({**TINY, "n_layr": 2}, progress=False)
+
+
+def test_the_sample_after_training_shows_progress_and_is_the_generated_text(workdir, capsys):
+    """The sample is drawn token by token under a bar (on a software adapter it takes minutes); its text is what
+    `generate` draws from the same model and seed."""
+    from tinynn.config import from_dict
+    from tinynn.train import train
+    cfg = from_dict({**TINY, "max_steps": 2, "eval_interval": 2, "sample_tokens": 40})
+    result = train(cfg, progress=True)
+    assert "sample" in capsys.readouterr().err
+    prompt = result.tokenizer.encode(cfg.sample_prompt)
+    again = result.model.generate(np.asarray(prompt)[None, :], 40, temperature=0.8, seed=cfg.seed % 2**32)
+    assert result.sample == result.tokenizer.decode(again[0])

@@ -56,11 +56,14 @@ def evaluate(model: GPT, batches: Batches, split: str, steps: int, batch_size: i
     return total / steps
 
 
-def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progress=True) -> TrainResult:
-    """Train as `cfg` says. Everything checkable is checked before step 1 (see rundir.py and memory.py), the
+def train(cfg: TrainConfig | dict, *, device=None, resume=False, overwrite=False, progress=True) -> TrainResult:
+    """Train as `cfg` says (a TrainConfig, or a dict of the JSON config's keys, checked alike). Everything checkable is checked before step 1 (see rundir.py and memory.py), the
     data before the device is started; `resume` continues out_dir's checkpoint, `overwrite` lets a fresh run
     replace it. Ctrl-C ends the step under way and saves it (see `_Interrupts`). Under mpiexec, rank 0 alone
     holds out_dir, evaluates, writes checkpoints and samples."""
+    if isinstance(cfg, dict):
+        from tinynn import config
+        cfg = config.from_dict(cfg, source="train(config)")
     cfg.validate()
     if resume and overwrite:
         raise TinynnError("--resume continues out_dir's checkpoint and --overwrite replaces it: give one of them")
@@ -106,7 +109,10 @@ def train(cfg: TrainConfig, *, device=None, resume=False, overwrite=False, progr
     if not world.is_root:  # rank 0 alone samples and plots
         return TrainResult(model, tokenizer, history, "", ckpt_path)
     try:
-        out = model.generate(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
+        tokens = model.stream(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
+        drawn = list(tqdm(tokens, total=cfg.sample_tokens, desc="sample", unit="token", leave=False,
+                          disable=not progress, dynamic_ncols=True))  # minutes on a software adapter
+        out = np.concatenate([prompt[None, :], *(t[:, None] for t in drawn)], axis=1)
     except KeyboardInterrupt:
         raise Interrupted(f"while sampling, after training: the checkpoint is in {ckpt_path}") from None
     sample = tokenizer.decode(out[0])
@@ -171,6 +177,7 @@ def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pret
                 last = step + 1 == cfg.max_steps
                 val = None
                 if world.is_root and ((step + 1) % cfg.eval_interval == 0 or last):
+                    bar.set_postfix_str(f"step {step + 1}: evaluating on {cfg.eval_steps} batches")  # slow on a CPU
                     val = evaluate(model, batches, split_for_eval, cfg.eval_steps, cfg.batch_size, cfg.seed + 1)
                     history["val_step"].append(step + 1)
                     history["val_loss"].append(val)
