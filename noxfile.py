@@ -15,8 +15,9 @@ nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True  # a supported Python that is not tested is a failure
 
 PYTHONS = ["3.11", "3.12", "3.13"]  # 3.10 reached its end of life in October 2026
-# hatchling: test_packaging builds the wheels; xdist: a test process per core, so shaders compile on every core
-TEST_TOOLS = ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "hatchling>=1.27"]
+# hatchling and pip: test_packaging builds the wheels (uv makes venvs without pip); xdist: a test process per
+# core, so shaders compile on every core
+TEST_TOOLS = ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "hatchling>=1.27", "pip"]
 CORE, GPU = "./packages/tinynn-core", "./packages/tinynn-gpu"
 TINT = "wgpudawn==0.32.0.4"  # Dawn's WGSL compiler with a no-GPU backend: test_wgsl_tint.py (Python >= 3.11)
 REQUIRE_MPI = {"TINYNN_REQUIRE_MPI": "1"}  # the [mpi] extra is installed: its mpiexec tests must run, not skip

@@ -334,7 +334,7 @@ def test_ctrl_c_while_sampling_names_the_checkpoint(workdir, monkeypatch, capsys
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(GPT, "generate", interrupted)
+    monkeypatch.setattr(GPT, "stream", interrupted)
     assert main(["train", "--config", write_config(workdir / "c.json"), "--quiet"]) == 130
     _, last = notices_and_error(capsys)
     assert last == "tinynn: interrupted while sampling, after training: the checkpoint is in run/ckpt.safetensors"
