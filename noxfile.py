@@ -35,20 +35,22 @@ def tests_cpu(session):
     session.run("python", "-c", "import importlib.util as u, sys; "
                 "bad = [m for m in ('wgpu', 'tinynn_gpu') if u.find_spec(m)]; "
                 "sys.exit(f'tinynn-core pulled in {bad}') if bad else print('no GPU package installed: ok')")
-    session.run("pytest", "packages/tinynn-core/tests", *session.posargs, env=REQUIRE_MPI)
+    session.run("pytest", "-n", "auto", f"{CORE}/tests", *session.posargs, env=REQUIRE_MPI)
 
 
 @nox.session(name="tests-gpu", python=PYTHONS)
 def tests_gpu(session):
     """tinynn-core + tinynn-gpu on a real WebGPU adapter (lavapipe in CI): the GPU kernels against the CPU,
     then the whole core suite again with the GPU backend active. A missing adapter fails, never skips.
-    The first Python runs every test; the others leave out tests/matmul, the sweeps over the generated matmul
-    variants: their WGSL is the same on every Python, and compiling it cold on lavapipe is most of CI's time."""
+    The first Python runs every test; the others run the GPU package's tests but tests/matmul, the sweeps over
+    the generated matmul variants (their WGSL is the same on every Python, and compiling it cold on lavapipe is
+    most of CI's time), and leave the core suite to tests-cpu on that Python."""
     session.install(f"{CORE}[plot,mpi,bpe]", GPU, *TEST_TOOLS, TINT)
     env = {"TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp", **REQUIRE_MPI}
     session.run("tinynn", "info", "--device", "gpu", env=env)
-    sweeps = [] if session.python == PYTHONS[0] else [f"--ignore={GPU}/tests/matmul"]
-    session.run("pytest", "-n", "auto", f"{GPU}/tests", f"{CORE}/tests", *sweeps, *session.posargs, env=env)
+    suites = [f"{GPU}/tests", f"{CORE}/tests"] if session.python == PYTHONS[0] else \
+        [f"{GPU}/tests", f"--ignore={GPU}/tests/matmul"]
+    session.run("pytest", "-n", "auto", *suites, *session.posargs, env=env)
 
 
 # pip, not uv: torch 2.13.0's CPU wheel lies on the CI machines' disk where pip looks (PyPI's Linux torch is a CUDA
