@@ -25,8 +25,6 @@ import json
 import os
 import time
 
-import wgpu
-
 from tinynn_gpu.matmul.blocked import BlockedMatmul
 from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, PAIR_SPLITS, BlockConfig
 from tinynn_gpu.matmul.lesson import LessonMatmul
@@ -34,6 +32,7 @@ from tinynn_gpu.matmul.paired import PairedMatmul
 from tinynn_gpu.matmul.problem import Epilogue, shape_key
 from tinynn_gpu.matmul.rows import RowsMatmul
 from tinynn_gpu.runtime import settings
+from tinynn_gpu.runtime.webgpu import wgpu
 
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
 # 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
