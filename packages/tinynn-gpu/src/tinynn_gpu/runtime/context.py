@@ -75,8 +75,8 @@ class GpuContext:
         return is_software(self.info)
 
     def describe(self) -> dict:
-        return {"adapter": self.adapter_name, "webgpu": self.implementation.describe(), "adapter_type": self.info.get("adapter_type"),
-                "graphics_backend": self.info.get("backend_type"),
+        return {"adapter": self.adapter_name, "webgpu": self.implementation.describe(),
+                "adapter_type": self.info.get("adapter_type"), "graphics_backend": self.info.get("backend_type"),
                 "max_storage_binding_bytes": self.limits["max-storage-buffer-binding-size"],
                 "max_storage_buffers_per_stage": self.limits.get("max-storage-buffers-per-shader-stage"),
                 "timestamp_query": "timestamp-query" in self.features,

@@ -5,8 +5,8 @@ with timestamps, a query resolve; `submit` finishes the encoder and hands it to 
 move bytes to and from buffers. Two implementations take the same wgpu-py objects:
 - `MethodRecorder`: wgpu-py's methods (what works everywhere wgpu-py does);
 - `NativeRecorder`: webgpu.h's C functions (wgpu-native's or Dawn's), called straight through cffi (native.py),
-  where `native.probe` found them working: a third of wgpu-py's host cost per dispatch. Its `encoder` and `compute_pass` are native
-  handles.
+  where `native.probe` found them working: a third of wgpu-py's host cost per dispatch. Its `encoder` and
+  `compute_pass` are native handles.
 `opened` (given by the runtime) is called when a new encoder opens, before anything is recorded on it: the
 staged writes' copies go first.
 """

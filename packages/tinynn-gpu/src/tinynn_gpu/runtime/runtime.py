@@ -64,8 +64,9 @@ class Runtime:
 
     def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
         """Record through webgpu.h's C functions (`calls`), or through wgpu-py's methods when calls is None
-        (then `reason` says why). With `threaded` (default: with RECORD_THREAD_CPUS cores or more), a replay
-        records a later one on a worker thread (replay.py). Tests switch paths with it."""
+        (then `reason` says why). With `threaded` (default: with RECORD_THREAD_CPUS cores or more, on a device that
+        lets a second thread record: webgpu.py), a replay records a later one on a worker thread (replay.py). Tests
+        switch paths with it."""
         if self.recording is not None:
             self.flush()
         self.native, self.native_reason, self.early_read = calls, reason, None
