@@ -1,6 +1,6 @@
 """The WebGPU implementation, chosen once per process (runtime/webgpu.py): named by TINYNN_WEBGPU, never swapped
-for the other when it cannot be used (the reason says why), reached by every module through one name, and
-compiling WGSL in its own dialect."""
+for the other when it cannot be used (the reason says why: a user's setting refused, so no GPU choice runs on the
+CPU instead), reached by every module through one name, and compiling WGSL in its own dialect."""
 import os
 import re
 import subprocess
@@ -38,18 +38,27 @@ def gpu_reason(webgpu_variable: str, hidden: str) -> str:
 
 
 def test_dawn_asked_for_but_missing_is_the_reason_never_a_switch():
-    assert gpu_reason("dawn", "wgpudawn") == ("wgpudawn is not importable (hidden by the test); TINYNN_WEBGPU=dawn "
-                                              "asks for it (the tinynn-gpu[dawn] extra installs it)")
+    assert ("wgpudawn is not importable (hidden by the test); TINYNN_WEBGPU=dawn asks for it (the tinynn-gpu[dawn] "
+            "extra installs it)") in gpu_reason("dawn", "wgpudawn")
 
 
 def test_wgpu_native_asked_for_but_missing_is_the_reason():
-    assert gpu_reason("wgpu-native", "wgpu") == ("wgpu is not importable (hidden by the test); "
-                                                 "TINYNN_WEBGPU=wgpu-native asks for it")
+    assert "wgpu is not importable (hidden by the test); TINYNN_WEBGPU=wgpu-native asks for it" in \
+        gpu_reason("wgpu-native", "wgpu")
 
 
 def test_an_unknown_implementation_is_named():
-    assert gpu_reason("metal", "nothing") == ("TINYNN_WEBGPU='metal' names no WebGPU implementation (choose "
-                                              "wgpu-native or dawn)")
+    assert "TINYNN_WEBGPU='metal' names no WebGPU implementation (choose wgpu-native or dawn)" in \
+        gpu_reason("metal", "nothing")
+
+
+def test_asking_for_it_refuses_the_setting_rather_than_run_elsewhere(setting, monkeypatch):
+    """A TinynnError (a setting of the user's refused: core then fails `auto` as well as `gpu`)."""
+    from tinynn.errors import TinynnError
+    monkeypatch.setattr(webgpu, "_chosen", None)
+    setting("TINYNN_WEBGPU", "vulkan")
+    with pytest.raises(TinynnError, match="TINYNN_WEBGPU='vulkan' names no WebGPU implementation"):
+        webgpu.chosen()
 
 
 def test_the_api_is_imported_in_one_module():

@@ -114,7 +114,7 @@ def create() -> GpuContext:
     are read afresh here, once per process: core's data parallelism names this rank's adapter by setting
     TINYNN_ADAPTER_INDEX in the environment before it opens the backend (tinynn/distributed.py)."""
     settings.reload()
-    implementation = webgpu.chosen()  # raises BackendUnavailable naming why it cannot be used
+    implementation = webgpu.chosen()  # raises naming why it cannot be used
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # silences Mesa's startup complaint on headless Linux
     try:
         implementation.start()
@@ -123,8 +123,7 @@ def create() -> GpuContext:
         raise BackendUnavailable(f"{implementation.name}'s adapter enumeration failed ({type(e).__name__}: {e})") \
             from None
     if not adapters:
-        raise BackendUnavailable(f"no WebGPU adapter found by {implementation.name} (no Vulkan, Metal or DX12 "
-                                 "driver?)")
+        raise BackendUnavailable(f"no WebGPU adapter found by {implementation.name} ({implementation.no_adapter})")
     adapter = choose_adapter(adapters)
     limits = {k: adapter.limits[k] for k in WANTED_LIMITS if k in adapter.limits}
     features = set(adapter.features) & set(implementation.features)

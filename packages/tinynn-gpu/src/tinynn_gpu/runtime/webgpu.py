@@ -4,8 +4,10 @@
     TINYNN_WEBGPU=dawn          wgpudawn, the wgpu-py API on Dawn (`import wgpudawn as wgpu`): `tinynn-gpu[dawn]`
 
 Both speak wgpu-py's API, so the package reaches it through this module alone: `from tinynn_gpu.runtime.webgpu
-import wgpu` gives the chosen implementation's module, imported on first use. One that is asked for but cannot
-be imported raises `BackendUnavailable` with the reason; it is never swapped for the other. What the two do
+import wgpu` gives the chosen implementation's module, imported on first use. One that is asked for by
+TINYNN_WEBGPU but cannot be imported, or a value naming none, is a setting of the user's refused: `TinynnError`
+with the reason, so that no device choice runs on the other implementation or quietly on the CPU instead (the
+default's import failure is an ordinary `BackendUnavailable`). What the two do
 differently is a method or attribute of `Implementation`, written once for each:
 - `start`: Dawn's instance toggles, set before the first adapter request: `allow_unsafe_apis` (its experimental
   features) and `vulkan_enable_f16_on_nvidia` (f16 on NVIDIA drivers before 615.71, which Dawn offers only from
@@ -28,6 +30,7 @@ from __future__ import annotations
 import re
 
 from tinynn.backends import BackendUnavailable
+from tinynn.errors import TinynnError
 from tinynn_gpu.runtime import settings
 
 DEFAULT = "wgpu-native"
@@ -41,6 +44,7 @@ class Implementation:
     package = ""  # the Python package that provides it
     subgroups = ""  # the subgroup feature's name
     features = ()  # the features asked for where the adapter has them
+    no_adapter = "no Vulkan, Metal or DX12 driver?"  # what to check when it finds no adapter
 
     def __init__(self, api, why: str):
         self.api, self.why = api, why  # the wgpu-py module; why it was chosen
@@ -91,6 +95,8 @@ class Dawn(Implementation):
     name, package, subgroups = "dawn", "wgpudawn", "subgroups"
     features = ("timestamp-query", "chromium-experimental-timestamp-query-inside-passes", "subgroups",
                 "implicit-device-synchronization")
+    no_adapter = ("no Vulkan, Metal or DX12 driver that Dawn accepts? It logs why it refuses one; Mesa's lavapipe "
+                  "must be 25 or newer")
     INSTANCE_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
     started = False
 
@@ -148,16 +154,18 @@ def chosen() -> Implementation:
     if _chosen is None:
         asked = settings.current().webgpu
         if asked and asked not in IMPLEMENTATIONS:
-            raise BackendUnavailable(f"TINYNN_WEBGPU={asked!r} names no WebGPU implementation "
-                                     f"(choose {' or '.join(IMPLEMENTATIONS)})")
+            raise TinynnError(f"TINYNN_WEBGPU={asked!r} names no WebGPU implementation "
+                              f"(choose {' or '.join(IMPLEMENTATIONS)})")
         cls = IMPLEMENTATIONS[asked or DEFAULT]
         why = f"asked for by TINYNN_WEBGPU={asked}" if asked else DEFAULT_REASON
         try:
             api = __import__(cls.package)
         except ImportError as e:
-            asked_for = f"; TINYNN_WEBGPU={asked} asks for it" if asked else ""
+            if not asked:
+                raise BackendUnavailable(f"{cls.package} is not importable ({e})") from None
             extra = " (the tinynn-gpu[dawn] extra installs it)" if cls is Dawn else ""
-            raise BackendUnavailable(f"{cls.package} is not importable ({e}){asked_for}{extra}") from None
+            raise TinynnError(f"{cls.package} is not importable ({e}); TINYNN_WEBGPU={asked} asks for it{extra}") \
+                from None
         _chosen = cls(api, why)
     return _chosen
 
