@@ -40,6 +40,8 @@ SUBGROUP_BUILTIN = re.compile(r"\b(subgroup[A-Z_]\w*|num_subgroups)\b")
 
 
 class Implementation:
+    """What one WebGPU implementation does its own way (the module docstring lists it); a subclass per
+    implementation, its instance made once per process by `chosen`."""
     name = ""  # as TINYNN_WEBGPU names it
     package = ""  # the Python package that provides it
     subgroups = ""  # the subgroup feature's name
@@ -63,6 +65,19 @@ class Implementation:
     def wgsl(self, code: str, features: set) -> str:
         """The WGSL as this implementation compiles it."""
         return code
+
+    def versions(self) -> str:
+        raise NotImplementedError
+
+    def unchecked(self, device):
+        """(compile(label, code), "") making modules without runtime checks on this device, else (None, why)."""
+        raise NotImplementedError
+
+    def cffi(self):
+        """(ffi, lib, libf): webgpu.h's functions through cffi, and wgpu-py's checked wrappers of them."""
+        raise NotImplementedError
+
+    Calls = None  # the native.NativeCalls subclass for this implementation
 
     def describe(self) -> str:
         return f"{self.name} ({self.versions()}), {self.why}" + "".join(f"; {note}" for note in self.notes)
