@@ -1,5 +1,6 @@
-"""Fixtures for the GPU tests. They run on whatever adapter wgpu finds (lavapipe in CI). With
-TINYNN_REQUIRE_GPU=1 (set by `nox -s tests-gpu`) a missing adapter fails the run instead of skipping it."""
+"""Fixtures for the GPU tests. They run on whatever adapter the WebGPU implementation finds (lavapipe in CI), on
+wgpu-native or, with TINYNN_WEBGPU=dawn, on Dawn. With TINYNN_REQUIRE_GPU=1 (set by `nox -s tests-gpu`) a missing
+adapter fails the run instead of skipping it."""
 import os
 
 import numpy as np
@@ -81,7 +82,7 @@ def subgroup_path(request, poisoned, monkeypatch):
     """The poisoned GPU backend with its kernels forced onto their subgroup path or onto the one that needs
     none (workgroup-memory sums; attention's one thread per row): TINYNN_SUBGROUPS. Teams of 64 threads give
     the row-team kernels (group_sum.py) two rows a team, as a 64-wide subgroup would (lavapipe's are 8)."""
-    if request.param == "subgroup" and "subgroup" not in poisoned.ctx.features:
+    if request.param == "subgroup" and not poisoned.ctx.subgroups:  # the device's feature, by either one's name
         pytest.skip("the adapter has no subgroup operations")
     monkeypatch.setattr(poisoned.rt, "subgroups", request.param == "subgroup")  # TINYNN_SUBGROUPS, read at start
     if request.param.endswith("64"):

@@ -2,7 +2,6 @@
 host syncs per step, caching, and inputs larger than a storage binding."""
 import numpy as np
 import pytest
-import wgpu
 
 import tinynn
 from tinynn import backends
@@ -11,6 +10,7 @@ from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
 from tinynn.train import TrainStep
 from tinynn_gpu import create_backend
+from tinynn_gpu.runtime.webgpu import wgpu
 
 CFG = GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=32)
 

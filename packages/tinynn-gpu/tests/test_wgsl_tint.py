@@ -3,7 +3,9 @@ well as naga (wgpu's, which the rest of the suite runs on). Tint is stricter whe
 constant expression whose value is -inf or NaN is an error there, and naga lets it through.
 
 Tint comes from the `wgpudawn` package: its Dawn build has a Null backend that compiles shaders and
-pipelines with no GPU at all (selected by WGPU_BACKEND_TYPE=Null), so this runs on any CI machine.
+pipelines with no GPU at all (selected by WGPU_BACKEND_TYPE=Null), so this runs on any CI machine. Each kernel
+goes in as the runtime gives it to Dawn (runtime/webgpu.py's `Dawn.wgsl`: `enable subgroups;` where it uses
+them), so the dialect is checked too.
 """
 import os
 import re
@@ -16,6 +18,7 @@ from tinynn_gpu.matmul.lesson import lesson_source
 from tinynn_gpu.ops import attention, attention_backward_tiled, attention_tiled, group_sum, multi_tensor
 from tinynn_gpu.ops import pack as packing
 from tinynn_gpu.runtime.context import KERNEL_FILES
+from tinynn_gpu.runtime.webgpu import Dawn
 from tinynn_gpu.runtime.wgsl import kernel_source
 
 if os.environ.get("TINYNN_REQUIRE_GPU") == "1":  # nox's tests-gpu installs it: there it must run
@@ -52,27 +55,24 @@ def every_kernel():
                    matmul_blocked.generate_pair(config, inputs, weights, quads=aligned))
             yield (f"matmul pair {config.name} aligned={aligned} swapped",
                    matmul_blocked.generate_pair(config, weights, inputs, quads=aligned))
-    # the group_sum and row-team kernels both ways; Tint wants `enable subgroups;` for the subgroup form,
-    # which naga refuses, so it is added here only
+    # the group_sum and row-team kernels both ways
     for subgroups in (False, True):
-        enable = "enable subgroups;\n" if subgroups else ""
-        yield from ((f"{name} subgroups={subgroups}", enable + group_sum.source(name, subgroups))
+        yield from ((f"{name} subgroups={subgroups}", group_sum.source(name, subgroups))
                     for name in ("reduce", "cross_entropy"))
         yield from ((f"layernorm subgroups={subgroups} width={width} step={step}",
-                     enable + group_sum.source("layernorm", subgroups, width, step))
+                     group_sum.source("layernorm", subgroups, width, step))
                     for width in (1, 4) for step in (1, 2, 4, 8))
     yield from ((f"multi_tensor x{n}", multi_tensor.generate(n, min(4 * n + 2, multi_tensor.MAX_SLOTS), False))
                 for n in range(1, multi_tensor.MAX_SLOTS + 1))  # a device's AdamW and norm slots go together so
-    yield from ((f"multi_tensor x{n} subgroups", "enable subgroups;\n" + multi_tensor.generate(n, n, True))
+    yield from ((f"multi_tensor x{n} subgroups", multi_tensor.generate(n, n, True))
                 for n in (1, multi_tensor.MAX_SLOTS))
     yield from ((f"{op} x{n}", packing.generate(op, n)) for op in packing.OPS for n in (1, 7, packing.MAX_SLOTS))
     # one lane a row, and several (subgroup shuffles, which the uniformity analysis allows only where every
     # thread of the workgroup takes the same number of loop steps)
     for hs in (16, 20, 24, 64, 128):
         for lanes in {1, attention.lanes_for(hs, subgroups=True)}:
-            enable = "enable subgroups;\n" if lanes > 1 else ""
-            yield from ((f"attention hs{hs} {rows}x{splits} lanes={lanes}",
-                         enable + attention.source(hs, rows, splits, lanes)) for rows, splits in attention.LAYOUTS)
+            yield from ((f"attention hs{hs} {rows}x{splits} lanes={lanes}", attention.source(hs, rows, splits, lanes))
+                        for rows, splits in attention.LAYOUTS)
     yield from ((f"attention tiled hs{hs} {tile}", attention_tiled.tiled_source(hs, tile))
                 for hs in (16, 20, 64, 128) for tile in attention_tiled.TILES)
     backward = attention_backward_tiled
@@ -86,8 +86,9 @@ def test_every_kernel_compiles_on_tint(tint):
     """Each module, then each entry point's pipeline. The Null device has WebGPU's default limits only
     (8 storage buffers, 256 invocations), below what the big variants ask of a real GPU: a pipeline refused
     for a limit is not a WGSL error, so only those refusals pass."""
-    failures = []
+    failures, dawn = [], Dawn(api=wgpudawn, why="the Tint test")
     for name, code in every_kernel():
+        code = dawn.wgsl(code, {"subgroups"})
         try:
             module = tint.create_shader_module(label=name, code=code)
         except Exception as e:

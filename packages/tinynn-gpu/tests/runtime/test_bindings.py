@@ -4,11 +4,11 @@ import re
 
 import numpy as np
 import pytest
-import wgpu
 
 from tinynn_gpu.ops import group_sum
 from tinynn_gpu.runtime.bindings import Bindings
 from tinynn_gpu.runtime.context import KERNEL_FILES
+from tinynn_gpu.runtime.webgpu import wgpu
 
 WGSL = """
 @group(0) @binding(0) var<storage, read> x: array<f32>;

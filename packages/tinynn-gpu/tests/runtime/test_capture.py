@@ -52,7 +52,7 @@ def weights(model):
 
 @pytest.fixture(params=["direct", "threaded", "methods"])
 def path(request, gpu):
-    """Each test with direct wgpu-native calls (later replays recorded inline, and on the worker thread) and
+    """Each test with direct webgpu.h calls (later replays recorded inline, and on the worker thread) and
     through wgpu-py's methods."""
     rt = gpu.rt
     calls, reason, threaded, before = rt.native, rt.native_reason, rt.record_thread is not None, rt.record_thread
@@ -73,9 +73,10 @@ def test_both_paths_replay_what_the_cpu_computes(gpu, path):
     cpu_losses, cpu_model, _ = run(backends.reference(), 10)
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
+    direct = f"direct {gpu.ctx.implementation.name} calls"
     assert gpu.describe()["recording"] == {
-        "direct": "direct wgpu-native calls", "methods": "wgpu-py methods (switched off by the test)",
-        "threaded": "direct wgpu-native calls, replays recorded ahead on a worker thread"}[path]
+        "direct": direct, "methods": "wgpu-py methods (switched off by the test)",
+        "threaded": f"{direct}, replays recorded ahead on a worker thread"}[path]
 
 
 def test_each_replayed_loss_keeps_its_own_value(gpu):

@@ -2,10 +2,10 @@
 import re
 
 import pytest
-import wgpu
 
 from tinynn_gpu.ops import group_sum
 from tinynn_gpu.runtime import context, wgsl
+from tinynn_gpu.runtime.webgpu import wgpu
 
 
 def entry_points(source: str) -> list[str]:

@@ -9,16 +9,17 @@ SRC = Path(__file__).parents[2] / "src" / "tinynn_gpu"
 
 
 def test_every_variable_is_read_into_the_settings():
-    environ = {"TINYNN_ADAPTER": " H100 ", "TINYNN_ADAPTER_INDEX": "3", "TINYNN_SHADER_CHECKS": "1",
-               "TINYNN_SUBGROUPS": "0", "TINYNN_ATTENTION_TILE": "32x32x2", "TINYNN_ATTENTION_BACKWARD_TILE": "0",
+    environ = {"TINYNN_WEBGPU": " Dawn ", "TINYNN_ADAPTER": " H100 ", "TINYNN_ADAPTER_INDEX": "3",
+               "TINYNN_SHADER_CHECKS": "1", "TINYNN_SUBGROUPS": "0", "TINYNN_ATTENTION_TILE": "32x32x2", "TINYNN_ATTENTION_BACKWARD_TILE": "0",
                "TINYNN_ATTENTION_LAYOUT": "8x4", "TINYNN_MATMUL": "lesson8", "TINYNN_AUTOTUNE": "0",
                "TINYNN_CACHE_DIR": "/tmp/cache"}
     read = Settings.read(environ)
-    assert read == Settings(adapter="h100", adapter_index="3", shader_checks=True, subgroups=False,
+    assert read == Settings(webgpu="dawn", adapter="h100", adapter_index="3", shader_checks=True, subgroups=False,
                             attention_tile="32x32x2", attention_backward_tile="0", attention_layout="8x4",
                             matmul="lesson8", autotune=False, cache_dir=Path("/tmp/cache"))
     unset = Settings.read({})
-    assert unset.subgroups and not unset.shader_checks and unset.autotune is None and unset.attention_tile is None
+    assert unset.webgpu == "" and unset.subgroups and not unset.shader_checks and unset.autotune is None
+    assert unset.attention_tile is None
 
 
 def test_only_the_settings_module_reads_the_environment():

@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import pytest
-import wgpu
 
 import tinynn
 
-from tinynn_gpu.runtime import kernels, native, replay, runtime, transfer
+from tinynn_gpu.runtime import kernels, native, replay, runtime, transfer, webgpu
+from tinynn_gpu.runtime.webgpu import wgpu
 
 WGSL = """
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
@@ -21,30 +21,29 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>) { out[0] = 1.0; }
 """
 
 
-def test_the_probe_refuses_a_path_that_does_not_work(gpu):
-    class Broken(native.NativeCalls):
+def test_the_probe_refuses_a_path_that_does_not_work(gpu, monkeypatch):
+    implementation = webgpu.chosen()
+
+    class Broken(implementation.Calls):
         __slots__ = ()
 
         def record(self, compute_pass, runs):  # records nothing: the probe's buffer keeps what was written
             pass
 
-    class Missing(native.NativeCalls):
+    class Missing(implementation.Calls):
         __slots__ = ()
 
         def __init__(self, *args):
             raise AttributeError("wgpuComputePassEncoderDispatchWorkgroups")
-    plain = native.NativeCalls
-    try:
-        native.NativeCalls = Broken
+    with monkeypatch.context() as patch:
+        patch.setattr(type(implementation), "Calls", Broken)
         calls, reason = native.probe(gpu.rt.device)
         assert calls is None and "wrote [10.0, 10.0, 10.0, 10.0]" in reason
-        native.NativeCalls = Missing
+        patch.setattr(type(implementation), "Calls", Missing)
         calls, reason = native.probe(gpu.rt.device)
-        assert calls is None and "not reachable" in reason
-    finally:
-        native.NativeCalls = plain
+        assert calls is None and f"{implementation.name}'s cffi functions are not reachable" in reason
     calls, reason = native.probe(gpu.rt.device)
-    assert calls is not None and reason == ""
+    assert calls is not None and reason == "" and type(calls) is implementation.Calls
 
 
 @pytest.mark.parametrize("threaded", [False, True])
@@ -76,9 +75,10 @@ def test_a_validation_error_raises_through_the_direct_calls(gpu, threaded):
 
 def test_a_read_back_that_cannot_map_raises_rather_than_waits(gpu):
     """A map refused at once (a destroyed buffer) raises wgpu's error; a map whose callback never comes (here:
-    one that ignores it) raises once the queue is idle, instead of polling forever."""
-    from wgpu.backends.wgpu_native import ffi, lib
-    from wgpu.backends.wgpu_native._api import libf
+    one that ignores it) raises once the queue is idle (wgpu-native) or its future is done (Dawn), instead of
+    waiting forever."""
+    implementation = webgpu.chosen()
+    ffi, lib, libf = implementation.cffi()
 
     calls = gpu.rt.native
     assert calls is not None, gpu.rt.native_reason
@@ -88,7 +88,7 @@ def test_a_read_back_that_cannot_map_raises_rather_than_waits(gpu):
     with pytest.raises(wgpu.GPUError, match="destroyed"):
         calls.read(gone._internal, [(0, np.zeros(4, np.float32))])
 
-    class Deaf(native.NativeCalls):
+    class Deaf(implementation.Calls):
         __slots__ = ("_ignore",)
 
         def __init__(self, *args):

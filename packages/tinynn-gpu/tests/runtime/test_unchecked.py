@@ -1,12 +1,13 @@
-"""Shader modules without wgpu's runtime checks: used where the probe finds them working, refused with a
-reason otherwise, and compile errors still raise."""
+"""Shader modules without the implementation's runtime checks: used where the probe finds them working, refused
+with a reason otherwise (also on Dawn with TINYNN_SHADER_CHECKS=1, whose device then keeps its robustness), and
+compile errors still raise."""
 import pytest
 
-from tinynn_gpu.runtime import context, unchecked
+from tinynn_gpu.runtime import context, unchecked, webgpu
 
 
 def test_the_backend_compiles_without_runtime_checks(gpu):
-    """wgpu is pinned to the version that has trusted modules, so on the test adapter they must work."""
+    """wgpu-py and wgpudawn are pinned to versions that have the way, so on the test adapter it must work."""
     assert gpu.ctx.unchecked is not None, gpu.ctx.checks_reason
     assert gpu.describe()["shader_runtime_checks"] == "off"
 
@@ -21,11 +22,31 @@ def test_the_setting_keeps_the_checks(setting, gpu, monkeypatch):
     gpu.rt.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
 
 
-def test_a_missing_function_is_a_reason(gpu, monkeypatch):
-    from wgpu.backends.wgpu_native import _api
-    monkeypatch.setattr(_api, "libf", object())
+def test_a_missing_way_is_a_reason(gpu, monkeypatch):
+    """wgpu-native without its trusted-module function; a Dawn device without its disable_robustness toggle."""
+    if webgpu.chosen().name == "wgpu-native":
+        from wgpu.backends.wgpu_native import _api
+        monkeypatch.setattr(_api, "libf", object())
+        missing = "wgpuDeviceCreateShaderModuleTrusted"
+    else:
+        from wgpudawn.backends.dawn import extras
+        monkeypatch.setattr(extras, "get_toggles", lambda device: [])
+        missing = "disable_robustness"
     compile, reason = unchecked.probe(gpu.rt.device)
-    assert compile is None and "wgpuDeviceCreateShaderModuleTrusted" in reason
+    assert compile is None and missing in reason
+
+
+def test_dawn_opens_a_device_with_its_robustness_when_checks_are_asked_for(gpu):
+    implementation = webgpu.chosen()
+    if implementation.name != "dawn":
+        pytest.skip("wgpu-native compiles each module with or without checks, whatever the device")
+    from wgpudawn.backends.dawn import extras
+    assert "disable_robustness" in extras.get_toggles(gpu.rt.device)
+    adapter = context.choose_adapter(implementation.api.gpu.enumerate_adapters_sync())  # one adapter, one device
+    checked = implementation.request_device(adapter, {}, [], checks=True)
+    assert "disable_robustness" not in extras.get_toggles(checked)
+    compile, reason = unchecked.robustness_off(checked)
+    assert compile is None and "disable_robustness" in reason
 
 
 def test_a_wrong_probe_result_is_a_reason(gpu, monkeypatch):
@@ -43,4 +64,6 @@ def test_tinynn_info_says_how_the_gpu_compiles_and_records(gpu, capsys):
     from tinynn.cli import main
     assert main(["info", "--device", "gpu"]) == 0
     out = capsys.readouterr().out
-    assert "  shader_runtime_checks: off\n" in out and "  recording: direct wgpu-native calls" in out
+    name = webgpu.chosen().name
+    assert "  shader_runtime_checks: off\n" in out and f"  recording: direct {name} calls" in out
+    assert f"  webgpu: {name} (" in out and f" on {name} (" in out  # the section, and the device's line

@@ -34,7 +34,6 @@ import os
 import sys
 import time
 
-import wgpu
 from tqdm.auto import tqdm
 
 from tinynn_gpu.matmul.blocked import BlockedMatmul
@@ -45,6 +44,7 @@ from tinynn_gpu.matmul.problem import Epilogue, shape_key
 from tinynn_gpu.matmul.rows import RowsMatmul
 from tinynn_gpu.runtime import settings
 from tinynn_gpu.runtime.arrays import GpuArray
+from tinynn_gpu.runtime.webgpu import wgpu
 
 # 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
 # 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;

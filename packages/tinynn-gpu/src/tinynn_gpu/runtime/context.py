@@ -6,6 +6,9 @@ llvmpipe, SwiftShader: wgpu reports their type as CPU) come last; the backend ma
 device does not use them. Among equally good adapters, `TINYNN_ADAPTER_INDEX` picks one (modulo their count):
 MPI rank r on a machine sets it to r (tinynn/distributed.py), so each rank has a GPU of its own where there
 are enough. Any failure raises `BackendUnavailable` with the reason.
+
+The WebGPU implementation (wgpu-native or Dawn) is webgpu.py's choice: the context asks it for the features by
+its names, opens the device its way, and compiles WGSL in its dialect.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 from tinynn.backends import BackendUnavailable
-from tinynn_gpu.runtime import settings, unchecked
+from tinynn_gpu.runtime import settings, unchecked, webgpu
 from tinynn_gpu.runtime.wgsl import kernel_source
 
 # the limits we need above WebGPU's defaults (256 MiB buffers, 128 MiB storage bindings, 8 storage buffers)
@@ -38,25 +41,42 @@ class GpuContext:
     modules: dict = field(default_factory=dict)  # kernel file name -> GPUShaderModule
     sources: dict = field(default_factory=dict)  # kernel file name -> its WGSL (as compiled)
     unchecked: object = None  # unchecked.probe's compile(label, code), when it works here
-    checks_reason: str = ""  # why modules keep wgpu's runtime checks
+    checks_reason: str = ""  # why modules keep the runtime checks
+    implementation: webgpu.Implementation = field(default_factory=webgpu.chosen)
 
     def compile(self, label: str, code: str):
-        """A shader module of this WGSL: without wgpu's runtime checks where unchecked.py found that works."""
+        """A shader module of this WGSL, in the implementation's dialect: without runtime checks where unchecked.py
+        found that works."""
+        code = self.implementation.wgsl(code, self.features)
         if self.unchecked is not None:
             return self.unchecked(label, code)
         return self.device.create_shader_module(label=label, code=code)
 
     @property
-    def name(self) -> str:
+    def adapter_name(self) -> str:
         return self.info.get("device") or self.info.get("description") or "unknown adapter"
+
+    @property
+    def name(self) -> str:
+        """The adapter and the implementation that drives it (`tinynn bench` and `info` show it)."""
+        return f"{self.adapter_name} on {self.implementation.name}"
+
+    @property
+    def subgroups(self) -> bool:
+        return self.implementation.subgroups in self.features
+
+    @property
+    def threads_may_record(self) -> bool:
+        """Whether a second thread may record commands on this device (Runtime.use_native)."""
+        return self.implementation.threads_may_record(self.features)
 
     @property
     def is_software(self) -> bool:
         return is_software(self.info)
 
     def describe(self) -> dict:
-        return {"adapter": self.name, "adapter_type": self.info.get("adapter_type"),
-                "graphics_backend": self.info.get("backend_type"),
+        return {"adapter": self.adapter_name, "webgpu": self.implementation.describe(),
+                "adapter_type": self.info.get("adapter_type"), "graphics_backend": self.info.get("backend_type"),
                 "max_storage_binding_bytes": self.limits["max-storage-buffer-binding-size"],
                 "max_storage_buffers_per_stage": self.limits.get("max-storage-buffers-per-shader-stage"),
                 "timestamp_query": "timestamp-query" in self.features,
@@ -94,25 +114,26 @@ def create() -> GpuContext:
     are read afresh here, once per process: core's data parallelism names this rank's adapter by setting
     TINYNN_ADAPTER_INDEX in the environment before it opens the backend (tinynn/distributed.py)."""
     settings.reload()
-    try:
-        import wgpu
-    except ImportError as e:
-        raise BackendUnavailable(f"wgpu is not importable ({e})") from None
+    implementation = webgpu.chosen()  # raises naming why it cannot be used
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # silences Mesa's startup complaint on headless Linux
     try:
-        adapters = wgpu.gpu.enumerate_adapters_sync()
+        implementation.start()
+        adapters = implementation.api.gpu.enumerate_adapters_sync()
     except Exception as e:
-        raise BackendUnavailable(f"adapter enumeration failed ({type(e).__name__}: {e})") from None
+        raise BackendUnavailable(f"{implementation.name}'s adapter enumeration failed ({type(e).__name__}: {e})") \
+            from None
     if not adapters:
-        raise BackendUnavailable("no WebGPU adapter found (no Vulkan, Metal or DX12 driver?)")
+        raise BackendUnavailable(f"no WebGPU adapter found by {implementation.name} ({implementation.no_adapter})")
     adapter = choose_adapter(adapters)
     limits = {k: adapter.limits[k] for k in WANTED_LIMITS if k in adapter.limits}
-    features = set(adapter.features) & {"timestamp-query", "timestamp-query-inside-passes", "subgroup"}
+    features = set(adapter.features) & set(implementation.features)
     try:
-        device = adapter.request_device_sync(required_limits=limits, required_features=sorted(features))
+        device = implementation.request_device(adapter, limits, sorted(features), settings.current().shader_checks)
     except Exception as e:
-        raise BackendUnavailable(f"could not open {adapter.info.get('device')} ({type(e).__name__}: {e})") from None
-    ctx = GpuContext(adapter, device, dict(adapter.info), dict(device.limits), set(device.features))
+        raise BackendUnavailable(f"could not open {adapter.info.get('device')} on {implementation.name} "
+                                 f"({type(e).__name__}: {e})") from None
+    ctx = GpuContext(adapter, device, dict(adapter.info), dict(device.limits), set(device.features),
+                     implementation=implementation)
     storage = ctx.limits.get("max-storage-buffers-per-shader-stage", 8)
     if storage < STORAGE_BUFFERS_NEEDED:  # refused here, not as a failed pipeline in the middle of a step
         raise BackendUnavailable(f"{ctx.name} binds {storage} storage buffers per shader stage; tinynn's kernels "

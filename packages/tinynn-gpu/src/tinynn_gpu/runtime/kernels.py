@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 
-import wgpu
+from tinynn_gpu.runtime.webgpu import wgpu
 
 from tinynn_gpu.runtime.bindings import Bindings
 from tinynn_gpu.runtime.params import ParamsLayout

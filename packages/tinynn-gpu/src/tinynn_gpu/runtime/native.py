@@ -1,18 +1,19 @@
-"""Direct wgpu-native calls for recording: the three commands every dispatch records (set pipeline, set bind
-group, dispatch), and the few per submission (encoder, pass, copy, query resolve, finish, submit, and
-`write_buffer`), used by the replay of a captured step and by the runtime's eager recorder; and the
+"""Direct webgpu.h calls for recording, into wgpu-native or Dawn (both implement webgpu.h, and the structs and
+functions used here are laid out alike in both headers): the three commands every dispatch records (set
+pipeline, set bind group, dispatch), and the few per submission (encoder, pass, copy, query resolve, finish,
+submit, and `write_buffer`), used by the replay of a captured step and by the runtime's eager recorder; and the
 read-back's map, copy and unmap.
 
 wgpu-py's methods wrap each C function in Python (argument checks, descriptor structs built per call, an
 error-capture frame): the same C functions called straight through cffi cost about a third of that host time
-per dispatch. They take each wgpu object's `_internal` handle, which is
-private to wgpu-py (pinned at 0.32.0). So `probe` checks at start-up that the functions and handles exist
-and that a test replay through them writes what it should; when anything fails, the runtime records through
+per dispatch. They take each wgpu object's `_internal` handle, which is private to wgpu-py (pinned at 0.32.0)
+and to wgpudawn (pinned at 0.32.0.4). So `probe` checks at start-up that the functions and handles exist and
+that a test replay through them writes what it should; when anything fails, the runtime records through
 wgpu-py's methods and `tinynn info` says why (`Runtime.describe`).
 
-Errors stay visible. wgpu-native reports a validation error through the device's error callback, which
-wgpu-py turns into a Python exception around calls made through its checked wrappers (`_api.libf`). The
-per-dispatch calls and the copies go straight to C (their errors are deferred: wgpu-native reports a bad
+Errors stay visible. Both report a validation error through the device's error callback, which wgpu-py (and
+wgpudawn) turn into a Python exception around calls made through their checked wrappers (`_api.libf`). The
+per-dispatch calls and the copies go straight to C (their errors are deferred: both report a bad
 command at the pass's end or at finish), and the per-submission calls go through those wrappers, so an
 invalid recording raises the same error as wgpu-py's methods would. Handles made here are released here,
 also when finish raises.
@@ -20,10 +21,18 @@ also when finish raises.
 A replay records a step's command buffers ahead of its turn (replay.py), so the calls are split: `finish`
 turns an encoder into a command buffer, `submit` hands command buffers to the queue, `release` drops ones
 never submitted.
+
+The two headers differ in two places, which the subclasses cover: wgpu-native numbers its submissions
+(`wgpuQueueSubmitForIndex`) and waits for one in a blocking device poll (`wgpuDevicePoll`), where Dawn's
+`wgpuQueueSubmit` returns nothing and a read-back waits for the map's own future (`wgpuInstanceWaitAny`, which
+Dawn runs only once the map's buffer is done with, so a replay's early read-back still waits for its own
+command buffer alone: replay.py). webgpu.py names the class for its implementation.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from tinynn_gpu.runtime import webgpu
 
 PROBE_WGSL = """
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
@@ -33,14 +42,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>) { out[wg.x] = out[wg.x] + f32(wg.x
 
 
 class NativeCalls:
-    """wgpu-native's C functions bound to one device: the per-dispatch ones as plain attributes (the replay's
+    """webgpu.h's C functions bound to one device (a subclass per implementation, below): the per-dispatch ones as
+    plain attributes (the replay's
     loop reads them once), and the per-submission steps as methods taking native handles."""
     __slots__ = ("set_pipeline", "set_bind_group", "dispatch", "null", "_ffi", "_lib", "_checked", "_device",
                  "_queue", "_encoder_desc", "_pass_desc", "_buffer_desc", "_map_status",
                  "_on_mapped", "_map_callback")
 
     def __init__(self, ffi, lib, checked, device):
-        """checked: wgpu-py's wrappers of the same functions, which raise wgpu-native's errors."""
+        """checked: wgpu-py's (wgpudawn's) wrappers of the same functions, which raise the implementation's errors."""
         self.set_pipeline = lib.wgpuComputePassEncoderSetPipeline
         self.set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
         self.dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
@@ -52,7 +62,7 @@ class NativeCalls:
         self._pass_desc = ffi.new("WGPUComputePassDescriptor *")
         self._buffer_desc = ffi.new("WGPUCommandBufferDescriptor *")
         # `read`'s map callback: it stores the map's status, fired by whichever thread polls the device
-        self._map_status = [0, ""]  # status (0 until the callback), wgpu-native's message
+        self._map_status = [0, ""]  # status (0 until the callback), the implementation's message
 
         @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
         def on_mapped(status, message, userdata1, userdata2):
@@ -115,12 +125,13 @@ class NativeCalls:
 
     def submit(self, command_buffers) -> int | None:
         """Submit command buffers (handles), in order, and release them (also when submitting raises). Returns
-        the submission's index (`read` can wait for it), None when there was nothing to submit."""
+        the submission's index where the implementation numbers them (`read` can wait for it), else None, and
+        None when there was nothing to submit."""
         if not command_buffers:
             return None
         handles = self._ffi.new("WGPUCommandBuffer[]", command_buffers)
         try:
-            return self._checked.wgpuQueueSubmitForIndex(self._queue, len(command_buffers), handles)
+            return self._submit(len(command_buffers), handles)
         finally:
             self.release(command_buffers)
 
@@ -147,13 +158,10 @@ class NativeCalls:
         views = [(offset, ffi.from_buffer(into, require_writable=True)) for offset, into in parts]
         size = max(offset + len(view) for offset, view in views)
         status[0] = 0
-        self._checked.wgpuBufferMapAsync(buffer, lib.WGPUMapMode_Read, 0, size, self._map_callback[0])
-        idle, wait_for = False, self.null if until is None else ffi.new("WGPUSubmissionIndex *", until)
-        while not status[0]:  # the callback fires inside a poll: this one's, or wgpu-py's poll thread's
-            if idle:  # the queue was empty at the last poll, and this one ran the callbacks it had left
-                raise RuntimeError("a read-back buffer's map never completed (was the device lost?)")
-            idle = lib.wgpuDevicePoll(self._device, 1, wait_for)
-            wait_for = self.null  # a map still waiting after that: wait for everything
+        future = self._checked.wgpuBufferMapAsync(buffer, lib.WGPUMapMode_Read, 0, size, self._map_callback[0])
+        self._wait_mapped(future, until)
+        if not status[0]:
+            raise RuntimeError("a read-back buffer's map never completed (was the device lost?)")
         if status[0] != lib.WGPUMapAsyncStatus_Success:
             raise RuntimeError(f"could not map a read-back buffer: {status[1] or f'status {status[0]}'}")
         try:
@@ -175,15 +183,54 @@ class NativeCalls:
                 dispatch(compute_pass, x, y, z)
 
 
+class WgpuNativeCalls(NativeCalls):
+    """wgpu-native's: numbered submissions, and a blocking device poll that can wait for one."""
+    __slots__ = ()
+
+    def _submit(self, count: int, handles) -> int:
+        return self._checked.wgpuQueueSubmitForIndex(self._queue, count, handles)
+
+    def _wait_mapped(self, future, until) -> None:
+        """Until the map's callback has run (or the queue is idle without it: `read` raises)."""
+        status, lib = self._map_status, self._lib
+        idle, wait_for = False, self.null if until is None else self._ffi.new("WGPUSubmissionIndex *", until)
+        while not status[0] and not idle:  # the callback fires inside a poll: this one's, or wgpu-py's poll thread's
+            idle = lib.wgpuDevicePoll(self._device, 1, wait_for)  # True: the queue was empty (callbacks run)
+            wait_for = self.null  # a map still waiting after that: wait for everything
+
+
+class DawnCalls(NativeCalls):
+    """Dawn's: unnumbered submissions; a read-back waits for its map's future (the map completes once the work
+    that uses the buffer is done, so `until` is not needed)."""
+    __slots__ = ("_instance", "_wait_info")
+    WAIT_NS = 100_000_000  # waited in slices, so that a KeyboardInterrupt comes through
+
+    def __init__(self, ffi, lib, checked, device):
+        super().__init__(ffi, lib, checked, device)
+        from wgpudawn.backends.dawn._helpers import get_wgpu_instance
+        self._instance = get_wgpu_instance()
+        self._wait_info = ffi.new("WGPUFutureWaitInfo *")
+
+    def _submit(self, count: int, handles) -> None:
+        self._checked.wgpuQueueSubmit(self._queue, count, handles)
+
+    def _wait_mapped(self, future, until) -> None:
+        info, lib = self._wait_info, self._lib
+        info.future.id, info.completed = future.id, 0
+        while not info.completed:
+            status = self._checked.wgpuInstanceWaitAny(self._instance, 1, info, self.WAIT_NS)
+            if status not in (lib.WGPUWaitStatus_Success, lib.WGPUWaitStatus_TimedOut):
+                raise RuntimeError(f"waiting for a read-back buffer's map failed (wait status {status})")
+
+
 def probe(device) -> tuple[NativeCalls | None, str]:
     """(the direct calls, "") when they work on this device, else (None, why not)."""
+    implementation = webgpu.chosen()
     try:
-        from wgpu.backends.wgpu_native import ffi, lib
-        from wgpu.backends.wgpu_native._api import libf
-        calls = NativeCalls(ffi, lib, libf, device)
+        calls = implementation.Calls(*implementation.cffi(), device)
     except (ImportError, AttributeError) as e:
-        return None, f"wgpu-native's cffi functions are not reachable ({type(e).__name__}: {e})"
-    import wgpu
+        return None, f"{implementation.name}'s cffi functions are not reachable ({type(e).__name__}: {e})"
+    wgpu = implementation.api
     try:
         n = 4
         buffer = device.create_buffer(size=4 * n, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
@@ -200,7 +247,9 @@ def probe(device) -> tuple[NativeCalls | None, str]:
         got = np.zeros(n, np.float32)
         calls.read(copy._internal, [(0, got)])
     except Exception as e:  # any failure means: record through wgpu-py's methods instead
-        return None, f"a test dispatch through wgpu-native's C functions failed ({type(e).__name__}: {e})"
+        return None, (f"a test dispatch through {implementation.name}'s C functions failed "
+                      f"({type(e).__name__}: {e})")
     if not np.array_equal(got, np.arange(11, 11 + n, dtype=np.float32)):
-        return None, f"a test dispatch through wgpu-native's C functions wrote {got.tolist()}, not [11, 12, 13, 14]"
+        return None, (f"a test dispatch through {implementation.name}'s C functions wrote {got.tolist()}, "
+                      "not [11, 12, 13, 14]")
     return calls, ""

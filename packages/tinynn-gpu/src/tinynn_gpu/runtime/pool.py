@@ -14,7 +14,7 @@ from collections import defaultdict
 from heapq import heappop
 
 import numpy as np
-import wgpu
+from tinynn_gpu.runtime.webgpu import wgpu
 
 from tinynn.errors import TinynnError
 from tinynn_gpu.runtime.arrays import FLOAT32, SHAPES_CACHED, GpuArray, PooledArray, TooLarge, as_shape

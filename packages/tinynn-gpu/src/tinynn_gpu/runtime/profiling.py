@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import numpy as np
-import wgpu
+from tinynn_gpu.runtime.webgpu import wgpu
 
 from tinynn_gpu.runtime.arrays import GpuArray
 

@@ -4,16 +4,16 @@ A `Recorder` holds the open command encoder and compute pass and records into th
 with timestamps, a query resolve; `submit` finishes the encoder and hands it to the queue; `write` and `read`
 move bytes to and from buffers. Two implementations take the same wgpu-py objects:
 - `MethodRecorder`: wgpu-py's methods (what works everywhere wgpu-py does);
-- `NativeRecorder`: wgpu-native's C functions, called straight through cffi (native.py), where `native.probe`
-  found them working: a third of wgpu-py's host cost per dispatch. Its `encoder` and `compute_pass` are native
-  handles.
+- `NativeRecorder`: webgpu.h's C functions (wgpu-native's or Dawn's), called straight through cffi (native.py),
+  where `native.probe` found them working: a third of wgpu-py's host cost per dispatch. Its `encoder` and
+  `compute_pass` are native handles.
 `opened` (given by the runtime) is called when a new encoder opens, before anything is recorded on it: the
 staged writes' copies go first.
 """
 from __future__ import annotations
 
 import numpy as np
-import wgpu
+from tinynn_gpu.runtime.webgpu import wgpu
 
 
 class Recorder:
@@ -102,7 +102,7 @@ class MethodRecorder(Recorder):
 
 
 class NativeRecorder(Recorder):
-    """Recording through wgpu-native's C functions (`calls`: native.NativeCalls): the same commands, on handles."""
+    """Recording through webgpu.h's C functions (`calls`: native.NativeCalls): the same commands, on handles."""
 
     def __init__(self, calls, opened):
         super().__init__(opened)

@@ -2,7 +2,7 @@
 
 - `pool` (pool.py): the buffers under the arrays;
 - `kernels` (kernels.py): shader modules, pipelines, uniforms, prepared dispatches and bind groups, cached;
-- `recording` (recorder.py): the open encoder and pass, through wgpu-py's methods or wgpu-native's C functions,
+- `recording` (recorder.py): the open encoder and pass, through wgpu-py's methods or webgpu.h's C functions,
   chosen once (`use_native`);
 - `transfer` (transfer.py): writes and read-backs; `profiler` (profiling.py); `replayer` (replay.py), which runs
   captured steps (capture.py) again, on the recording's path (chosen with it).
@@ -38,7 +38,7 @@ class Runtime:
         self.ctx = ctx
         self.device = ctx.device
         self.queue = ctx.device.queue
-        self.subgroups = "subgroup" in ctx.features and settings.current().subgroups  # read once (group_sum.py)
+        self.subgroups = ctx.subgroups and settings.current().subgroups  # read once (group_sum.py)
         self.counters = Counter()
         self.pool = BufferPool(self.device, ctx.limits["max-storage-buffer-binding-size"], self.empty_cache)
         self.kernels = KernelCache(ctx, self.counters)
@@ -63,9 +63,10 @@ class Runtime:
         self.use_native(*native.probe(self.device))
 
     def use_native(self, calls, reason: str = "", threaded: bool | None = None) -> None:
-        """Record through wgpu-native's C functions (`calls`), or through wgpu-py's methods when calls is None
-        (then `reason` says why). With `threaded` (default: with RECORD_THREAD_CPUS cores or more), a replay
-        records a later one on a worker thread (replay.py). Tests switch paths with it."""
+        """Record through webgpu.h's C functions (`calls`), or through wgpu-py's methods when calls is None
+        (then `reason` says why). With `threaded` (default: with RECORD_THREAD_CPUS cores or more, on a device that
+        lets a second thread record: webgpu.py), a replay records a later one on a worker thread (replay.py). Tests
+        switch paths with it."""
         if self.recording is not None:
             self.flush()
         self.native, self.native_reason, self.early_read = calls, reason, None
@@ -75,7 +76,7 @@ class Runtime:
             self.recording, self.replayer = NativeRecorder(calls, self._opened), NativeReplayer(self)
         self.replay = self.replayer.replay
         if threaded is None:
-            threaded = (os.cpu_count() or 1) >= RECORD_THREAD_CPUS
+            threaded = (os.cpu_count() or 1) >= RECORD_THREAD_CPUS and self.ctx.threads_may_record
         if self.record_thread is not None and not (calls and threaded):
             self._stop_record_thread.detach()
             self.record_thread.shutdown()  # after the recording it has: a tape still collects its result
@@ -92,7 +93,8 @@ class Runtime:
         self.transfer.record_staged()
 
     def describe(self) -> dict:
-        how = "direct wgpu-native calls" if self.native else f"wgpu-py methods ({self.native_reason})"
+        webgpu = self.ctx.implementation.name
+        how = f"direct {webgpu} calls" if self.native else f"wgpu-py methods ({self.native_reason})"
         if self.record_thread:
             how += ", replays recorded ahead on a worker thread"
         return {"recording": how}

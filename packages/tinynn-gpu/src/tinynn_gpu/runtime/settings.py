@@ -1,8 +1,9 @@
 """Every environment variable the GPU package reads, read once into one `Settings` object.
 
+    TINYNN_WEBGPU=dawn|wgpu-native  the WebGPU implementation (webgpu.py; default wgpu-native)
     TINYNN_ADAPTER                  a substring of the adapter's name to use (context.py)
     TINYNN_ADAPTER_INDEX            which of several equally good adapters (MPI rank r sets r: tinynn/distributed.py)
-    TINYNN_SHADER_CHECKS=1          keep wgpu's runtime checks in shaders (unchecked.py)
+    TINYNN_SHADER_CHECKS=1          keep the runtime checks in shaders, on either implementation (unchecked.py)
     TINYNN_SUBGROUPS=0              sum across workgroups without subgroup operations (ops/group_sum.py)
     TINYNN_ATTENTION_TILE           force the tiled attention forward's tile, ROWSxKEYSxSN, or 0 (ops/attention.py)
     TINYNN_ATTENTION_BACKWARD_TILE  the same for its backward, KEYSxQUERIESxSN, or 0
@@ -23,6 +24,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Settings:
+    webgpu: str = ""  # "" (unset: webgpu.DEFAULT), or the implementation asked for, as written
     adapter: str = ""
     adapter_index: str = "0"
     shader_checks: bool = False
@@ -38,6 +40,7 @@ class Settings:
     def read(cls, environ=os.environ) -> Settings:
         autotune = environ.get("TINYNN_AUTOTUNE")
         return cls(
+            webgpu=environ.get("TINYNN_WEBGPU", "").strip().lower(),
             adapter=environ.get("TINYNN_ADAPTER", "").strip().lower(),
             adapter_index=environ.get("TINYNN_ADAPTER_INDEX", "0").strip(),
             shader_checks=environ.get("TINYNN_SHADER_CHECKS", "").strip() == "1",

@@ -9,7 +9,7 @@ step's result waits only for the command buffer that made it (replay.py, `Runtim
 from __future__ import annotations
 
 import numpy as np
-import wgpu
+from tinynn_gpu.runtime.webgpu import wgpu
 
 from tinynn.errors import TinynnError
 from tinynn.numpy_backend import EMBEDDING_RANGE, TARGET_RANGE

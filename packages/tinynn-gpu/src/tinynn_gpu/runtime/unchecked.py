@@ -1,24 +1,28 @@
-"""Shader modules compiled without wgpu's runtime checks, where wgpu-native offers it.
+"""Shader modules compiled without the WebGPU implementation's runtime checks, where it offers that.
 
-WebGPU must not let a shader touch memory outside its bindings, so naga rewrites every dynamic index into an
-array or buffer as a clamped one (`min(i, length - 1)`), and bounds every loop with a hidden counter. In a
-matmul's inner loop that is an extra instruction and a fresh address per load. wgpu-native 29 (wgpu-py 0.32)
-exports `wgpuDeviceCreateShaderModuleTrusted`, which takes the same WGSL with a mask of the checks to keep;
-we keep none. Our kernels guard their own indices (every load and store checks its row and column against
-the shape, loops run to bounds the shader computes), and the kernel tests poison every array with NaN, draw
-shapes off every tile edge and check that nothing past an array's end was written (the `poisoned` fixture),
-so a missing guard fails a test rather than being papered over by a clamp. A write past the end of a buffer
-itself cannot be seen that way; the pool's rounding up of sizes leaves most arrays a tail where it shows.
+WebGPU must not let a shader touch memory outside its bindings, so the shader compiler rewrites every dynamic
+index into an array or buffer as a clamped one (`min(i, length - 1)`), and naga also bounds every loop with a
+hidden counter. In a matmul's inner loop that is an extra instruction and a fresh address per load. Each
+implementation has its way to drop them (webgpu.py picks it):
+- wgpu-native 29 (wgpu-py 0.32) exports `wgpuDeviceCreateShaderModuleTrusted`, which takes the same WGSL with a
+  mask of the checks to keep; we keep none (`trusted_modules`);
+- Dawn drops Tint's robustness transform on a device opened with its `disable_robustness` toggle (webgpu.py asks
+  for it), so every module of that device is compiled without it (`robustness_off`).
+Our kernels guard their own indices (every load and store checks its row and column against the shape, loops
+run to bounds the shader computes), and the kernel tests poison every array with NaN, draw shapes off every
+tile edge and check that nothing past an array's end was written (the `poisoned` fixture), so a missing guard
+fails a test rather than being papered over by a clamp. A write past the end of a buffer itself cannot be seen
+that way; the pool's rounding up of sizes leaves most arrays a tail where it shows.
 
-`probe` checks that the function and wgpu-py's private helpers are there and that a kernel compiled that way
-runs right; otherwise (or with `TINYNN_SHADER_CHECKS=1`, to rule the checks out when a kernel misbehaves)
-modules are compiled with wgpu-py's `create_shader_module`, and `tinynn info` says why.
+`probe` checks that the implementation's way is there and that a kernel compiled that way runs right;
+otherwise (or with `TINYNN_SHADER_CHECKS=1`, to rule the checks out when a kernel misbehaves: on Dawn it also
+opens the device with its robustness) modules keep the checks, and `tinynn info` says why.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from tinynn_gpu.runtime import settings
+from tinynn_gpu.runtime import settings, webgpu
 
 PROBE_WGSL = """
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
@@ -29,10 +33,8 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
 """
 
 
-def probe(device):
-    """(compile, "") where compile(label, code) makes a module without runtime checks, else (None, why)."""
-    if settings.current().shader_checks:
-        return None, "TINYNN_SHADER_CHECKS=1"
+def trusted_modules(device):
+    """wgpu-native's: (compile, "") making modules through `wgpuDeviceCreateShaderModuleTrusted`, else (None, why)."""
     try:
         from wgpu.backends.wgpu_native import ffi, lib
         from wgpu.backends.wgpu_native._api import GPUShaderModule, libf, new_struct_p, to_c_string_view
@@ -50,8 +52,26 @@ def probe(device):
         if handle == ffi.NULL:
             raise RuntimeError(f"shader module {label!r} could not be created")
         return GPUShaderModule(label, handle, device)
+    return compile, ""
 
-    import wgpu
+
+def robustness_off(device):
+    """Dawn's: (compile, "") where the device runs without robustness (every module it compiles), else (None, why)."""
+    from wgpudawn.backends.dawn import extras
+    if "disable_robustness" not in extras.get_toggles(device):
+        return None, "the Dawn device was opened without its disable_robustness toggle"
+    return (lambda label, code: device.create_shader_module(label=label, code=code)), ""
+
+
+def probe(device):
+    """(compile, "") where compile(label, code) makes a module without runtime checks, else (None, why)."""
+    if settings.current().shader_checks:
+        return None, "TINYNN_SHADER_CHECKS=1"
+    compile, reason = webgpu.chosen().unchecked(device)
+    if compile is None:
+        return None, reason
+
+    wgpu = webgpu.chosen().api
     try:
         n = 100
         buffer = device.create_buffer(size=4 * n, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
