@@ -13,7 +13,6 @@ from tinynn.cli import main
 
 # `cmd_info`'s exit code is cli.py's, and the GPU backend's reading of its variables is tinynn-gpu's context.py,
 # changed by the diffs in this branch's report; remove each mark with its diff
-NEEDS_GPU_DIFF = pytest.mark.xfail(strict=True, reason="needs the tinynn-gpu context.py diff of the i45-bench report")
 
 
 @pytest.fixture
@@ -75,7 +74,6 @@ def test_junk_in_TINYNN_ADAPTER_INDEX_is_named_and_exits_2():
     assert last.startswith("tinynn: error: ") and "TINYNN_ADAPTER_INDEX must be a whole number, got 'x'" in last
 
 
-@NEEDS_GPU_DIFF
 @gpu_installed
 def test_junk_in_TINYNN_ADAPTER_INDEX_is_an_error_for_auto_too():
     """Not a quiet fallback to the CPU: the user set it to choose a GPU."""
@@ -84,7 +82,6 @@ def test_junk_in_TINYNN_ADAPTER_INDEX_is_an_error_for_auto_too():
     assert done.stderr.splitlines()[-1] == "tinynn: error: gpu: TINYNN_ADAPTER_INDEX must be a whole number, got 'x'"
 
 
-@NEEDS_GPU_DIFF
 @gpu_installed
 def test_an_empty_TINYNN_ADAPTER_INDEX_leaves_its_default():
     done = info_in_a_process("--device", "gpu", TINYNN_ADAPTER_INDEX="")

@@ -6,6 +6,7 @@ import pytest
 import tinynn
 from tinynn import backends
 from tinynn.backends import BackendUnavailable
+from tinynn.errors import TinynnError
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
 from tinynn.train import TrainStep
@@ -55,9 +56,24 @@ def test_a_template_kernel_that_fails_to_compile_is_a_start_up_reason(gpu, monke
 
 
 def test_adapter_choice_by_name(setting, monkeypatch):
-    setting("TINYNN_ADAPTER", "no-such-gpu")
-    with pytest.raises(BackendUnavailable, match="matches no adapter"):
+    setting("TINYNN_ADAPTER", "no-such-gpu")  # the user's setting: an error, not a reason to run on the CPU
+    with pytest.raises(TinynnError, match="^TINYNN_ADAPTER='no-such-gpu' matches no adapter"):
         create_backend()
+
+
+@pytest.mark.parametrize("index, error", [("x", True), ("-1", True), ("", False), (" 0 ", False), ("7", False)])
+def test_adapter_index_is_a_whole_number_or_unset(setting, index, error):
+    from tinynn_gpu.runtime.context import choose_adapter
+
+    class Adapter:
+        info = {"device": "one", "adapter_type": "DiscreteGPU", "backend_type": "Vulkan"}
+    setting("TINYNN_ADAPTER_INDEX", index)
+    adapters = [Adapter(), Adapter()]
+    if error:
+        with pytest.raises(TinynnError, match=f"^TINYNN_ADAPTER_INDEX must be a whole number, got '{index}'$"):
+            choose_adapter(adapters)
+    else:
+        assert choose_adapter(adapters) is adapters[int(index.strip() or 0) % 2]
 
 
 def test_software_adapter_is_not_used_by_auto(gpu):

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 
 from tinynn.backends import BackendUnavailable
+from tinynn.errors import TinynnError
 from tinynn_gpu.runtime import settings, unchecked, webgpu
 from tinynn_gpu.runtime.wgsl import kernel_source
 
@@ -94,7 +95,7 @@ def choose_adapter(adapters):
         named = [a for a in adapters if wanted in str(a.info.get("device", "")).lower()]
         if not named:
             names = ", ".join(str(a.info.get("device")) for a in adapters) or "none"
-            raise BackendUnavailable(f"TINYNN_ADAPTER={wanted!r} matches no adapter (found: {names})")
+            raise TinynnError(f"TINYNN_ADAPTER={wanted!r} matches no adapter (found: {names})")
         adapters = named
 
     def rank(a):
@@ -105,7 +106,7 @@ def choose_adapter(adapters):
     equals = [a for a in adapters if rank(a) == best]  # e.g. every GPU of one model in the machine, through Vulkan
     index = settings.current().adapter_index
     if not index.isdigit():
-        raise BackendUnavailable(f"TINYNN_ADAPTER_INDEX must be a whole number, got {index!r}")
+        raise TinynnError(f"TINYNN_ADAPTER_INDEX must be a whole number, got {index!r}")
     return equals[int(index) % len(equals)]
 
 

@@ -42,7 +42,7 @@ class Settings:
         return cls(
             webgpu=environ.get("TINYNN_WEBGPU", "").strip().lower(),
             adapter=environ.get("TINYNN_ADAPTER", "").strip().lower(),
-            adapter_index=environ.get("TINYNN_ADAPTER_INDEX", "0").strip(),
+            adapter_index=environ.get("TINYNN_ADAPTER_INDEX", "").strip() or "0",  # unset or empty: the first
             shader_checks=environ.get("TINYNN_SHADER_CHECKS", "").strip() == "1",
             subgroups=environ.get("TINYNN_SUBGROUPS") != "0",
             attention_tile=environ.get("TINYNN_ATTENTION_TILE") or None,
