@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Two builds of tinynn on one GPU machine, alternated: the base's wheels in .device/base (built from the commit to
 # compare against) and the new ones in .device/whl (built by ../shared/device/prepare.sh, which setup.sh installs
-# into /tmp/site). The first round tunes the matmuls with the base; the autotune cache serves both builds, whose
-# cache keys are the same. Then an empty-cache first step (experiments/first_step.py) and PyTorch's reference.
+# into /tmp/site). Round 0 tunes each build's matmuls (their autotune cache keys may differ: from the Dawn work on,
+# the device name ends in " on wgpu-native"), then the builds alternate. Then an empty-cache first step
+# (experiments/first_step.py) and PyTorch's reference.
 #
 #   git worktree add /tmp/base 01860d8 && pip wheel -q --no-deps -w .device/base /tmp/base/packages/tinynn-*
 #   EXTRA_WHEELS="wgpudawn==0.32.0.4" bash ../shared/device/prepare.sh
@@ -35,7 +36,7 @@ keep = [(k, v) for k, v in walk(report) if any(s in k for s in ("ms", "us_per", 
 print(sys.argv[2], " ".join(f"{k}={v}" for k, v in keep))
 PY
 }
-for c in ${configs//,/ }; do bench base $c 0; done
+for c in ${configs//,/ }; do bench base $c 0; bench new $c 0; done
 for r in 1 2; do for c in ${configs//,/ }; do bench new $c $r; bench base $c $r; done; done
 left() { echo $(( budget - SECONDS )); }
 [ $(left) -gt 60 ] && timeout $(( $(left) - 5 )) python3 experiments/first_step.py apps/bench/lesson.json --limit 60 \

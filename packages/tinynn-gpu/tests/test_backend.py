@@ -1,5 +1,7 @@
 """The GPU backend as core uses it: selection, fallback to the CPU, training on the GPU against the CPU,
 host syncs per step, caching, and inputs larger than a storage binding."""
+import os
+
 import numpy as np
 import pytest
 
@@ -321,7 +323,8 @@ print(backends.load("gpu").reason)
 def test_missing_wgpu_is_the_reason_given():
     import subprocess
     import sys
-    run = subprocess.run([sys.executable, "-c", HIDE_WGPU], capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "TINYNN_WEBGPU"}  # the default implementation, wgpu-native
+    run = subprocess.run([sys.executable, "-c", HIDE_WGPU], capture_output=True, text=True, timeout=60, env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "wgpu is not importable (hidden by the test)"
 
