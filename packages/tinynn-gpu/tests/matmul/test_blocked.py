@@ -12,15 +12,10 @@ from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, BlockConfig
 from tinynn_gpu.matmul.paired import PairedMatmul
 from tinynn_gpu.matmul.problem import Epilogue, problem_plan
 
+from gpu_checks import reference, rel_err
+
 RTOL = 1e-5
 dims = st.one_of(st.integers(1, 3), st.integers(4, 70), st.sampled_from([1, 15, 16, 17, 31, 32, 33]))
-
-
-def rel_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
 matmul_cases = st.tuples(st.integers(1, 3), dims, dims, st.one_of(dims, st.integers(200, 700)),
@@ -34,11 +29,6 @@ def operands(case):
     a = g.standard_normal((batch, k, m) if ta else (batch, m, k)).astype(np.float32)
     b = g.standard_normal(((n, k) if tb else (k, n)) if shared else ((batch, n, k) if tb else (batch, k, n)))
     return a, b.astype(np.float32)
-
-
-def reference(a, b, ta, tb):
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return np.matmul(a.swapaxes(-1, -2) if ta else a, b.swapaxes(-1, -2) if tb else b)
 
 
 def matmul_err(actual, a, b, ta, tb):

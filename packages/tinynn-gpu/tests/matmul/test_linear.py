@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 from test_blocked import matmul_cases, matmul_err, operands, rel_err
 from tinynn import backends
 
+from gpu_checks import dispatches
+
 RTOL = 1e-5
 dims = st.one_of(st.sampled_from([1, 2, 31, 32, 33, 255, 256, 257]), st.integers(1, 300))
 REF = backends.reference()
@@ -21,22 +23,6 @@ def test_backend_matmul(poisoned, case):
     a, b = operands(case)
     got = gpu.to_numpy(gpu.matmul(gpu.from_numpy(a), gpu.from_numpy(b), ta, tb))
     assert matmul_err(got, a, b, ta, tb) <= RTOL
-
-
-def dispatches(gpu, fn):
-    """fn()'s result and how many kernels it dispatched (the poisoning fills not counted)."""
-    entries, plain = [], gpu.rt.launch
-
-    def counted(launch, arrays):  # every dispatch, prepared afresh or kept, is launched
-        if launch is not None:
-            entries.append(launch.entry)
-        return plain(launch, arrays)
-    gpu.rt.launch = counted
-    try:
-        result = fn()
-    finally:
-        del gpu.rt.launch
-    return result, sum(entry != "fill_main" for entry in entries)
 
 
 @FEW

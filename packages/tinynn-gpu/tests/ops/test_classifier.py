@@ -13,15 +13,10 @@ from tinynn.optim import AdamW
 from tinynn.train_step import TrainStep
 from tinynn_gpu.ops import cross_entropy
 
+from gpu_checks import rel_err
+
 RTOL = 1e-5
 REF = backends.reference()
-
-
-def rel_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
 def check(gpu, x, w, b, t, vocab, for_backward=True):

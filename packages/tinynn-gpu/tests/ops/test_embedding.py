@@ -6,22 +6,12 @@ from hypothesis import strategies as st
 
 from tinynn import backends
 
+from gpu_checks import dispatches, rel_err
+
 RTOL = 1e-5
 dims = st.one_of(st.sampled_from([1, 2, 31, 32, 33, 255, 256, 257]), st.integers(1, 300))
 REF = backends.reference()
 FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def rel_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
-
-
-def reference(a, b, ta, tb):
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return np.matmul(a.swapaxes(-1, -2) if ta else a, b.swapaxes(-1, -2) if tb else b)
 
 
 def test_embedding_backward_over_many_chunks(poisoned, rng):
@@ -30,22 +20,6 @@ def test_embedding_backward_over_many_chunks(poisoned, rng):
     idx, g = rng.integers(0, 7, 5000), rng.standard_normal((5000, 16)).astype(np.float32)
     got = gpu.to_numpy(gpu.embedding_backward(gpu.from_numpy(g), gpu.from_numpy(idx), 7))
     assert rel_err(got, ref.embedding_backward(g.astype(np.float64), idx, 7)) <= RTOL
-
-
-def dispatches(gpu, fn):
-    """fn()'s result and how many kernels it dispatched (the poisoning fills not counted)."""
-    entries, plain = [], gpu.rt.launch
-
-    def counted(launch, arrays):  # every dispatch, prepared afresh or kept, is launched
-        if launch is not None:
-            entries.append(launch.entry)
-        return plain(launch, arrays)
-    gpu.rt.launch = counted
-    try:
-        result = fn()
-    finally:
-        del gpu.rt.launch
-    return result, sum(entry != "fill_main" for entry in entries)
 
 
 @FEW

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from tinynn import backends
 from tinynn_gpu.ops import group_sum, layernorm as layernorm_ops
 
+from gpu_checks import dispatches, rel_err
+
 REF = backends.reference()
 
 
@@ -15,29 +17,6 @@ FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck
 
 
 dims = st.one_of(st.sampled_from([1, 2, 31, 32, 33, 255, 256, 257]), st.integers(1, 300))
-
-
-def rel_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
-
-
-def dispatches(gpu, fn):
-    """fn()'s result and how many kernels it dispatched (the poisoning fills not counted)."""
-    entries, plain = [], gpu.rt.launch
-
-    def counted(launch, arrays):  # every dispatch, prepared afresh or kept, is launched
-        if launch is not None:
-            entries.append(launch.entry)
-        return plain(launch, arrays)
-    gpu.rt.launch = counted
-    try:
-        result = fn()
-    finally:
-        del gpu.rt.launch
-    return result, sum(entry != "fill_main" for entry in entries)
 
 
 @FEW

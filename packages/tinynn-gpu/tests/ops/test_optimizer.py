@@ -6,25 +6,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tinynn import backends
-from tinynn_gpu.matmul.blocked import generate
 from tinynn_gpu.ops import multi_tensor
 from tinynn_gpu.ops.multi_tensor import ADAMW_CHUNK, SQUARES_CHUNK
+
+from gpu_checks import dispatches, rel_err
 
 RTOL = 1e-5
 REF = backends.reference()
 FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def rel_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
-
-
-def reference(a, b, ta, tb):
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return np.matmul(a.swapaxes(-1, -2) if ta else a, b.swapaxes(-1, -2) if tb else b)
 
 
 def test_multi_tensor_kernels_compile_for_every_slot_count(gpu):
@@ -34,22 +23,6 @@ def test_multi_tensor_kernels_compile_for_every_slot_count(gpu):
     for slots, square_slots in ((1, 1), (gpu.multi.slots, gpu.multi.square_slots), (MAX_SLOTS, MAX_SLOTS)):
         for subgroups in {False, "subgroup" in gpu.ctx.features}:
             gpu.rt.device.create_shader_module(code=generate(slots, square_slots, subgroups))
-
-
-def dispatches(gpu, fn):
-    """fn()'s result and how many kernels it dispatched (the poisoning fills not counted)."""
-    entries, plain = [], gpu.rt.launch
-
-    def counted(launch, arrays):  # every dispatch, prepared afresh or kept, is launched
-        if launch is not None:
-            entries.append(launch.entry)
-        return plain(launch, arrays)
-    gpu.rt.launch = counted
-    try:
-        result = fn()
-    finally:
-        del gpu.rt.launch
-    return result, sum(entry != "fill_main" for entry in entries)
 
 
 sizes = st.one_of(st.integers(1, 600), st.sampled_from([ADAMW_CHUNK - 1, ADAMW_CHUNK + 1, SQUARES_CHUNK + 3]))

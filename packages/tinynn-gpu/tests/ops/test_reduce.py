@@ -4,15 +4,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpu_checks import dispatches, rel_err
+
 RTOL = 1e-5
 FEW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def rel_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
 @pytest.mark.parametrize("shape,axes", [((3000, 7), (0,)), ((5, 100_000), (1,)), ((2, 3, 4, 5), (1, 3)),
@@ -22,22 +17,6 @@ def test_reductions_split_long_axes(poisoned, shape, axes, rng):
     gpu = poisoned
     assert rel_err(gpu.to_numpy(gpu.sum(gpu.from_numpy(x), axes)), x.astype(np.float64).sum(axis=axes)) <= RTOL
     np.testing.assert_array_equal(gpu.to_numpy(gpu.max(gpu.from_numpy(x), axes)), x.max(axis=axes))
-
-
-def dispatches(gpu, fn):
-    """fn()'s result and how many kernels it dispatched (the poisoning fills not counted)."""
-    entries, plain = [], gpu.rt.launch
-
-    def counted(launch, arrays):  # every dispatch, prepared afresh or kept, is launched
-        if launch is not None:
-            entries.append(launch.entry)
-        return plain(launch, arrays)
-    gpu.rt.launch = counted
-    try:
-        result = fn()
-    finally:
-        del gpu.rt.launch
-    return result, sum(entry != "fill_main" for entry in entries)
 
 
 @FEW

@@ -5,19 +5,9 @@ from hypothesis import strategies as st
 
 from tinynn_gpu.ops import group_sum
 
+from gpu_checks import rel_err
+
 RTOL = 1e-5
-
-
-def rel_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
-    assert np.isfinite(actual).all(), "unwritten (NaN) or non-finite elements"
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
-
-
-def reference(a, b, ta, tb):
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return np.matmul(a.swapaxes(-1, -2) if ta else a, b.swapaxes(-1, -2) if tb else b)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
