@@ -374,7 +374,8 @@ def _to_numpy(backend, x):
 def _from_numpy(backend, x):
     if isinstance(x, (list, tuple)):
         return type(x)(_from_numpy(backend, v) for v in x)
-    return backend.from_numpy(x) if isinstance(x, np.ndarray) else x
+    # a 0-d operand's answer can be a NumPy scalar (int32 * 0.5: a float64): an array of the backend's too
+    return backend.from_numpy(np.asarray(x)) if isinstance(x, (np.ndarray, np.generic)) else x
 
 
 def _flatten(xs):

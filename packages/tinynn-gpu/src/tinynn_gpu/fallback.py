@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import inspect
 
-import numpy as np
 
 from tinynn.backends import Backend
 from tinynn_gpu.runtime.arrays import FLOAT32, KERNEL_DTYPES, GpuArray, OnCpu, PooledArray, TooLarge
@@ -94,8 +93,6 @@ def on_cpu(backend, name: str, reason, *args, **kwargs):
     out = getattr(Backend, name)(backend, *args, **kwargs)
     # after the reference, whose read-backs tell the step a reason of their own: this one says more
     backend.rt.not_capturable(f"{name} ran on the CPU ({reason})")
-    if isinstance(out, np.generic):  # NumPy's answer for a 0-d operand can be a scalar (int32 * 0.5: a float64)
-        out = backend.from_numpy(out)
     return out
 
 
