@@ -46,3 +46,13 @@ def rng(request):
     """A generator seeded from the test's name: fresh shapes per test, the same on every run."""
     import zlib
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, request):
+    """A fresh working folder holding data.txt (the test module's TEXT, else a short sentence repeated), on the CPU."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TINYNN_DEVICE", "cpu")
+    text = getattr(request.module, "TEXT", "The quick brown fox jumps over the lazy dog. " * 40)
+    (tmp_path / "data.txt").write_text(text)
+    return tmp_path

@@ -17,14 +17,6 @@ TINY = {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "batch_size":
         "sample_prompt": "The "}
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TINYNN_DEVICE", "cpu")
-    (tmp_path / "data.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
-    return tmp_path
-
-
 def _devices():
     return ["cpu", "gpu"] if backends.discovered() or os.environ.get("TINYNN_REQUIRE_GPU") == "1" else ["cpu"]
 

@@ -17,14 +17,6 @@ TINY = {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "batch_size":
 TEXT = "The quick brown fox jumps over the lazy dog. Über naïve café! " * 60
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TINYNN_DEVICE", "cpu")
-    (tmp_path / "data.txt").write_text(TEXT)
-    return tmp_path
-
-
 def _config(path, **overrides):
     path.write_text(json.dumps({**TINY, "out_dir": "run", **overrides}))
     return str(path)

@@ -22,14 +22,6 @@ TEXT = "The quick brown fox jumps over the lazy dog. " * 40
 VOCAB = len(set(TEXT))
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TINYNN_DEVICE", "cpu")
-    (tmp_path / "data.txt").write_text(TEXT)
-    return tmp_path
-
-
 def write_config(path, **overrides):
     path.write_text(json.dumps({**TINY, **overrides}))
     return str(path)

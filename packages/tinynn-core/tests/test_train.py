@@ -16,14 +16,6 @@ TINY = {"data": "data.txt", "out_dir": "run", "block_size": 16, "n_layer": 1, "n
         "checkpoint_interval": 4, "sample_tokens": 5, "sample_prompt": "The "}
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TINYNN_DEVICE", "cpu")
-    (tmp_path / "data.txt").write_text("The quick brown fox jumps over the lazy dog. " * 40)
-    return tmp_path
-
-
 def write_config(path, **overrides):
     path.write_text(json.dumps({**TINY, **overrides}))
     return str(path)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import inspect
 
-
 from tinynn.backends import Backend
 from tinynn_gpu.runtime.arrays import FLOAT32, KERNEL_DTYPES, GpuArray, OnCpu, PooledArray, TooLarge
 
