@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from tinynn import backends
+from tinynn import backends, registry
 from tinynn_gpu.ops.attention import lanes_for, workgroup_bytes
 from tinynn_gpu.ops.attention_backward_tiled import BackwardTile
 from tinynn_gpu.ops.attention_tiled import THREADS, Tile
@@ -50,7 +50,7 @@ def main():
                         help="e.g. 32x32x2")
     parser.add_argument("--heat", type=float, default=2.0, help="seconds of GPU work before timing")
     args = parser.parse_args()
-    gpu, ref = backends.select("gpu"), backends.reference()
+    gpu, ref = registry.select("gpu"), backends.reference()
     limit = gpu.attention.max_bytes
     print(f"{gpu.device_name}: {limit} bytes of workgroup memory")
     heat(gpu, args.heat)

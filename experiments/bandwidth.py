@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from tinynn import backends, config
+from tinynn import config, registry
 from tinynn.model import GPT
 
 VOCAB = 65  # tinynn bench's vocabulary
@@ -38,7 +38,7 @@ def main():
     parser.add_argument("--config", default="apps/bench/big.json")
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     cfg = config.load(args.config)
     shapes = [p.shape for p in GPT(cfg.model_config(VOCAB)).parameters()]
     total = sum(int(np.prod(s)) for s in shapes)

@@ -14,13 +14,13 @@ import time
 
 import wgpu.backends.wgpu_native._api as api
 
-from tinynn import backends
+from tinynn import registry
 
 DISPATCHES, GROUPS, REPS = 128, 8, 60
 
 
 def main():
-    rt = backends.select("gpu").rt
+    rt = registry.select("gpu").rt
     calls = rt.native
     assert calls is not None, rt.native_reason
     api.libf.wgpuQueueSubmit = lambda *args: None  # finish, but never run the work

@@ -40,8 +40,8 @@ def test_without_drops_a_kind_and_moves_the_result_event():
 
 
 def test_knockout_then_full_tape_gives_the_steps_loss():
-    from tinynn import backends
-    gpu = backends.select("gpu")
+    from tinynn import registry
+    gpu = registry.select("gpu")
     knockout = load_knockout()
     cfg = TrainConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, batch_size=2)
     train_step, x = bench.lesson_step(gpu, cfg)

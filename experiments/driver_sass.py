@@ -151,7 +151,7 @@ def main():
 def compile_one(name: str, layout: str):
     import numpy as np
 
-    from tinynn import backends
+    from tinynn import registry
     from tinynn_gpu.matmul.blocked import BlockedMatmul
     from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, BlockConfig
     configs = {c.name: c for c in BLOCK_CONFIGS}
@@ -166,7 +166,7 @@ def compile_one(name: str, layout: str):
         config = BlockConfig(*map(int, m.groups()[:5]), splits=number.get("split", 1), vec4="vec4" in flags,
                              double="db" in flags, pad="unpadded" not in flags, ahead=number.get("ahead", 1),
                              spread="spread" in flags)
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     rt = gpu.rt
     ta, tb = layout == "tn", layout == "bt"
     n = 1024

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from tinynn import backends, config
+from tinynn import config, registry
 from tinynn.bench import lesson_step
 from tinynn.tensor import Tensor, no_grad
 
@@ -41,7 +41,7 @@ def main():
     parser.add_argument("--block", type=int, help="the config's block_size replaced")
     parser.add_argument("--recorded", type=int, help="only this many rounds of 20 forwards recorded back to back")
     args = parser.parse_args()
-    backend = backends.select("gpu")
+    backend = registry.select("gpu")
     rt = backend.rt
     cfg = config.load(args.config)
     cfg = dataclasses.replace(cfg, batch_size=args.batch or cfg.batch_size, block_size=args.block or cfg.block_size)

@@ -31,11 +31,11 @@ def counted(args, flags: Path) -> None:
 
     import numpy as np  # noqa: F401 (imported before counting starts)
 
-    from tinynn import backends, config
+    from tinynn import config, registry
     from tinynn.bench import lesson_step
     from tinynn.tensor import Tensor, no_grad
 
-    backend = backends.select("gpu")
+    backend = registry.select("gpu")
     cfg = config.load(args.config)
     cfg = dataclasses.replace(cfg, batch_size=args.batch or cfg.batch_size, block_size=args.block or cfg.block_size)
     step, x = lesson_step(backend, cfg)

@@ -197,7 +197,7 @@ import time
 import numpy as np
 
 import tinynn_gpu.matmul.blocked as blocked
-from tinynn import backends
+from tinynn import registry
 from tinynn_gpu.matmul.blocked import BlockedMatmul
 from tinynn_gpu.matmul.configs import BlockConfig
 from tinynn_gpu.matmul.problem import Epilogue
@@ -632,7 +632,7 @@ def pipeline(gpu, entries_for=pipeline_entries, shapes=PIPELINE_SHAPES, check_sh
 
 
 def main():
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     if "--pipeline" in sys.argv:
         return pipeline(gpu)
     if "--threads" in sys.argv:

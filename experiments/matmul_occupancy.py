@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from tinynn import backends
+from tinynn import registry
 from tinynn_gpu.matmul.blocked import BlockedMatmul
 from tinynn_gpu.matmul.configs import BlockConfig as C
 
@@ -48,7 +48,7 @@ def main():
     parser.add_argument("--layouts", default="nn,bt", help="nn: both operands as stored; bt: B transposed")
     parser.add_argument("--waves", type=int, default=8)
     args = parser.parse_args()
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     rt = gpu.rt
     g = np.random.default_rng(0)
     k = args.k

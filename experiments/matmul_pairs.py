@@ -19,7 +19,7 @@ import tempfile
 
 import numpy as np
 
-from tinynn import backends, config
+from tinynn import config, registry
 from tinynn.bench import time_call
 from tinynn_gpu.matmul.problem import Epilogue
 from tinynn_gpu.matmul.selection import SEPARATE, MatmulSelector
@@ -30,7 +30,7 @@ def main():
     parser.add_argument("configs", nargs="+")
     parser.add_argument("--batch2", action="store_true")
     args = parser.parse_args()
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     os.environ["TINYNN_CACHE_DIR"] = tempfile.mkdtemp()  # tuned afresh, the user's cache untouched
     selector = MatmulSelector(gpu.rt, autotune=True)
     g = np.random.default_rng(0)

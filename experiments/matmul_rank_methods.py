@@ -30,7 +30,7 @@ import tempfile
 import time
 
 from step_tune import StepTrials, alternate, shape
-from tinynn import backends, config
+from tinynn import config, registry
 from tinynn_gpu.matmul.selection import MatmulSelector
 
 COLD_BYTES = 256 << 20  # the operand copies a cold pass rotates over: several times an H200's L2
@@ -128,7 +128,7 @@ def main():
     os.environ.setdefault("TINYNN_CACHE_DIR", tempfile.mkdtemp())  # a fresh autotune, its times kept
     if args.min_macs is not None:
         MatmulSelector.tune_min_macs = args.min_macs
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     assert gpu.mm.autotune, "this compares against the autotune: TINYNN_AUTOTUNE must not be 0"
     results = []
     for path in args.configs:

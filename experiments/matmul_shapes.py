@@ -14,7 +14,7 @@ from collections import Counter
 
 import numpy as np
 
-from tinynn import backends, config
+from tinynn import config, registry
 from tinynn.bench import lesson_step, time_call
 from tinynn_gpu.matmul.configs import BlockConfig
 from tinynn_gpu.matmul.problem import Epilogue
@@ -76,7 +76,7 @@ def main():
     parser.add_argument("--json")
     args = parser.parse_args()
     cfg = config.load(args.config)
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     shapes = step_shapes(gpu, cfg)
     selector = MatmulSelector(gpu.rt, autotune=False)
     shipped = [name for name in selector.candidates if selector._fits(name)]

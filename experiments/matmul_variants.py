@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 
-from tinynn import backends
+from tinynn import registry
 from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, BlockConfig
 from tinynn_gpu.matmul.selection import MatmulSelector
 
@@ -25,7 +25,7 @@ def main():
     parser.add_argument("--extra", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args()
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     selector = MatmulSelector(gpu.rt, autotune=False)
     if args.extra:
         selector.variants.update({f"blocked {c.name} g{c.group}": c for c in EXTRA})

@@ -13,7 +13,7 @@ import json
 import statistics
 import time
 
-from tinynn import backends, config
+from tinynn import config, registry
 from tinynn.bench import GPU_WARMUP_SECONDS, LESSON, lesson_step
 from tinynn.config import TrainConfig
 
@@ -36,7 +36,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     cfg = config.load(args.config) if args.config else TrainConfig(**LESSON)
-    be = backends.select("gpu")
+    be = registry.select("gpu")
     rt = be.rt
     calls, reason, threaded = rt.native, rt.native_reason, rt.record_thread is not None
     train_step, x = lesson_step(be, cfg)

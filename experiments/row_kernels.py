@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from tinynn import backends, config
+from tinynn import backends, config, registry
 from tinynn.model import GPT
 from tinynn_gpu.ops import group_sum
 from tinynn_gpu.ops import layernorm as layernorm_ops
@@ -34,7 +34,7 @@ def main():
     parser.add_argument("--row-values", default="",
                         help="LayerNorm also with these (width, step) of group_sum.row_values, e.g. 4x8,4x4,1x8")
     args = parser.parse_args()
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     cfg = config.load(args.config)
     b, t, c, h = cfg.batch_size, cfg.block_size, cfg.n_embd, cfg.n_head
     n = b * t

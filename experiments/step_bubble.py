@@ -9,7 +9,7 @@ import argparse
 import statistics
 import time
 
-from tinynn import backends, bench, config
+from tinynn import bench, config, registry
 
 
 def main():
@@ -19,7 +19,7 @@ def main():
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     for path in args.configs:
         cfg = config.load(path)
         train_step, x = bench.lesson_step(gpu, cfg)

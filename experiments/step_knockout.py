@@ -27,7 +27,7 @@ import collections
 import re
 import time
 
-from tinynn import backends, bench, config
+from tinynn import bench, config, registry
 
 # (name, pattern of "module label.entry point"), each timed as left out; "all" leaves every dispatch out
 KINDS = (("matmul", r"matmul_main$|matmul_pair_main$"), ("matmul finish", r"matmul_finish_main$"),
@@ -81,7 +81,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--list", action="store_true", help="print the step's labels and counts")
     args = parser.parse_args()
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     for path in args.configs:
         train_step, x = bench.lesson_step(gpu, config.load(path))
         full_ms = step_ms(train_step, x, args.steps)  # captures the step, then warms the GPU up

@@ -5,7 +5,7 @@ CPU run), then GPU time per kernel of one eager step, every kernel listed.
 """
 import argparse
 
-from tinynn import backends, bench, config
+from tinynn import bench, config, registry
 
 
 def main():
@@ -13,7 +13,7 @@ def main():
     parser.add_argument("configs", nargs="+")
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     for path in args.configs:
         cfg = config.load(path)
         t = bench.bench_train(gpu, cfg, args.steps)

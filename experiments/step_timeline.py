@@ -25,7 +25,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from tinynn import backends, bench, config
+from tinynn import bench, config, registry
 from tinynn.optim import Optimizer
 from tinynn.train import TrainStep
 from tinynn_gpu.runtime import capture, native, replay, runtime
@@ -120,7 +120,7 @@ def main():
     parser.add_argument("configs", nargs="+")
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     if gpu.rt.native is None:
         raise SystemExit(f"needs the direct calls: {gpu.rt.native_reason}")
     for path in args.configs:

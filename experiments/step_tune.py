@@ -29,7 +29,7 @@ import statistics
 import tempfile
 import time
 
-from tinynn import backends, bench, config
+from tinynn import bench, config, registry
 from tinynn_gpu.matmul.selection import run_through
 from tinynn_gpu.runtime import capture
 from tinynn_gpu.runtime.replay import Ahead, compile_program
@@ -201,7 +201,7 @@ def main():
     args = parser.parse_args()
     os.environ.setdefault("TINYNN_CACHE_DIR", tempfile.mkdtemp())  # a fresh autotune
     budgets = [float(b) for b in args.budget.split(",")]
-    gpu = backends.select("gpu")
+    gpu = registry.select("gpu")
     assert gpu.mm.autotune, "step_tune compares against the autotune: TINYNN_AUTOTUNE must not be 0"
     results = []
 

@@ -24,7 +24,7 @@ from collections import Counter
 
 import numpy as np
 
-from tinynn import backends, config, distributed, rng
+from tinynn import config, distributed, registry, rng
 from tinynn.model import GPT
 from tinynn.optim import AdamW, decay_groups
 from tinynn.train import TrainStep
@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
 
     world = distributed.world()
-    backend = backends.set_default(args.device)
+    backend = registry.set_default(args.device)
     cfg = config.load(args.config)
     rng.manual_seed(0)
     model = GPT(cfg.model_config(VOCAB))

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import tinynn
-from tinynn import backends
+from tinynn import registry
 from tinynn import generate as generation
 from tinynn.model import GPT, GPTConfig
 
@@ -53,7 +53,7 @@ def tokens_per_s(model, batch: int, new: int, mode: str, cache=True, first=False
 
 
 def run(device: str, cases) -> None:
-    backend = backends.select(device)
+    backend = registry.select(device)
     tinynn.manual_seed(0)
     model = GPT(LESSON).to(backend)
     for batch in sorted({c[0] for c in cases}):
@@ -67,7 +67,7 @@ def run(device: str, cases) -> None:
 
 def profile_decode_step(device: str, batch: int) -> None:
     steps = LESSON.block_size - len(PROMPT) - 12  # every timed and profiled step inside the window: decode steps
-    backend = backends.select(device)
+    backend = registry.select(device)
     tinynn.manual_seed(0)
     model = GPT(LESSON).to(backend)
     decoder = generation.Decoder(model, np.repeat(PROMPT[None, :], batch, 0), **SAMPLING)

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from tinynn import backends, checkpoint
+from tinynn import checkpoint, registry
 from tinynn.cli import main
 
 TINY = {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "batch_size": 4, "max_steps": 6,
@@ -18,14 +18,14 @@ TINY = {"block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16, "batch_size":
 
 
 def _devices():
-    return ["cpu", "gpu"] if backends.discovered() or os.environ.get("TINYNN_REQUIRE_GPU") == "1" else ["cpu"]
+    return ["cpu", "gpu"] if registry.discovered() or os.environ.get("TINYNN_REQUIRE_GPU") == "1" else ["cpu"]
 
 
 @pytest.fixture(params=_devices())
 def device(request):
     if request.param == "gpu":
         try:
-            backends.select("gpu")
+            registry.select("gpu")
         except Exception as e:
             if os.environ.get("TINYNN_REQUIRE_GPU") == "1":
                 pytest.fail(f"TINYNN_REQUIRE_GPU=1 but no GPU backend is usable: {e}")

@@ -95,15 +95,6 @@ def test_tensors_on_different_backends_do_not_mix(plugins):
         a + b
 
 
-def test_the_registry_is_reached_through_backends_too():
-    """Backends (tinynn-gpu's among them) look the registry's names up in tinynn.backends: the same objects."""
-    from tinynn import backends
-    for name in backends._REGISTRY:
-        assert getattr(backends, name) is getattr(registry, name), name
-    with pytest.raises(AttributeError, match="no attribute 'selekt'"):
-        backends.selekt
-
-
 def test_a_device_asked_for_in_the_environment_is_named_as_the_variable(plugins, monkeypatch):
     plugins(gpu="no_adapter")
     monkeypatch.setenv("TINYNN_DEVICE", "gpu")

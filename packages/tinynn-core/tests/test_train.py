@@ -310,10 +310,10 @@ def test_ctrl_c_under_mpiexec_saves_the_step_it_ended(workdir):
 def test_a_bad_data_file_on_a_real_gpu_backend_starts_no_adapter(workdir, capsys):
     """The same on the GPU backend itself: train does not select it (on a software adapter, selecting it gives a
     notice)."""
-    from tinynn import backends
-    if not backends.discovered():
+    from tinynn import registry
+    if not registry.discovered():
         pytest.skip("tinynn-gpu is not installed")
-    gpu = next((s for s in backends.statuses() if s.name == "gpu"), None)
+    gpu = next((s for s in registry.statuses() if s.name == "gpu"), None)
     if gpu is None or gpu.backend is None:
         pytest.skip("no usable GPU adapter")
     assert main(["train", "--config", write_config(workdir / "c.json", data="missing.txt"), "--device", "gpu"]) == 2

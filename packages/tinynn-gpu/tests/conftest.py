@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-from tinynn import backends
+from tinynn import registry
 from tinynn_gpu.runtime import runtime
 from tinynn_gpu.ops import group_sum
 from tinynn_gpu.runtime import settings as gpu_settings
@@ -23,7 +23,7 @@ if os.environ.get("CI"):
 @pytest.fixture(scope="session")
 def gpu():
     try:
-        return backends.select("gpu")
+        return registry.select("gpu")
     except Exception as e:
         if os.environ.get("TINYNN_REQUIRE_GPU") == "1":
             pytest.fail(f"TINYNN_REQUIRE_GPU=1 but the GPU backend is unusable: {e}")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tinynn
-from tinynn import backends
+from tinynn import backends, registry
 from tinynn.backends import BackendUnavailable
 from tinynn.errors import TinynnError
 from tinynn.model import GPT, GPTConfig
@@ -19,8 +19,8 @@ CFG = GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
 
 def test_entry_point_is_registered_and_lazy():
-    assert "gpu" in backends.discovered()
-    assert backends.discovered()["gpu"].value == "tinynn_gpu:create_backend"
+    assert "gpu" in registry.discovered()
+    assert registry.discovered()["gpu"].value == "tinynn_gpu:create_backend"
 
 
 def test_gpu_backend_describes_its_adapter(gpu):
@@ -33,16 +33,16 @@ def test_no_adapter_means_cpu_with_the_reason(monkeypatch):
     monkeypatch.setattr(wgpu.gpu, "enumerate_adapters_sync", lambda: [])
     with pytest.raises(BackendUnavailable, match="no WebGPU adapter found"):
         create_backend()
-    backends.reset_discovery()
+    registry.reset_discovery()
     try:
-        assert backends.select("auto").name == "cpu"
-        assert "no WebGPU adapter found" in backends.why_not_gpu()
+        assert registry.select("auto").name == "cpu"
+        assert "no WebGPU adapter found" in registry.why_not_gpu()
         with pytest.raises(tinynn.TinynnError, match="no WebGPU adapter found"):
-            backends.select("gpu")
-        losses = train_losses(backends.select("auto"), steps=3)
+            registry.select("gpu")
+        losses = train_losses(registry.select("auto"), steps=3)
         assert losses == train_losses(backends.reference(), steps=3)  # the same backend, identical numbers
     finally:
-        backends.reset_discovery()
+        registry.reset_discovery()
 
 
 def test_a_template_kernel_that_fails_to_compile_is_a_start_up_reason(gpu, monkeypatch):
@@ -81,8 +81,8 @@ def test_adapter_index_is_a_whole_number_or_unset(setting, index, error):
 def test_software_adapter_is_not_used_by_auto(gpu):
     if not gpu.is_software:
         pytest.skip("a hardware adapter is present")
-    assert backends.select("auto").name == "cpu"
-    assert "software adapter" in backends.why_not_gpu()
+    assert registry.select("auto").name == "cpu"
+    assert "software adapter" in registry.why_not_gpu()
 
 
 def train_losses(backend, steps, seed=0):
@@ -175,11 +175,11 @@ def test_arrays_beyond_the_binding_limit_run_on_the_cpu(gpu, monkeypatch, rng):
 
 def test_demo_4_on_the_gpu(gpu, capsys):
     from tinynn import demo
-    backends.set_default(gpu)
+    registry.set_default(gpu)
     try:
         result = demo.demo_gpu(size=128)  # lavapipe emulates the GPU on the CPU: keep it small
     finally:
-        backends.reset_discovery()
+        registry.reset_discovery()
     assert result["max_abs_error"] < 1e-4 and result["elementwise_ok"]
     assert "128x128 matmul" in capsys.readouterr().out
 
@@ -193,7 +193,7 @@ def test_cli_trains_on_the_gpu(gpu, tmp_path, monkeypatch, capsys):
                                      ' "sample_tokens": 10, "out_dir": "o"}')
     assert main(["train", "--config", "c.json", "--device", "gpu", "--quiet"]) == 0
     assert "sample:" in capsys.readouterr().out
-    backends.reset_discovery()
+    registry.reset_discovery()
 
 
 def captured_losses(backend, steps, dropout=0.0, seed=0):
@@ -315,8 +315,8 @@ class HideWgpu:
         if name.split(".")[0] == "wgpu":
             raise ImportError("hidden by the test")
 sys.meta_path.insert(0, HideWgpu())
-from tinynn import backends
-print(backends.load("gpu").reason)
+from tinynn import registry
+print(registry.load("gpu").reason)
 """
 
 

@@ -384,16 +384,3 @@ def _flatten(xs):
             yield from _flatten(x)
         else:
             yield x
-
-
-# The registry's names (select, default, set_default, ...), still reached through this module by the code that
-# looks them up here: resolved on first use, as registry.py imports this module.
-_REGISTRY = ("DEVICES", "ENTRY_POINT_GROUP", "BackendStatus", "discovered", "load", "statuses", "select",
-             "why_not_gpu", "set_default", "default", "reset_discovery")
-
-
-def __getattr__(name):
-    if name in _REGISTRY:
-        from tinynn import registry
-        return getattr(registry, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from tinynn import __version__, backends, distributed, registry
+from tinynn import __version__, distributed, registry
 from tinynn.errors import TinynnError
 
 BROKEN_PIPE = 141  # the exit code of a program ended by a closed pipe (128 + SIGPIPE), as a shell reports it
@@ -58,7 +58,7 @@ def cmd_generate(args):
     generate.check(args.max_new_tokens, args.temperature, args.top_k, args.seed, names=flags)
     if args.num_samples < 1:
         raise TinynnError(f"--num-samples must be at least 1, got {args.num_samples}")
-    backend = backends.set_default(args.device)
+    backend = registry.set_default(args.device)
     rng.manual_seed(0)
     if hf.is_folder(args.checkpoint):  # a Hugging Face GPT-2 folder
         pretrained = hf.load(args.checkpoint)
@@ -115,7 +115,7 @@ def cmd_demo(args):
     unknown = sorted(set(args.which) - set(demo.DEMOS))
     if unknown:
         raise TinynnError(f"no demo numbered {unknown[0]} (there are {', '.join(map(str, demo.DEMOS))})")
-    backends.set_default(args.device)
+    registry.set_default(args.device)
     demo.run(args.which)
 
 
@@ -126,10 +126,10 @@ def info(device: str | None = None) -> dict:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "backends": [{"name": s.name, "usable": s.backend is not None, "reason": s.reason,
-                      **(s.backend.describe() if s.backend else {})} for s in backends.statuses()],
+                      **(s.backend.describe() if s.backend else {})} for s in registry.statuses()],
         "active": active.describe() if active else None,
         "error": error or None,
-        "why_not_gpu": None if active and active.is_gpu else backends.why_not_gpu() or None,
+        "why_not_gpu": None if active and active.is_gpu else registry.why_not_gpu() or None,
     }
 
 
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name, help):
         p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
                            formatter_class=_HelpWithDefaults)
-        p.add_argument("--device", choices=backends.DEVICES, default=None,
+        p.add_argument("--device", choices=registry.DEVICES, default=None,
                        help="auto: a hardware GPU when present, else the CPU; gpu also takes a software adapter "
                             "(default: TINYNN_DEVICE, else auto)")
         return p

@@ -21,7 +21,7 @@ import contextlib
 
 import numpy as np
 
-from tinynn import backends
+from tinynn import backends, registry
 
 _grad_enabled = True
 
@@ -120,7 +120,7 @@ class Tensor:
     def to(self, backend: backends.Backend | str) -> Tensor:
         """This tensor's values on another backend (a copy; the graph is not carried)."""
         if isinstance(backend, str):
-            backend = backends.select(backend)
+            backend = registry.select(backend)
         return Tensor(backend.from_numpy(self.numpy()), backend, requires_grad=self.requires_grad)
 
     # --- autograd ---
@@ -231,8 +231,8 @@ class Tensor:
 def tensor(data, requires_grad=False, dtype=None, backend: backends.Backend | str | None = None) -> Tensor:
     """A leaf tensor from anything NumPy accepts; floats default to float32."""
     if isinstance(backend, str):
-        backend = backends.select(backend)
-    backend = backend or backends.default()
+        backend = registry.select(backend)
+    backend = backend or registry.default()
     array = np.asarray(data.numpy() if isinstance(data, Tensor) else data)
     if dtype is not None:
         array = array.astype(dtype)

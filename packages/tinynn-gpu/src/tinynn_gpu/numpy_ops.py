@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinynn import backends
+from tinynn import registry
 
 
 def _gpu():
-    status = backends.load("gpu")
+    status = registry.load("gpu")
     return status.backend
 
 

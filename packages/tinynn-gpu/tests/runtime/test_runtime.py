@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from tinynn import backends
+from tinynn import backends, registry
 from tinynn.errors import TinynnError
 from tinynn_gpu.runtime.webgpu import wgpu
 
@@ -109,7 +109,7 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
     assert gpu_step["steps"] == 3 and report["backends"]["cpu"]["train_step"]["steps"] == 3
     assert gpu_step["host_us_per_replayed_dispatch"] > 0 and gpu_step["host_us_per_eager_dispatch"] > 0
     assert gpu_step["peak_memory_bytes"] > 0
-    rt = backends.select("gpu").rt  # the backend the command used (an earlier test may have reset discovery)
+    rt = registry.select("gpu").rt  # the backend the command used (an earlier test may have reset discovery)
     assert (gpu_step["record_thread_us_per_dispatch"] is None) == (rt.record_thread is None)
     assert (gpu_step["record_wait_us_per_step"] is None) == (rt.record_thread is None)
     calls, reason, threaded = rt.native, rt.native_reason, rt.record_thread is not None
@@ -123,7 +123,7 @@ def test_bench_reports_host_time_per_dispatch_and_peak_memory(gpu, tmp_path, cap
     threaded_step = report["backends"]["gpu"]["train_step"]
     assert threaded_step["record_thread_us_per_dispatch"] > 0
     assert 0 <= threaded_step["record_wait_us_per_step"] < 1e3 * threaded_step["host_ms_per_step"]
-    backends.reset_discovery()
+    registry.reset_discovery()
 
 
 def test_a_read_into_an_array_of_another_shape_or_dtype_is_refused(gpu):

@@ -20,8 +20,8 @@ class Hide:
         if name.split(".")[0] == {hidden!r}:
             raise ImportError("hidden by the test")
 sys.meta_path.insert(0, Hide())
-from tinynn import backends
-status = backends.load("gpu")
+from tinynn import backends, registry
+status = registry.load("gpu")
 print(status.backend is None, status.reason)
 """
 
