@@ -13,7 +13,7 @@ differently is a method or attribute of `Implementation`, written once for each:
   features) and `vulkan_enable_f16_on_nvidia` (f16 on NVIDIA drivers before 615.71, which Dawn offers only from
   there on);
 - `features` and `request_device`: the features asked for by each one's names (wgpu-native's `subgroup` is
-  Dawn's `subgroups`), and Dawn's device toggles: `disable_robustness` (shaders without bounds clamps, as
+  Dawn's `subgroups`; Dawn's f16 and subgroup matrices, for the tensor-core matmul), and Dawn's device toggles: `disable_robustness` (shaders without bounds clamps, as
   unchecked.py does for wgpu-native; not with TINYNN_SHADER_CHECKS=1) and unquantized timestamps (autotuning
   times kernels);
 - `threads_may_record`: Dawn's objects may be used from a second thread only on a device opened with
@@ -109,7 +109,7 @@ class WgpuNative(Implementation):
 class Dawn(Implementation):
     name, package, subgroups = "dawn", "wgpudawn", "subgroups"
     features = ("timestamp-query", "chromium-experimental-timestamp-query-inside-passes", "subgroups",
-                "implicit-device-synchronization")
+                "implicit-device-synchronization", "shader-f16", "chromium-experimental-subgroup-matrix")
     no_adapter = ("no Vulkan, Metal or DX12 driver that Dawn accepts? It logs why it refuses one; Mesa's lavapipe "
                   "must be 25 or newer")
     INSTANCE_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
