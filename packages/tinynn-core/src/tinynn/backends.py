@@ -10,6 +10,8 @@ from collections import Counter
 
 import numpy as np
 
+from tinynn import precision
+
 # The version of the interface below. It goes up when an op is added or changes its signature or meaning; a
 # backend states the version it implements (`Backend.interface_version`), and one written for another
 # version is not used: its reason names both.
@@ -65,7 +67,15 @@ class Backend:
         self.fallbacks = Counter()
 
     def describe(self) -> dict:
-        return {"backend": self.name, "device": self.device_name, "software": self.is_software}
+        effective, why = self.matmul_precision()
+        asked = precision.current()
+        said = effective if effective == asked else f"{asked} asked for, runs as {effective}"
+        return {"backend": self.name, "device": self.device_name, "software": self.is_software,
+                "matmul_precision": f"{said} ({why})"}
+
+    def matmul_precision(self) -> tuple[str, str]:
+        """(the precision this backend's matmuls run in under `precision.current()`, why): float32 here."""
+        return "highest", "float32 products and sums"
 
     @classmethod
     def ops(cls) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinynn import precision
 from tinynn.errors import TinynnError, TinynnNotice
 from tinynn.model import Architecture, GPTConfig
 
@@ -45,6 +46,7 @@ class TrainConfig(Architecture):
     beta2: float = 0.99
     grad_clip: float | None = 1.0  # max gradient norm; null turns clipping off
     seed: int = 1337
+    matmul_precision: str | None = None  # "highest" or "high" (tensor cores, precision.py); None: the process's
     # evaluation, checkpoints, output
     eval_interval: int = 100
     eval_steps: int = 10
@@ -94,6 +96,9 @@ class TrainConfig(Architecture):
             bad("weight_decay", f"must not be negative, got {self.weight_decay}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             bad("grad_clip", f"must be positive or null, got {self.grad_clip}")
+        if self.matmul_precision is not None and self.matmul_precision not in precision.PRECISIONS:
+            bad("matmul_precision", f"must be one of {', '.join(precision.PRECISIONS)} or null, got "
+                                    f"{self.matmul_precision!r}")
         if not self.out_dir.strip():
             bad("out_dir", "must not be empty")
         if self.tokenizer is not None and self.tokenizer not in ("char", "bpe") and \

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from tinynn import checkpoint, distributed, hf, memory, registry, rng
+from tinynn import checkpoint, distributed, hf, memory, precision, registry, rng
 from tinynn import tokenizer as tokenizers
 from tinynn.config import TrainConfig, to_dict
 from tinynn.data import Batches, training_data
@@ -67,6 +67,15 @@ def train(cfg: TrainConfig | dict, *, device=None, resume=False, overwrite=False
     cfg.validate()
     if resume and overwrite:
         raise TinynnError("--resume continues out_dir's checkpoint and --overwrite replaces it: give one of them")
+    before = precision.current()  # a config's matmul_precision holds for its run alone
+    precision.set_matmul_precision(cfg.matmul_precision or before)
+    try:
+        return _train(cfg, device, resume, overwrite, progress)
+    finally:
+        precision.set_matmul_precision(before)
+
+
+def _train(cfg: TrainConfig, device, resume: bool, overwrite: bool, progress: bool) -> TrainResult:
     world = distributed.world()  # under mpiexec: this rank (before the backend, which picks its GPU by it)
     world.check_batch(cfg.batch_size, cfg.grad_accum_steps)
     if cfg.loss_plot and world.is_root:
@@ -285,7 +294,7 @@ def _kept(keeper: Keeper) -> str:
 # what a step's update depends on besides the model and the state a checkpoint holds: a resume that changes one
 # goes on differently from the run it continues (max_steps is left out: raising it is how a run is extended)
 TRAJECTORY = ("batch_size", "grad_accum_steps", "learning_rate", "min_lr", "warmup_steps", "weight_decay", "beta1",
-              "beta2", "grad_clip", "data", "val_fraction")
+              "beta2", "grad_clip", "data", "val_fraction", "matmul_precision")
 
 
 def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:

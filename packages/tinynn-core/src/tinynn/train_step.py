@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from tinynn import distributed, registry
+from tinynn import distributed, precision, registry
 from tinynn.errors import TinynnError
 from tinynn.model import GPT
 from tinynn.nn import Module
@@ -73,7 +73,7 @@ class TrainStep:
         walked again when a module, tensor or list was assigned to any module since the last walk (a new head, say)."""
         if Module.structure_changes != self.model_structure:
             self.model_params, self.model_structure = self.model.parameters(), Module.structure_changes
-        return self.model.training, self.shape, tuple(p.data for p in self.model_params)
+        return self.model.training, self.shape, precision.current(), tuple(p.data for p in self.model_params)
 
     def _guard_key(self):
         """... and a whole step, its update too."""

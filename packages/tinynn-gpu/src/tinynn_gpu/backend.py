@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from tinynn import precision
 from tinynn.backends import Backend, BackendUnavailable
 from tinynn_gpu import fallback
 from tinynn_gpu.matmul import linear
@@ -32,6 +33,8 @@ from tinynn_gpu.ops.pack import Packing
 from tinynn_gpu.runtime.arrays import GpuArray, TooLarge
 from tinynn_gpu.runtime.runtime import Runtime
 from tinynn_gpu.runtime.capture import CapturedStep
+
+HIGH = "'high': f16 tensor cores summing in float32, each operand line scaled by a power of two (matmul/tensor.py)"
 
 
 class WgpuBackend(Backend):
@@ -64,6 +67,13 @@ class WgpuBackend(Backend):
 
     def describe(self) -> dict:
         return {**super().describe(), **self.ctx.describe(), **self.rt.describe(), "matmul": self.mm.describe()}
+
+    def matmul_precision(self):
+        usable, why = self.mm.tensor_cores()
+        if precision.current() == "high":
+            return ("high", HIGH) if usable else ("highest", why)
+        return "highest", "float32 products and sums; " + \
+            ("'high' would use f16 tensor cores" if usable else f"'high' is not available: {why}")
 
     def memory_stats(self, reset_peak=False):
         return self.rt.memory_stats(reset_peak)

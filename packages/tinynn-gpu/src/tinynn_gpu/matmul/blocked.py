@@ -8,12 +8,14 @@ two problems into one module, for paired.py.
 """
 from __future__ import annotations
 
+from tinynn_gpu.matmul import epilogue
 from tinynn_gpu.matmul.configs import BlockConfig
+from tinynn_gpu.matmul.epilogue import (MAIN_NAMES, XYZW, epilogue_slots, finish_arrays, finish_launch,
+                                        split_targets)
 from tinynn_gpu.matmul.problem import Epilogue, Layout, epilogue_parts, problem_plan
-from tinynn_gpu.runtime.kernels import MAX_GROUPS, grid, trim
+from tinynn_gpu.runtime.kernels import MAX_GROUPS, trim
 from tinynn_gpu.runtime.wgsl import fill, kernel_file
 
-XYZW = "xyzw"
 
 
 def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, registers: str = "", problem: str = "") \
@@ -96,40 +98,36 @@ def stores_quads(*ns: int) -> bool:
     return all(n % 4 == 0 for n in ns)
 
 
-def _template() -> tuple[str, str, str, str]:
-    """blocked.wgsl's parts: the module, the pair's entry, one problem's declarations, one block's product."""
+def _template() -> tuple[str, str, str]:
+    """blocked.wgsl's parts: the module, the pair's entry, one block's product."""
     module, rest = kernel_file("blocked").split("//:: pair\n")
-    pair, rest = rest.split("//:: problem\n")
-    problem, product = rest.split("//:: product\n")
-    return module, pair, problem, product
+    pair, product = rest.split("//:: product\n")
+    return module, pair, product
 
 
 def _module(cfg: BlockConfig, layouts: list, quads: bool) -> str:
-    module, pair, problem_part, product_part = _template()
+    module, pair, product_part = _template()
+    shared, problem_part = epilogue.parts()
     problems, products = [], []
     for i, layout in enumerate(layouts):
         fills = _problem_fills(cfg, *layout, "2" if i else "", 10 * (i > 0), quads, len(layouts) == 2)
         problems.append(fill(problem_part, fills))
         products.append(fill(product_part, fills))
-    text = module.replace("{{PAIR}}", pair if len(layouts) == 2 else "")
+    text = shared + module.replace("{{PAIR}}", pair if len(layouts) == 2 else "")
     text = text.replace("{{PROBLEMS}}", "\n".join(problems)).replace("{{PRODUCT}}", products[0])
     text = text.replace("{{PRODUCT2}}", products[-1])
     fills = {
         "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "THREADS_M": cfg.bm // cfg.tm, "THREADS_N": cfg.bn // cfg.tn,
         "THREADS": cfg.threads, "GROUP": cfg.group, "BUFFERS": cfg.buffers, "A_STRIDE": cfg.bm // 4 + cfg.pad,
-        "B_STRIDE": cfg.bn // 4 + cfg.pad, "VALUE": "vec4<f32>" if quads else "f32", "WIDTH": 4 if quads else 1,
-        "GELU_VALUE": "Value(" + ", ".join(f"gelu(x.{x})" for x in XYZW) + ")" if quads else "gelu(x)",
-        "GELU_GRAD_VALUE": "Value(" + ", ".join(f"gelu_grad(x.{x}, g.{x})" for x in XYZW) + ")" if quads
-        else "gelu_grad(x, g)",
+        "B_STRIDE": cfg.bn // 4 + cfg.pad, **epilogue.module_fills(quads),
     }
     return kernel_file("common") + "\n" + fill(text, fills)  # common.wgsl's gelu with it
 
 
 def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool, aligned: bool, p: str,
                    binding: int, quads: bool, shared_sums: bool) -> dict:
-    """The template's `problem` and `product` fills for one problem: names suffixed by p, its own bindings from
-    `binding` on (a, b, out, params: 0-3 for the first problem, 10-13 for a pair's second; its split-K slices and
-    row sums: 8-9, 14-15); `quads`: the module's (`generate`)."""
+    """The `product` fills and epilogue.wgsl's `problem` fills (`epilogue.problem_fills`) for one problem;
+    `quads`: the module's (`generate`)."""
     qm, qn = cfg.tm // 4, cfg.tn // 4
     declare = [f"    var acc_{i}_{q} = vec4<f32>(0.0);" for i in range(cfg.tm) for q in range(qn)]
     declare += [f"    let a_column_{q} = ty + {q}u * THREADS_M;" for q in range(qm)]  # this thread's tile columns
@@ -181,27 +179,12 @@ def _problem_fills(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4:
     row_sum, row_sum_store = _row_sums(cfg, shared_sums)
     store = [f"    store{p}(out_base, row0 + 4u * (ty + {i // 4}u * THREADS_M) + {i % 4}u, "
              f"col0 + 4u * (tx + {q}u * THREADS_N), acc_{i}_{q}, raw);" for i in range(cfg.tm) for q in range(qn)]
-    zero = "vec4<f32>(0.0)" if vec4 else "0.0"
-    store_values = [f"    store_value{p}(i / 4u, n, acc, raw);"] if quads else \
-        [f"    store_value{p}(i{plus}, n{plus}, acc.{x}, raw);"
-         for plus, x in zip(("", " + 1u", " + 2u", " + 3u"), XYZW)]
+    loads = ("vec4 loads" if vec4 else "scalar loads") + (", double-buffered" if cfg.double else "")
     return {
-        "P": p, "A_BINDING": binding, "B_BINDING": binding + 1, "OUT_BINDING": binding + 2,
-        "PARAMS_BINDING": binding + 3, "PARTS_BINDING": 14 if binding else 8, "ROW_PARTS_BINDING": 15 if binding else 9,
-        "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
-        "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
-        "ELEMENT": "vec4<f32>" if vec4 else "f32",
-        "QUAD": " / 4u" if vec4 else "",
-        "LOADS": ("vec4 loads" if vec4 else "scalar loads") + (", double-buffered" if cfg.double else ""),
-        "ALIGNED": ", aligned (no load checks)" if aligned else "",
-        "A_GUARD": "" if aligned else f"    if (m >= params{p}.m || k >= k_end) {{ return {zero}; }}",
-        "B_GUARD": "" if aligned else f"    if (k >= k_end || n >= params{p}.n) {{ return {zero}; }}",
-        "A_INDEX": f"base + k * params{p}.m + m" if transpose_a else f"base + m * params{p}.k + k",
-        "B_INDEX": f"base + n * params{p}.k + k" if transpose_b else f"base + k * params{p}.n + n",
+        **epilogue.problem_fills(transpose_a, transpose_b, vec4, aligned, p, binding, quads, loads),
         "DECLARE": "\n".join(declare), "PROLOGUE": "\n".join(prologue), "FETCH": "\n".join(fetch_next),
         "INNER": "\n".join(inner), "ROW_SUM": "\n".join(row_sum), "ROW_SUM_STORE": "\n".join(row_sum_store),
-        "STASH": "\n".join(stash_next),
-        "STORE": "\n".join(store), "STORE_VALUES": "\n".join(store_values),
+        "STASH": "\n".join(stash_next), "STORE": "\n".join(store),
     }
 
 
@@ -235,11 +218,6 @@ def _row_sums(cfg: BlockConfig, shared: bool) -> tuple[list[str], list[str]]:
                     f"            for (var i = lid + {quads}u; i < THREADS; i = i + {quads}u) {{",
                     f"                row_sum = row_sum + a_tile[i / {tile}u][i / {stride}u % BK][i % {stride}u];",
                     "            }"] + ["    " + line for line in store] + ["        }", "    }"]
-
-
-EPILOGUE_NAMES = ("bias", "residual", "pre", "row_sums")  # the bindings the template names, shared by a pair
-MAIN_NAMES = ("a", "b", "out", *EPILOGUE_NAMES)
-FINISH_NAMES = ("out", *EPILOGUE_NAMES, "parts", "row_parts")
 
 
 class BlockedMatmul:
@@ -305,33 +283,3 @@ class BlockedMatmul:
                                     MAIN_NAMES, {**params, "y_offset": y0, "z_offset": z0})
                     for z0 in range(0, zs, MAX_GROUPS) for y0 in range(0, blocks_m, MAX_GROUPS)]
         return splits, launches, finish_launch(self.rt, module, params, quads)
-
-
-def split_targets(rt, sizes: tuple | None, out, row_sums) -> tuple:
-    """Where a matmul stores its sums: its output and row sums, or with split-K (`sizes`: the float counts of the
-    splits' slices and of their row sums) fresh slices, which matmul_finish_main adds up into those."""
-    if sizes is None:
-        return out, row_sums
-    return rt.empty((sizes[0],)), None if row_sums is None else rt.empty((sizes[1],))
-
-
-def epilogue_slots(bias, residual, pre, row_sums, stand_ins: tuple) -> tuple:
-    """The arrays of the epilogue's bindings (EPILOGUE_NAMES), a stand-in (`Runtime.stand_in` 0, 0, 1, 2) for each one
-    absent."""
-    return (stand_ins[0] if bias is None else bias, stand_ins[0] if residual is None else residual,
-            stand_ins[1] if pre is None else pre, stand_ins[2] if row_sums is None else row_sums)
-
-
-def finish_arrays(out, epilogue: Epilogue, target, row_target, stand_ins: tuple) -> tuple:
-    """matmul_finish_main's arrays (FINISH_NAMES): the output, the epilogue's, the splits' slices and row sums."""
-    return (out, *epilogue_slots(epilogue.bias, epilogue.residual, epilogue.pre, epilogue.row_sums, stand_ins),
-            target, stand_ins[0] if row_target is None else row_target)
-
-
-def finish_launch(rt, module, params: dict, quads: bool):
-    """The split-K finish's Launch for a problem's params (None without splits): it adds the splits' slices into the
-    output and its row sums, a thread per Value (4 floats where the module stores quads)."""
-    if params["splits"] == 1:
-        return None
-    values = params["batch"] * params["m"] * params["n"] // (4 if quads else 1)
-    return rt.prepare(module, "matmul_finish_main", grid(-(-values // 256)), FINISH_NAMES, params)

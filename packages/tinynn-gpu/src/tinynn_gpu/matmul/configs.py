@@ -1,5 +1,6 @@
-"""Matmul configurations: `BlockConfig`, the blocking of the register-blocked kernel (blocked.py), and the
-candidates the selector chooses among (selection.py): the lesson's tiles and BLOCK_CONFIGS."""
+"""Matmul configurations: `BlockConfig`, the blocking of the register-blocked kernel (blocked.py), `TensorConfig`,
+the tensor-core kernel's (tensor.py), and the candidates the selector chooses among (selection.py): the lesson's
+tiles, BLOCK_CONFIGS and, in matmul precision "high", TENSOR_CONFIGS."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -118,5 +119,68 @@ BLOCK_CONFIGS = (
     BlockConfig(64, 64, 16, 8, 4, splits=6, vec4=True, double=True),
     # a tile a pair of the lesson's gradient matmuls takes (paired.py)
     BlockConfig(128, 64, 16, 8, 8, vec4=True, double=True),
+)
+S = 16  # a subgroup matrix's side
+PAD = 8  # f16s padding each stored tile line of the tensor-core kernel, against bank conflicts
+
+
+@dataclass(frozen=True)
+class TensorConfig:
+    bm: int
+    bn: int
+    bk: int
+    sg_rows: int  # subgroups along m
+    sg_cols: int  # and along n
+    double: bool = False
+    splits: int = 1
+
+    @property
+    def name(self) -> str:
+        split = f" split{self.splits}" if self.splits > 1 else ""
+        return f"tensor {self.bm}x{self.bn}x{self.bk}/{self.sg_rows}x{self.sg_cols}{split}{' db' * self.double}"
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.sg_rows * self.sg_cols
+
+    @property
+    def buffers(self) -> int:
+        return 2 if self.double else 1
+
+    def tiles(self, transpose_a: bool, transpose_b: bool) -> tuple[int, int, int, int]:
+        """(A_STRIDE, A_TILE, B_STRIDE, B_TILE): each tile stored in its operand's layout, lines padded."""
+        a_stride = (self.bm if transpose_a else self.bk) + PAD
+        b_stride = (self.bk if transpose_b else self.bn) + PAD
+        return (a_stride, a_stride * (self.bk if transpose_a else self.bm),
+                b_stride, b_stride * (self.bn if transpose_b else self.bk))
+
+    def workgroup_bytes(self, transpose_a=True, transpose_b=False) -> int:
+        _, a_tile, _, b_tile = self.tiles(transpose_a, transpose_b)
+        return 2 * self.buffers * (a_tile + b_tile) + 4 * S * S * self.sg_rows * self.sg_cols
+
+    def check_device(self, limits: dict) -> None:
+        if self.bm % (S * self.sg_rows) or self.bn % (S * self.sg_cols) or self.bk % S or \
+                (self.bm * self.bk // 4) % self.threads or (self.bk * self.bn // 4) % self.threads:
+            raise ValueError(f"matmul config {self.name}: blocks must split into 16 x 16 matrices per subgroup, "
+                             "and their vec4s evenly over the threads")
+        if self.threads > limits.get("max-compute-invocations-per-workgroup", 256):
+            raise ValueError(f"matmul config {self.name}: {self.threads} threads, more than the device allows")
+        most = max(self.workgroup_bytes(ta, tb) for ta in (False, True) for tb in (False, True))
+        if most > limits.get("max-compute-workgroup-storage-size", 16384):
+            raise ValueError(f"matmul config {self.name}: {most} bytes of workgroup memory, more than the device has")
+
+
+# The tensor-core candidates: 128 x 128 blocks of 8 subgroups (the layout that ran fastest in a first probe,
+# BENCHMARKS.md), smaller blocks for smaller outputs, split-K for weight gradients (K = the batch's tokens).
+TENSOR_CONFIGS = (
+    TensorConfig(128, 128, 32, 2, 4),
+    TensorConfig(128, 128, 32, 2, 4, double=True),
+    TensorConfig(128, 64, 32, 4, 2),
+    TensorConfig(64, 128, 32, 2, 4),
+    TensorConfig(64, 64, 32, 2, 2),
+    TensorConfig(64, 64, 32, 2, 2, double=True),
+    TensorConfig(128, 128, 32, 2, 4, splits=2),
+    TensorConfig(64, 64, 32, 2, 2, splits=4),
+    TensorConfig(64, 64, 32, 2, 2, splits=8),
 )
 PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls

@@ -1,10 +1,12 @@
 """The backend's matmul ops (a method each: backend.py's table): matmul, and a linear layer's forward and backward
 with their epilogues fused into the kernel's stores. Each (shapes, layout, epilogue parts, forced variant) is
-planned once by the selector (selection.py) and kept in `matmul_plans`: an eager forward repeats a few."""
+planned once by the selector (selection.py) and kept in `matmul_plans` (under the matmul precision in force:
+tinynn/precision.py): an eager forward repeats a few."""
 from __future__ import annotations
 
 import math
 
+from tinynn import precision
 from tinynn_gpu.matmul.problem import ACTIVATIONS, Epilogue, matmul_dims
 from tinynn_gpu.runtime.arrays import FLOAT32, bindable
 from tinynn_gpu.runtime.kernels import trim
@@ -41,7 +43,7 @@ def linear_gradients_paired(self, g, x, weight, x_epilogue, weight_epilogue):
     """(g @ weight, g.T @ x) with their epilogues in one dispatch, where the matmul selector chose that for
     these shapes (`MatmulSelector.plan_pair`); else None. Planned once per key, like `_matmul`."""
     key = ("pair", g.shape, x.shape, weight.shape, x_epilogue.activation_grad, weight_epilogue.row_sums is None,
-           self.mm.forced)
+           self.mm.forced, precision.current())
     record = self.matmul_plans.get(key, False)
     if record is False:
         record = None
@@ -65,7 +67,8 @@ def matmul_epilogue(self, a, b, transpose_a, transpose_b, epilogue):
     (shapes, layout, epilogue parts, forced variant) is planned once (`_plan_matmul`): an eager forward repeats
     a few."""
     key = (a.shape, b.shape, transpose_a, transpose_b, epilogue.bias is None, epilogue.activation,
-           epilogue.residual is None, epilogue.row_sums is None, epilogue.activation_grad, self.mm.forced)
+           epilogue.residual is None, epilogue.row_sums is None, epilogue.activation_grad, self.mm.forced,
+           precision.current())
     plan = self.matmul_plans.get(key)
     if plan is None:
         plan = self.matmul_plans[key] = self._plan_matmul(a, b, transpose_a, transpose_b, epilogue)

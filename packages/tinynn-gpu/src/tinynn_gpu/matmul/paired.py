@@ -7,8 +7,9 @@ split-K finishes are one dispatch too (matmul_pair_finish_main): fewer dispatche
 """
 from __future__ import annotations
 
-from tinynn_gpu.matmul.blocked import (FINISH_NAMES, MAIN_NAMES, epilogue_slots, finish_arrays, finish_launch,
-                                       generate_pair, split_targets, stores_quads)
+from tinynn_gpu.matmul.blocked import generate_pair, stores_quads
+from tinynn_gpu.matmul.epilogue import (FINISH_NAMES, MAIN_NAMES, epilogue_slots, finish_arrays, finish_launch,
+                                        split_targets)
 from tinynn_gpu.matmul.configs import BlockConfig
 from tinynn_gpu.matmul.problem import Epilogue, epilogue_parts, problem_plan
 from tinynn_gpu.runtime.kernels import grid, trim

@@ -33,15 +33,21 @@ import json
 import os
 import sys
 import time
+import warnings
 
 from tqdm.auto import tqdm
 
+from tinynn import precision
+from tinynn.errors import TinynnNotice
+
 from tinynn_gpu.matmul.blocked import BlockedMatmul
-from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, PAIR_SPLITS, BlockConfig
+from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, PAIR_SPLITS, TENSOR_CONFIGS, BlockConfig, TensorConfig
 from tinynn_gpu.matmul.lesson import LessonMatmul
 from tinynn_gpu.matmul.paired import PairedMatmul
 from tinynn_gpu.matmul.problem import Epilogue, shape_key
 from tinynn_gpu.matmul.rows import RowsMatmul
+from tinynn_gpu.matmul import tensor
+from tinynn_gpu.matmul.tensor import TensorMatmul
 from tinynn_gpu.runtime import settings
 from tinynn_gpu.runtime.arrays import GpuArray
 from tinynn_gpu.runtime.webgpu import wgpu
@@ -95,6 +101,10 @@ class MatmulSelector:
         self.variants = {f"lesson{t}": t for t in LESSON_TILES}  # name -> lesson tile, or a BlockConfig
         self.variants.update({f"blocked {c.name}": c for c in BLOCK_CONFIGS})
         self.candidates = [f"blocked {c.name}" for c in BLOCK_CONFIGS]  # what tuning tries: never a lesson tile
+        self.variants.update({c.name: c for c in TENSOR_CONFIGS})  # precision "high" adds these (tensor.py)
+        self.tensor_candidates = [c.name for c in TENSOR_CONFIGS]
+        self._tensor_cores = None  # (usable, why not), found at the first matmul in "high"
+        self.said_why = False  # the notice that "high" runs as "highest" here
         # two independent matmuls in one dispatch (plan_pair): every block of BLOCK_CONFIGS, a split count each
         tiles = dict.fromkeys(dataclasses.replace(c, splits=1) for c in BLOCK_CONFIGS)
         self.pair_candidates = {f"paired {tile.name} {s}+{s2}": (tile, (s, s2))
@@ -126,7 +136,7 @@ class MatmulSelector:
         if name not in self._built:
             config = self.variants[name]
             self._built[name] = LessonMatmul(self.rt, config) if isinstance(config, int) else \
-                BlockedMatmul(self.rt, config)
+                TensorMatmul(self.rt, config) if isinstance(config, TensorConfig) else BlockedMatmul(self.rt, config)
         return self._built[name]
 
     @staticmethod
@@ -144,6 +154,32 @@ class MatmulSelector:
             return "blocked 64x64x16/8x4 split4"
         return "blocked 64x64x16/8x4" if blocks >= 264 else "blocked 64x64x16/4x4"
 
+    @staticmethod
+    def default_tensor_variant(batch, m, n, k) -> str:
+        """precision "high"'s choice without tuning: 128 x 128 blocks where they fill the GPU, a split K where a
+        weight gradient's few blocks would not."""
+        blocks = batch * -(-m // 128) * -(-n // 128)
+        if blocks >= 132:
+            return "tensor 128x128x32/2x4"
+        return "tensor 64x64x32/2x2 split4" if k >= 2048 else "tensor 64x64x32/2x2"
+
+    def tensor_cores(self) -> tuple[bool, str]:
+        """(whether precision "high" runs on tensor cores here, why not), found once (tensor.tensor_cores)."""
+        if self._tensor_cores is None:
+            self._tensor_cores = tensor.tensor_cores(self.rt)
+        return self._tensor_cores
+
+    def high(self) -> bool:
+        """Whether matmuls now run in precision "high": asked for, and this device has tensor cores. The first
+        time it is asked for without them, a notice says why (`tinynn info` says it too)."""
+        if precision.current() != "high":
+            return False
+        usable, why = self.tensor_cores()
+        if not usable and not self.said_why:
+            self.said_why = True
+            warnings.warn(f"matmul precision 'high' runs as 'highest': {why}", TinynnNotice)
+        return usable
+
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = epilogue(op(a) @ op(b)) with this shape's variant; True: the epilogue was applied."""
         record, self.last = self.plan(a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
@@ -159,8 +195,9 @@ class MatmulSelector:
         real operands (tuning runs them): record(a, b, out, epilogue, a2, b2, out2, epilogue2) running both in one
         dispatch (PairedMatmul), where that was measured faster than one after the other; else None, and each
         goes its own way (`plan`). A pair fills a GPU that either alone would leave partly idle."""
-        if self.forced or any(self.rows.fits(p[3], p[4], p[6], p[7], p[8], p[10]) for p in (first, second)):
-            return None
+        if self.forced or self.high() or \
+                any(self.rows.fits(p[3], p[4], p[6], p[7], p[8], p[10]) for p in (first, second)):
+            return None  # (in "high" each goes its own way: pairs are float32 kernels)
         key = "pair " + " + ".join(shape_key(*p[3:10]) for p in (first, second))
         name = self.choices.get(key)
         if name != SEPARATE and name not in self.pair_candidates:
@@ -216,13 +253,17 @@ class MatmulSelector:
             variant = self.rows
         else:
             key = shape_key(batch, m, n, k, transpose_a, transpose_b, shared_b)
+            high = not self.forced and self.high() and tensor.fits(m, n, k, transpose_a, transpose_b)
+            if high:  # tuned among the tensor-core and the float32 kernels alike, under a key of its own
+                key = f"high {key}"
             name = self.forced or self.choices.get(key)
             if name not in self.variants:
                 worth_tuning = batch * m * n * k >= self.tune_min_macs
-                name = self.default_variant(batch, m, n, k)
+                name = self.default_tensor_variant(batch, m, n, k) if high else self.default_variant(batch, m, n, k)
                 if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:  # (the profiler)
+                    names = self.tensor_candidates + self.candidates if high else None
                     name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b),
-                                      self._variant_runs, name)
+                                      lambda args: self._variant_runs(args, names), name)
                 self.choices[key] = name
             variant = self.variant(name)
         return variant.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue), variant.describe()

@@ -1,0 +1,86 @@
+"""What the generated matmul kernels share (epilogue.wgsl): the epilogue applied as results are stored, the
+split-K finish, one problem's bindings and loads, and the Python that fills them in and binds their arrays. The
+register-blocked kernel (blocked.py, paired.py) and the tensor-core kernel (tensor.py) both write them into
+their modules."""
+from __future__ import annotations
+
+from tinynn_gpu.matmul.problem import Epilogue
+from tinynn_gpu.runtime.kernels import grid
+from tinynn_gpu.runtime.wgsl import kernel_file
+
+XYZW = "xyzw"
+EPILOGUE_NAMES = ("bias", "residual", "pre", "row_sums")  # the bindings the template names, shared by a pair
+MAIN_NAMES = ("a", "b", "out", *EPILOGUE_NAMES)
+FINISH_NAMES = ("out", *EPILOGUE_NAMES, "parts", "row_parts")
+
+
+def parts() -> tuple[str, str]:
+    """epilogue.wgsl's two parts: what a module holds once, and one problem's declarations."""
+    module, problem = kernel_file("epilogue").split("//:: problem\n")
+    return module, problem
+
+
+def module_fills(quads: bool) -> dict:
+    """The module part's fills: results stored (and the epilogue's arrays read) 4 columns at a time, or 1."""
+    return {
+        "VALUE": "vec4<f32>" if quads else "f32", "WIDTH": 4 if quads else 1,
+        "GELU_VALUE": "Value(" + ", ".join(f"gelu(x.{x})" for x in XYZW) + ")" if quads else "gelu(x)",
+        "GELU_GRAD_VALUE": "Value(" + ", ".join(f"gelu_grad(x.{x}, g.{x})" for x in XYZW) + ")" if quads
+        else "gelu_grad(x, g)",
+    }
+
+
+def problem_fills(transpose_a: bool, transpose_b: bool, vec4: bool, aligned: bool, p: str, binding: int,
+                  quads: bool, loads: str) -> dict:
+    """The problem part's fills for one problem: names suffixed by p, its own bindings from `binding` on (a, b,
+    out, params: 0-3 for the first problem, 10-13 for a pair's second; its split-K slices and row sums: 8-9,
+    14-15); vec4: its loads read quads; aligned: without bounds checks; `loads` describes them."""
+    zero = "vec4<f32>(0.0)" if vec4 else "0.0"
+    store_values = [f"    store_value{p}(i / 4u, n, acc, raw);"] if quads else \
+        [f"    store_value{p}(i{plus}, n{plus}, acc.{x}, raw);"
+         for plus, x in zip(("", " + 1u", " + 2u", " + 3u"), XYZW)]
+    return {
+        "P": p, "A_BINDING": binding, "B_BINDING": binding + 1, "OUT_BINDING": binding + 2,
+        "PARAMS_BINDING": binding + 3, "PARTS_BINDING": 14 if binding else 8, "ROW_PARTS_BINDING": 15 if binding else 9,
+        "A_LAYOUT": "stored K x M (transposed)" if transpose_a else "stored M x K",
+        "B_LAYOUT": "stored N x K (transposed)" if transpose_b else "stored K x N",
+        "ELEMENT": "vec4<f32>" if vec4 else "f32",
+        "QUAD": " / 4u" if vec4 else "",
+        "LOADS": loads,
+        "ALIGNED": ", aligned (no load checks)" if aligned else "",
+        "A_GUARD": "" if aligned else f"    if (m >= params{p}.m || k >= k_end) {{ return {zero}; }}",
+        "B_GUARD": "" if aligned else f"    if (k >= k_end || n >= params{p}.n) {{ return {zero}; }}",
+        "A_INDEX": f"base + k * params{p}.m + m" if transpose_a else f"base + m * params{p}.k + k",
+        "B_INDEX": f"base + n * params{p}.k + k" if transpose_b else f"base + k * params{p}.n + n",
+        "STORE_VALUES": "\n".join(store_values),
+    }
+
+
+def split_targets(rt, sizes: tuple | None, out, row_sums) -> tuple:
+    """Where a matmul stores its sums: its output and row sums, or with split-K (`sizes`: the float counts of the
+    splits' slices and of their row sums) fresh slices, which matmul_finish_main adds up into those."""
+    if sizes is None:
+        return out, row_sums
+    return rt.empty((sizes[0],)), None if row_sums is None else rt.empty((sizes[1],))
+
+
+def epilogue_slots(bias, residual, pre, row_sums, stand_ins: tuple) -> tuple:
+    """The arrays of the epilogue's bindings (EPILOGUE_NAMES), a stand-in (`Runtime.stand_in` 0, 0, 1, 2) for each one
+    absent."""
+    return (stand_ins[0] if bias is None else bias, stand_ins[0] if residual is None else residual,
+            stand_ins[1] if pre is None else pre, stand_ins[2] if row_sums is None else row_sums)
+
+
+def finish_arrays(out, epilogue: Epilogue, target, row_target, stand_ins: tuple) -> tuple:
+    """matmul_finish_main's arrays (FINISH_NAMES): the output, the epilogue's, the splits' slices and row sums."""
+    return (out, *epilogue_slots(epilogue.bias, epilogue.residual, epilogue.pre, epilogue.row_sums, stand_ins),
+            target, stand_ins[0] if row_target is None else row_target)
+
+
+def finish_launch(rt, module, params: dict, quads: bool):
+    """The split-K finish's Launch for a problem's params (None without splits): it adds the splits' slices into the
+    output and its row sums, a thread per Value (4 floats where the module stores quads)."""
+    if params["splits"] == 1:
+        return None
+    values = params["batch"] * params["m"] * params["n"] // (4 if quads else 1)
+    return rt.prepare(module, "matmul_finish_main", grid(-(-values // 256)), FINISH_NAMES, params)

@@ -1,0 +1,258 @@
+"""The tensor-core matmul of matmul precision "high": WGSL generated from tensor.wgsl for one `TensorConfig`,
+with f16 subgroup matrices (Dawn's chromium_experimental_subgroup_matrix) summing in f32, and the epilogue and
+split-K finish that the register-blocked kernel has (epilogue.wgsl).
+
+Range safety: before each product a pass (scales.wgsl) finds a power of two for every row of op(a) and column of
+op(b) that puts the line's largest magnitude in [2^14, 2^15); the kernel multiplies by them before rounding to
+f16 and divides each result by its row's and column's after the f32 sum. Powers of two scale exactly, so the
+only error is f16's 10-bit mantissa (TF32's), relative to each line's largest value, and neither a backward's
+tiny gradients nor large activations leave f16's range. The same pass sums op(a)'s rows where the epilogue
+asks for row sums (a weight gradient's bias gradient).
+
+`tensor_cores(runtime)` says whether the device can run it, and why not: it needs f16 subgroup matrices of
+16 x 16 x 16 with f32 results in subgroups of 32, checked by running one small product against NumPy.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tinynn_gpu.matmul import epilogue
+from tinynn_gpu.matmul.configs import S, TensorConfig
+from tinynn_gpu.matmul.epilogue import epilogue_slots, finish_arrays, finish_launch, split_targets
+from tinynn_gpu.matmul.problem import Epilogue, epilogue_parts
+from tinynn_gpu.runtime.kernels import MAX_GROUPS, grid, trim
+from tinynn_gpu.runtime.wgsl import fill, kernel_file, kernel_source
+
+FEATURES = ("shader-f16", "chromium-experimental-subgroup-matrix")
+MAIN_NAMES = ("a", "b", "out", "bias", "residual", "pre", "a_scales", "b_scales")
+SCALES_NAMES = ("a", "b", "a_scales", "b_scales", "row_sums")
+
+
+def fits(m, n, k, transpose_a, transpose_b) -> bool:
+    """Whether the kernel takes this shape: it reads both operands as vec4s along their contiguous side."""
+    return (m if transpose_a else k) % 4 == 0 and (k if transpose_b else n) % 4 == 0
+
+
+def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -> list[tuple[str, str, str]]:
+    """One operand's tile copy as (declare, fetch, stash) lines per slot of a thread: the slot's place in the tile
+    and its scales (registers, the same every step), the vec4 load times the scales, and the four f16 stores."""
+    a = operand == "a"
+    side = cfg.bm if a else cfg.bn
+    stride = strides[0] if a else strides[2]
+    tile_size = strides[1] if a else strides[3]
+    k_contiguous = (not transposed) if a else transposed
+    per_line = (cfg.bk if k_contiguous else side) // 4  # vec4s along the stored tile's contiguous side
+    origin, dim = ("row0", "m_dim") if a else ("col0", "n_dim")
+    scales, base = ("a_scales", "a_scale_base") if a else ("b_scales", "b_scale_base")
+    copies = []
+    for i in range(side * cfg.bk // 4 // cfg.threads):
+        v, reg = f"(lid + {i * cfg.threads}u)", f"{operand}_{i}"
+        line, quad = f"{v} / {per_line}u", f"({v} % {per_line}u) * 4u"
+        if k_contiguous:  # a line of the tile is one m (n); the quad runs along k: one scale
+            where = f"{operand}_line_{i}", f"{operand}_k_{i}"
+            declare = [f"    let {where[0]} = {line};", f"    let {where[1]} = {quad};",
+                       f"    let {operand}_scale_{i} = {scales}[{base} + min({origin} + {where[0]}, {dim} - 1u)];"]
+            at = f"{where[0]} * {stride}u + {where[1]}"
+            index = (f"{origin} + {where[0]}", f"{{k0}} + {where[1]}")
+        else:  # a line is one k; the quad runs along m (n): four scales
+            where = f"{operand}_k_{i}", f"{operand}_line_{i}"
+            declare = [f"    let {where[0]} = {line};", f"    let {where[1]} = {quad};",
+                       f"    let {operand}_scale_{i} = vec4<f32>(" + ", ".join(
+                           f"{scales}[{base} + min({origin} + {where[1]} + {j}u, {dim} - 1u)]" for j in range(4)) + ");"]
+            at = f"{where[0]} * {stride}u + {where[1]}"
+            index = (f"{origin} + {where[1]}", f"{{k0}} + {where[0]}")
+        declare.append(f"    var {reg}: vec4<f32>;")
+        m_or_n, k = index
+        load = f"load_a(a_base, {m_or_n}, {k}, k_end)" if a else f"load_b(b_base, {k}, {m_or_n}, k_end)"
+        fetch = f"{reg} = {load} * {operand}_scale_{i};"
+        stash = " ".join(f"{operand}_tile[{{buf}} * {tile_size}u + {at} + {j}u] = f16({reg}.{x});"
+                         for j, x in enumerate(epilogue.XYZW))
+        copies.append(("\n".join(declare), fetch, stash))
+    return copies
+
+
+def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: bool = False,
+             quads: bool = False) -> str:
+    """The WGSL of one configuration and layout (vec4 loads; `fits`); aligned: loads without bounds checks, for
+    shapes whose tiles all lie inside the operands; quads: results stored 4 columns at a time (N a multiple of 4)."""
+    strides = cfg.tiles(transpose_a, transpose_b)
+    a_stride, _, b_stride, _ = strides
+    copies = _copies(cfg, "a", transpose_a, strides) + _copies(cfg, "b", transpose_b, strides)
+    tm, tn = cfg.bm // (S * cfg.sg_rows), cfg.bn // (S * cfg.sg_cols)
+    declare = [d for d, _, _ in copies]
+    declare += [f"    var acc_{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i in range(tm) for j in range(tn)]
+
+    def fetch(k0, indent):
+        return [indent + f.replace("{k0}", k0) for _, f, _ in copies]
+
+    def stash(buf, indent):
+        return [indent + s.replace("{buf}", buf) for _, _, s in copies]
+    if cfg.double:
+        prologue = fetch("k_begin", "    ") + stash("0u", "    ") + ["    workgroupBarrier();"]
+        fetch_next = ["        let more = k0 + BK < k_end;", "        if (more) {"] + \
+            fetch("(k0 + BK)", "            ") + ["        }"]
+        stash_next = ["        if (more) {"] + stash("(1u - buf)", "            ") + ["        }"]
+    else:
+        prologue, stash_next = [], []
+        fetch_next = fetch("k0", "        ") + stash("0u", "        ") + ["        workgroupBarrier();"]
+    products = []
+    for kk in range(cfg.bk // S):
+        for i in range(tm):
+            at = f"(sr + {i * S}u) * {a_stride}u + {kk * S}u" if not transpose_a else \
+                f"{kk * S * a_stride}u + sr + {i * S}u"
+            products.append(f"        let l{kk}_{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>("
+                            f"&a_tile, buf * A_TILE + {at}, {str(transpose_a).lower()}, A_STRIDE);")
+        for j in range(tn):
+            at = f"{kk * S * b_stride}u + sc + {j * S}u" if not transpose_b else \
+                f"(sc + {j * S}u) * {b_stride}u + {kk * S}u"
+            products.append(f"        let r{kk}_{j} = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>("
+                            f"&b_tile, buf * B_TILE + {at}, {str(transpose_b).lower()}, B_STRIDE);")
+        products += [f"        acc_{i}_{j} = subgroupMatrixMultiplyAccumulate(l{kk}_{i}, r{kk}_{j}, acc_{i}_{j});"
+                     for i in range(tm) for j in range(tn)]
+    stores = []
+    for i in range(tm):
+        for j in range(tn):
+            stores += [
+                f"    subgroupMatrixStore(&results, slot, acc_{i}_{j}, false, 16u);",
+                "    workgroupBarrier();",
+                "    {",
+                f"        let m = row0 + sr + {i * S}u + r;",
+                f"        let n = col0 + sc + {j * S}u + c;",
+                "        let inv_a = 1.0 / a_scales[a_scale_base + min(m, m_dim - 1u)];",
+            ]
+            for h in range(2):  # two quads of columns
+                values = ", ".join(f"results[slot + r * 16u + c + {4 * h + q}u]" for q in range(4))
+                inv_b = ", ".join(f"b_scales[b_scale_base + min(n + {4 * h + q}u, n_dim - 1u)]" for q in range(4))
+                stores.append(f"        store(out_base, m, n + {4 * h}u, vec4<f32>({values}) * inv_a / "
+                              f"vec4<f32>({inv_b}), raw);")
+            stores += ["    }", "    workgroupBarrier();"]
+    shared, problem = epilogue.parts()
+    loads = "vec4 loads into f16 tiles" + (", double-buffered" if cfg.double else "")
+    problem = fill(problem, epilogue.problem_fills(transpose_a, transpose_b, True, aligned, "", 0, quads, loads))
+    _, a_tile, _, b_tile = strides
+    fills = {
+        "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "SG_COLS": cfg.sg_cols, "THREADS": cfg.threads,
+        "A_STRIDE": a_stride, "B_STRIDE": b_stride, "A_TILE": a_tile, "B_TILE": b_tile,
+        "A_TILES": cfg.buffers * a_tile, "B_TILES": cfg.buffers * b_tile, "RESULTS": S * S * cfg.sg_rows * cfg.sg_cols,
+        "SUB_M": tm * S, "SUB_N": tn * S, "BUFFERS": cfg.buffers, "PROBLEMS": problem,
+        "DECLARE": "\n".join(declare), "PROLOGUE": "\n".join(prologue), "FETCH": "\n".join(fetch_next),
+        "PRODUCTS": "\n".join(products), "STASH": "\n".join(stash_next), "STORES": "\n".join(stores),
+        **epilogue.module_fills(quads),
+    }
+    text = fill(shared, fills) + "\n" + fill(kernel_file("tensor"), fills)
+    return "enable f16;\nenable chromium_experimental_subgroup_matrix;\n" + kernel_file("common") + "\n" + text
+
+
+def scales_params(batch, m, n, k, transpose_a, transpose_b, shared_b, sums: bool) -> tuple[int, dict]:
+    """(workgroups, params) of the scales pass (scales.wgsl) for op(a)'s rows and op(b)'s columns."""
+    a_lines = (1, m) if transpose_a else (k, 1)  # (line stride, k stride)
+    b_lines = (k, 1) if transpose_b else (1, n)
+    b_batches = 1 if shared_b else batch
+
+    def groups(batches, lines, k_stride):
+        return batches * -(-lines // (4 if k_stride == 1 else 64))
+    a_groups = groups(batch, m, a_lines[1])
+    params = {"a_batches": batch, "a_lines": m, "a_k": k, "a_line_stride": a_lines[0], "a_k_stride": a_lines[1],
+              "a_batch_stride": m * k, "b_batches": b_batches, "b_lines": n, "b_k": k, "b_line_stride": b_lines[0],
+              "b_k_stride": b_lines[1], "b_batch_stride": k * n, "a_groups": a_groups, "sums": int(sums)}
+    return a_groups + groups(b_batches, n, b_lines[1]), params
+
+
+def scales_launch(rt, batch, m, n, k, transpose_a, transpose_b, shared_b, sums: bool):
+    """The scales pass's Launch: arrays (a, b, a_scales (batch * m), b_scales ((1 if shared_b else batch) * n),
+    row_sums (batch * m) or a stand-in)."""
+    groups, params = scales_params(batch, m, n, k, transpose_a, transpose_b, shared_b, sums)
+    return rt.prepare(rt.shader(kernel_source("scales"), "matmul scales"), "matmul_scales_main", grid(groups),
+                      SCALES_NAMES, params)
+
+
+class TensorMatmul:
+    def __init__(self, runtime, config: TensorConfig):
+        config.check_device(runtime.ctx.limits)
+        self.rt = runtime
+        self.config = config
+        self.modules = {}
+        self.description = config.name
+        self.plans = {}
+
+    def describe(self) -> str:
+        return self.description
+
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
+        return self.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
+
+    def plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
+        """record(a, b, out, epilogue) for this shape and the epilogue's parts: the scales pass, the product's
+        dispatches and, with split-K, the finish, made ready once."""
+        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, *epilogue_parts(epilogue))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = self._plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+            trim(self.plans)
+        scales, launches, finish, splits = plan
+        rt = self.rt
+        stand_ins = rt.stand_in(0), rt.stand_in(1), rt.stand_in(2)
+        sizes = None if finish is None else (batch * splits * m * n, batch * splits * m)
+        scale_sizes = (batch * m,), ((1 if shared_b else batch) * n,)
+
+        def record(a, b, out, epilogue):
+            bias, _, pre, residual, row_sums, _ = epilogue
+            a_scales, b_scales = rt.empty(scale_sizes[0]), rt.empty(scale_sizes[1])
+            rt.launch(scales, (a, b, a_scales, b_scales, stand_ins[2] if row_sums is None else row_sums))
+            target, _ = split_targets(rt, sizes, out, None)
+            arrays = (a, b, target, *epilogue_slots(bias, residual, pre, None, stand_ins)[:3], a_scales, b_scales)
+            for launch in launches:
+                rt.launch(launch, arrays)
+            if finish is not None:
+                rt.launch(finish, finish_arrays(out, epilogue._replace(row_sums=None), target, None, stand_ins))
+            return True
+        return record
+
+    def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
+        cfg = self.config
+        splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
+        k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
+        aligned = m % cfg.bm == 0 and n % cfg.bn == 0 and k % cfg.bk == 0 and (splits - 1) * k_chunk < k
+        quads = n % 4 == 0
+        layout = (transpose_a, transpose_b, aligned, quads)
+        module = self.modules.get(layout)
+        if module is None:
+            name = (f"matmul {cfg.name} ta={int(transpose_a)} tb={int(transpose_b)}{' aligned' * aligned}"
+                    f"{' quads' * quads}")
+            module = self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
+        params = {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
+                  "has_bias": int(epilogue.bias is not None), "activation": int(epilogue.activation == "gelu"),
+                  "activation_grad": int(epilogue.activation_grad == "gelu"),
+                  "has_residual": int(epilogue.residual is not None), "row_sums": 0, "batch": batch}
+        blocks_n, blocks_m, zs = -(-n // cfg.bn), -(-m // cfg.bm), batch * splits
+        launches = [self.rt.prepare(module, "matmul_main", (blocks_n, min(MAX_GROUPS, blocks_m - y0),
+                                                            min(MAX_GROUPS, zs - z0)),
+                                    MAIN_NAMES, {**params, "y_offset": y0, "z_offset": z0})
+                    for z0 in range(0, zs, MAX_GROUPS) for y0 in range(0, blocks_m, MAX_GROUPS)]
+        scales = scales_launch(self.rt, batch, m, n, k, transpose_a, transpose_b, shared_b,
+                               epilogue.row_sums is not None)
+        return scales, launches, finish_launch(self.rt, module, params, quads), splits
+
+
+def tensor_cores(runtime) -> tuple[bool, str]:
+    """(whether this device runs the tensor-core matmul, why not): its features, then one 64 x 64 x 64 product of
+    a small configuration checked against NumPy's (a driver may offer the feature with other matrix shapes or
+    subgroup sizes)."""
+    ctx = runtime.ctx
+    missing = [f for f in FEATURES if f not in ctx.features]
+    if missing:
+        return False, (f"{ctx.name} offers no {' or '.join(missing)} (Dawn does where the adapter has f16 subgroup "
+                       "matrices: TINYNN_WEBGPU=dawn with the tinynn-gpu[dawn] extra)")
+    try:
+        config = TensorConfig(32, 32, 16, 2, 2)
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((64, 64), np.float32), rng.standard_normal((64, 64), np.float32)
+        a, b, out = runtime.upload(x), runtime.upload(y), runtime.empty((64, 64))
+        TensorMatmul(runtime, config).record(a, b, out, 1, 64, 64, 64, False, False, False)
+        got = runtime.read(out)
+    except Exception as e:  # a compile or pipeline error: the feature is there but not in the form we need
+        return False, f"{ctx.name}'s subgroup matrices failed a test product ({type(e).__name__}: {e})"
+    error = float(np.abs(got - x @ y).max() / np.abs(x @ y).max())
+    if not error < 3e-3:
+        return False, f"{ctx.name}'s subgroup matrices gave a wrong test product (relative error {error:.1e})"
+    return True, ""
