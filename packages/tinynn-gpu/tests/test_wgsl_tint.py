@@ -13,7 +13,8 @@ import re
 import pytest
 
 from tinynn_gpu.matmul import blocked as matmul_blocked
-from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, BlockConfig
+from tinynn_gpu.matmul import tensor
+from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, TENSOR_CONFIGS, BlockConfig
 from tinynn_gpu.matmul.lesson import lesson_source
 from tinynn_gpu.ops import attention, attention_backward_tiled, attention_tiled, group_sum, multi_tensor
 from tinynn_gpu.ops import pack as packing
@@ -29,15 +30,26 @@ else:
 
 @pytest.fixture(scope="module")
 def tint():
+    from wgpudawn.backends.dawn import _helpers, extras
+    if _helpers._the_instance is None:  # (a Dawn session's backend made it with the same toggle: webgpu.py)
+        extras.set_instance_extras(enable_toggles=["allow_unsafe_apis"])  # subgroup matrices are behind it
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WGPU_BACKEND_TYPE", "Null")
         adapter = wgpudawn.gpu.request_adapter_sync()
     assert adapter.info["backend_type"] == "Null"
-    return adapter.request_device_sync(required_features=["subgroups"])  # for the subgroup forms
+    # subgroups for the subgroup forms; f16 and subgroup matrices for the tensor-core matmul (Null offers both)
+    return adapter.request_device_sync(required_features=["subgroups", *tensor.FEATURES])
 
 
 def every_kernel():
-    yield from ((name, kernel_source(name)) for name in KERNEL_FILES)
+    yield from ((name, kernel_source(name)) for name in KERNEL_FILES + ("scales",))
+    # every tensor-core variant: each layout, loads checked or not, float or quad stores
+    for config in TENSOR_CONFIGS:
+        for ta in (False, True):
+            for tb in (False, True):
+                yield from ((f"matmul {config.name} ta={ta:d} tb={tb:d} aligned={aligned} quads={quads}",
+                             tensor.generate(config, ta, tb, aligned, quads))
+                            for aligned in (False, True) for quads in (False, True))
     yield from ((f"lesson{tile}", lesson_source(tile)) for tile in LESSON_TILES)
     designs = (BlockConfig(64, 64, 16, 8, 4, vec4=True, double=True, ahead=2),  # options no candidate uses
                BlockConfig(64, 64, 8, 4, 4, vec4=True, double=True, ahead=2, spread=True))

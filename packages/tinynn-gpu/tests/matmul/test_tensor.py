@@ -34,11 +34,11 @@ def expected_scales(x):
 
 @pytest.mark.parametrize("ta", [False, True])
 @pytest.mark.parametrize("tb", [False, True])
-@pytest.mark.parametrize("batch, shared", [(1, True), (3, False), (2, True)])
-def test_scales_pass(poisoned, rng, ta, tb, batch, shared):
+@pytest.mark.parametrize("batch, shared, k", [(1, True, 1100), (3, False, 1100), (2, True, 53)])
+def test_scales_pass(poisoned, rng, ta, tb, batch, shared, k):
     """Every row of op(a) and column of op(b) gets the power of two that puts its largest magnitude in
     [2^14, 2^15), lines spanning 1e-30 to 1e30 and a line of zeros included; op(a)'s row sums come with them."""
-    gpu, (m, n, k) = poisoned, (37, 70, 53)
+    gpu, m, n = poisoned, 37, 70  # k = 1100: several chunks of a line in either layout
     a = rng.standard_normal((batch, m, k)) * 10.0 ** rng.integers(-30, 30, (batch, m, 1))
     b = rng.standard_normal((1 if shared else batch, k, n)) * 10.0 ** rng.integers(-30, 30, (1, 1, n))
     a[0, 5], b[0, :, 7] = 0.0, 0.0
@@ -48,9 +48,9 @@ def test_scales_pass(poisoned, rng, ta, tb, batch, shared):
     stored_b = stored_b[0] if shared else stored_b
     a_scales, b_scales, sums = gpu.rt.empty((batch * m,)), gpu.rt.empty(((1 if shared else batch) * n,)), \
         gpu.rt.empty((batch * m,))
-    launch = scales_launch(gpu.rt, batch, m, n, k, ta, tb, shared, True)
-    gpu.rt.launch(launch, (gpu.from_numpy(np.ascontiguousarray(stored_a)),
-                           gpu.from_numpy(np.ascontiguousarray(stored_b)), a_scales, b_scales, sums))
+    record = scales_launch(gpu.rt, batch, m, n, k, ta, tb, shared, True)
+    record(gpu.from_numpy(np.ascontiguousarray(stored_a)), gpu.from_numpy(np.ascontiguousarray(stored_b)),
+           a_scales, b_scales, sums)
     np.testing.assert_array_equal(gpu.to_numpy(a_scales), expected_scales(a).ravel())
     np.testing.assert_array_equal(gpu.to_numpy(b_scales), expected_scales(b.swapaxes(-1, -2)).ravel())
     want = a.astype(np.float64).sum(-1).ravel()
@@ -100,7 +100,7 @@ def test_every_tensor_config(high):
                 assert_matmul_result(gpu, out, epilogue, expected, a, b, ta, tb, HIGH_RTOL)
 
 
-@pytest.mark.parametrize("scale_a, scale_b", [(1e-6, 1e-6), (3e4, 3e4), (1e-6, 3e4), (1e-30, 1e-8), (1e20, 1e-20)])
+@pytest.mark.parametrize("scale_a, scale_b", [(1e-6, 1e-6), (3e4, 3e4), (1e-6, 3e4), (1e-20, 1e-8), (1e20, 1e-20)])
 def test_high_keeps_the_range(high, rng, scale_a, scale_b):
     """Operands far outside f16's range (6e-8 to 65504) neither flush to zero nor overflow: a backward's tiny
     gradients and large activations keep f16's relative precision."""

@@ -25,7 +25,6 @@ from tinynn_gpu.runtime.wgsl import fill, kernel_file, kernel_source
 
 FEATURES = ("shader-f16", "chromium-experimental-subgroup-matrix")
 MAIN_NAMES = ("a", "b", "out", "bias", "residual", "pre", "a_scales", "b_scales")
-SCALES_NAMES = ("a", "b", "a_scales", "b_scales", "row_sums")
 
 
 def fits(m, n, k, transpose_a, transpose_b) -> bool:
@@ -143,27 +142,48 @@ def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: b
     return "enable f16;\nenable chromium_experimental_subgroup_matrix;\n" + kernel_file("common") + "\n" + text
 
 
-def scales_params(batch, m, n, k, transpose_a, transpose_b, shared_b, sums: bool) -> tuple[int, dict]:
-    """(workgroups, params) of the scales pass (scales.wgsl) for op(a)'s rows and op(b)'s columns."""
+LOADS = 16  # floats a thread of the scales pass reads from a line (scales.wgsl)
+
+
+def scales_params(batch, m, n, k, transpose_a, transpose_b, shared_b, sums: bool) -> tuple[int, int, int, dict]:
+    """(workgroups, the finish's threads (0: none), floats of partial results, params) of the scales pass
+    (scales.wgsl) for op(a)'s rows and op(b)'s columns."""
     a_lines = (1, m) if transpose_a else (k, 1)  # (line stride, k stride)
     b_lines = (k, 1) if transpose_b else (1, n)
     b_batches = 1 if shared_b else batch
 
-    def groups(batches, lines, k_stride):
-        return batches * -(-lines // (4 if k_stride == 1 else 64))
-    a_groups = groups(batch, m, a_lines[1])
+    def split(batches, lines, k_stride):  # (workgroups, chunks)
+        per_line = 64 if k_stride == 1 else 4
+        chunks = -(-k // (LOADS * per_line))
+        return batches * -(-lines // (256 // per_line)) * chunks, chunks
+    a_groups, a_chunks = split(batch, m, a_lines[1])
+    b_groups, b_chunks = split(b_batches, n, b_lines[1])
     params = {"a_batches": batch, "a_lines": m, "a_k": k, "a_line_stride": a_lines[0], "a_k_stride": a_lines[1],
               "a_batch_stride": m * k, "b_batches": b_batches, "b_lines": n, "b_k": k, "b_line_stride": b_lines[0],
-              "b_k_stride": b_lines[1], "b_batch_stride": k * n, "a_groups": a_groups, "sums": int(sums)}
-    return a_groups + groups(b_batches, n, b_lines[1]), params
+              "b_k_stride": b_lines[1], "b_batch_stride": k * n, "a_groups": a_groups, "sums": int(sums),
+              "a_chunks": a_chunks, "b_chunks": b_chunks}
+    finish = (batch * m if a_chunks > 1 else 0) + (b_batches * n if b_chunks > 1 else 0)
+    return a_groups + b_groups, finish, 2 * (batch * a_chunks * m + b_batches * b_chunks * n), params
+
+
+SCALES_NAMES = ("a", "b", "a_scales", "b_scales", "row_sums", "parts")
 
 
 def scales_launch(rt, batch, m, n, k, transpose_a, transpose_b, shared_b, sums: bool):
-    """The scales pass's Launch: arrays (a, b, a_scales (batch * m), b_scales ((1 if shared_b else batch) * n),
-    row_sums (batch * m) or a stand-in)."""
-    groups, params = scales_params(batch, m, n, k, transpose_a, transpose_b, shared_b, sums)
-    return rt.prepare(rt.shader(kernel_source("scales"), "matmul scales"), "matmul_scales_main", grid(groups),
-                      SCALES_NAMES, params)
+    """The scales pass: record(a, b, a_scales (batch * m), b_scales ((1 if shared_b else batch) * n), row_sums
+    (batch * m) or None)."""
+    groups, finishing, parts, params = scales_params(batch, m, n, k, transpose_a, transpose_b, shared_b, sums)
+    shader = rt.shader(kernel_source("scales"), "matmul scales")
+    main = rt.prepare(shader, "matmul_scales_main", grid(groups), SCALES_NAMES, params)
+    finish = rt.prepare(shader, "matmul_scales_finish_main", grid(-(-finishing // 256)), SCALES_NAMES[2:], params) \
+        if finishing else None
+
+    def record(a, b, a_scales, b_scales, row_sums):
+        sums = rt.stand_in(2) if row_sums is None else row_sums
+        partial = rt.empty((parts,)) if finish is not None else rt.stand_in(3)
+        rt.launch(main, (a, b, a_scales, b_scales, sums, partial))
+        rt.launch(finish, (a_scales, b_scales, sums, partial))
+    return record
 
 
 class TensorMatmul:
@@ -198,7 +218,7 @@ class TensorMatmul:
         def record(a, b, out, epilogue):
             bias, _, pre, residual, row_sums, _ = epilogue
             a_scales, b_scales = rt.empty(scale_sizes[0]), rt.empty(scale_sizes[1])
-            rt.launch(scales, (a, b, a_scales, b_scales, stand_ins[2] if row_sums is None else row_sums))
+            scales(a, b, a_scales, b_scales, row_sums)
             target, _ = split_targets(rt, sizes, out, None)
             arrays = (a, b, target, *epilogue_slots(bias, residual, pre, None, stand_ins)[:3], a_scales, b_scales)
             for launch in launches:
