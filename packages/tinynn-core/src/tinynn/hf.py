@@ -1,7 +1,7 @@
 """Hugging Face GPT-2 folders in and out: `config.json`, `model.safetensors` and `tokenizer.json`, the files
 `transformers`' `save_pretrained` writes and `from_pretrained` reads (transformers itself is not needed).
 
-GPT-2 is tinynn's GPT with three differences of storage, none of arithmetic:
+GPT-2 is tinynn's GPT with differences of storage, none of arithmetic:
 - its linear layers are `Conv1D`s, whose weights are stored (in, out): tinynn's `Linear` holds (out, in), so
   each is transposed on the way in and out;
 - its head is tied to the token embedding and has no bias: a folder loads as a GPT with `tie_embeddings: true`
