@@ -25,11 +25,10 @@ from collections import Counter
 import numpy as np
 
 from tinynn import config, distributed, registry, rng
+from tinynn.bench import vocabulary
 from tinynn.model import GPT
 from tinynn.optim import AdamW, decay_groups
 from tinynn.train import TrainStep
-
-VOCAB = 65  # as tinynn bench and the PyTorch reference
 
 
 def timed(seconds: Counter, name: str, fn):
@@ -53,11 +52,11 @@ def main() -> None:
     backend = registry.set_default(args.device)
     cfg = config.load(args.config)
     rng.manual_seed(0)
-    model = GPT(cfg.model_config(VOCAB))
+    model = GPT(cfg.model_config(vocabulary(cfg)))  # as tinynn bench and the PyTorch reference: 65 unless given
     opt = AdamW(decay_groups(list(model.named_parameters()), 0.1), lr=3e-4, max_grad_norm=1.0)
     rows = cfg.batch_size * args.accum  # this rank's rows per optimizer step
     step = TrainStep(model, opt, rows, cfg.block_size, args.accum, world)
-    x = np.random.default_rng(world.rank).integers(0, VOCAB, (rows, cfg.block_size))
+    x = np.random.default_rng(world.rank).integers(0, vocabulary(cfg), (rows, cfg.block_size))
 
     seconds = Counter()
     backend.to_numpy = timed(seconds, "read_back", backend.to_numpy)

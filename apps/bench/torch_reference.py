@@ -2,8 +2,11 @@
 one machine: nanoGPT's shape, AdamW, gradient clipping at 1.0, one host sync a step (`loss.item()`).
 torch is a tool here, never a tinynn dependency.
 
-The model sizes come from the configs beside this file (lesson, mid, big, gpt2), read as tinynn reads them.
-The vocabulary is the config's `vocab_size` where it has one (gpt2: GPT-2's 50257 padded to 50304), else 65.
+The model comes from the configs beside this file (lesson, mid, big, gpt2), read as tinynn reads them: its sizes,
+its biases (`bias`, `head_bias`) and its head (`tie_embeddings`: the token table itself, as GPT-2's). The
+vocabulary is the config's `vocab_size` padded to a multiple of `vocab_multiple`, as tinynn's tables are (gpt2:
+GPT-2's 50257 in 50304 rows), else 65. The padded columns take part in PyTorch's softmax (nanoGPT's way;
+tinynn masks them): the same work.
 
 Modes, from what most users run to the strongest PyTorch has (on CUDA; on a CPU only `eager`):
   eager         eager kernels, AdamW's default (foreach) implementation
@@ -30,12 +33,12 @@ HERE = Path(__file__).parent
 
 
 class Block(nn.Module):
-    def __init__(self, d, n_head):
+    def __init__(self, d, n_head, bias=True):
         super().__init__()
         self.n_head = n_head
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d, bias=bias), nn.LayerNorm(d, bias=bias)
+        self.qkv, self.proj = nn.Linear(d, 3 * d, bias), nn.Linear(d, d, bias)
+        self.fc, self.out = nn.Linear(d, 4 * d, bias), nn.Linear(4 * d, d, bias)
 
     def forward(self, x, sdpa):
         B, T, C = x.shape
@@ -52,12 +55,14 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, block, d, n_head, n_layer, sdpa):
+    def __init__(self, vocab, block, d, n_head, n_layer, sdpa, bias=True, head_bias=True, tie=False):
         super().__init__()
         self.sdpa = sdpa
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
-        self.blocks = nn.ModuleList(Block(d, n_head) for _ in range(n_layer))
-        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+        self.blocks = nn.ModuleList(Block(d, n_head, bias) for _ in range(n_layer))
+        self.ln_f, self.head = nn.LayerNorm(d, bias=bias), nn.Linear(d, vocab, bias and head_bias)
+        if tie:  # GPT-2's head: one parameter, used twice (model.parameters() lists it once)
+            self.head.weight = self.wte.weight
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
@@ -69,17 +74,22 @@ class GPT(nn.Module):
 
 def shape(name: str) -> dict:
     raw = json.loads((HERE / f"{name}.json").read_text())
-    return {"vocab": raw.get("vocab_size", 65), "block": raw["block_size"], "batch": raw["batch_size"],
-            "d": raw["n_embd"], "n_head": raw["n_head"], "n_layer": raw["n_layer"]}
+    multiple = raw.get("vocab_multiple", 1)
+    tokens = raw.get("vocab_size", 65)
+    return {"tokens": tokens, "vocab": -(-tokens // multiple) * multiple, "block": raw["block_size"],
+            "batch": raw["batch_size"], "d": raw["n_embd"], "n_head": raw["n_head"], "n_layer": raw["n_layer"],
+            "bias": raw.get("bias", True), "head_bias": raw.get("head_bias", True),
+            "tie": raw.get("tie_embeddings", False)}
 
 
 def step_ms(s: dict, mode: str, device: str, sdpa=False, tf32=False, steps=50) -> float:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     torch.manual_seed(0)
-    model = GPT(s["vocab"], s["block"], s["d"], s["n_head"], s["n_layer"], sdpa).to(device)
+    model = GPT(s["vocab"], s["block"], s["d"], s["n_head"], s["n_layer"], sdpa, s["bias"], s["head_bias"],
+                s["tie"]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1,
                             fused=mode != "eager" and device == "cuda", capturable=mode == "graph")
-    idx = torch.randint(0, s["vocab"], (s["batch"], s["block"]), device=device)
+    idx = torch.randint(0, s["tokens"], (s["batch"], s["block"]), device=device)  # ids of tokens, not of padding
 
     def step():
         loss = model(idx, idx)

@@ -52,7 +52,7 @@ def test_the_report_reads_as_sentences_without_a_raw_dict(tiny_config, capsys):
     assert main(["bench", "--device", "cpu", "--config", tiny_config, "--sizes", "8", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "{" not in out and "'" not in out, out  # no Python dict or repr
-    assert "block 8, 1 layer(s), 1 head(s), n_embd 8, batch 2" in out
+    assert "block 8, 1 layer(s), 1 head(s), n_embd 8, vocab 65, batch 2" in out
     assert "recording" not in out  # NumPy computes as it goes: there is no recording to speak of
 
 
@@ -63,7 +63,8 @@ def test_the_gpu_report_counts_its_recording_and_fallbacks():
          "host_syncs_per_step": 1.0, "dispatches_per_step": 40.0, "submissions_per_step": 1.0,
          "host_us_per_replayed_dispatch": 3.0, "record_thread_us_per_dispatch": None,
          "record_wait_us_per_step": None, "host_us_per_eager_dispatch": 9.0, "peak_memory_bytes": 2**20,
-         "fallbacks": {"gather": 3, "cumsum": 1}, "config": dict(TINY)}
+         "fallbacks": {"gather": 3, "cumsum": 1},
+         "config": {**TINY, "vocab_size": 65, "padded_vocab_size": 65, "tie_embeddings": False, "head_bias": True}}
     lines = []
     bench.print_entry(FakeGpu(), {"matmul": [], "train_step": t}, out=lines.append)
     text = "\n".join(lines)

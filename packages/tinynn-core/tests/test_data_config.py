@@ -135,7 +135,7 @@ def test_a_checkpoints_config_is_flat_and_loads_back():
         "grad_accum_steps", "max_steps", "learning_rate", "min_lr", "warmup_steps", "weight_decay", "beta1",
         "beta2", "grad_clip", "seed", "eval_interval", "eval_steps", "checkpoint_interval", "out_dir",
         "sample_tokens", "sample_prompt", "loss_plot", "tokenizer", "vocab_size", "init_from", "head_bias",
-        "matmul_precision"}
+        "tie_embeddings", "vocab_multiple", "matmul_precision"}
     cfg = config.from_dict(json.loads(json.dumps(saved)), "checkpoint")
     assert config.to_dict(cfg) == saved
     assert cfg.model_config(50) == GPTConfig(vocab_size=50, block_size=16, n_layer=3, n_head=4, n_embd=32,

@@ -43,12 +43,14 @@ def test_storage_is_gpt2s_and_load_gives_back_every_bit(tmp_path):
     assert config["activation_function"] == "gelu_new" and config["layer_norm_epsilon"] == 1e-5
     assert config["tie_word_embeddings"] is True and config["n_positions"] == 16
     pretrained = hf.load(folder)
-    assert pretrained.config == {**CONFIG, "head_bias": False} and isinstance(pretrained.tokenizer, CharTokenizer)
-    assert sorted(pretrained.state) == sorted(set(state) - {"lm_head.bias"})  # GPT-2's head has no bias
+    assert pretrained.config == {**CONFIG, "head_bias": False, "tie_embeddings": True, "vocab_multiple": 1}
+    assert isinstance(pretrained.tokenizer, CharTokenizer)
+    # GPT-2's head has no bias, and is wte
+    assert sorted(pretrained.state) == sorted(set(state) - {"lm_head.bias", "lm_head.weight"})
     for name, value in pretrained.state.items():
         assert value.tobytes() == state[name].tobytes(), name
     model = hf.build(pretrained)
-    assert model.lm_head.bias is None
+    assert model.lm_head.bias is None and model.lm_head.weight is model.wte.weight
     logits, _ = model(np.array([[1, 2, 3]]))
     assert logits.shape == (1, 3, 40)
 

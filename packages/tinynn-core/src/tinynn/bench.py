@@ -11,6 +11,10 @@ the adapter has timestamp queries) GPU time per kernel. A progress line on stder
     tinynn bench                     # matmul 256..4096 and the lesson config's step, CPU and GPU
     tinynn bench --json --sizes 512,1024 --steps 30
     tinynn bench --device gpu --no-cpu --sizes "" --config apps/bench/big.json   # the GPU step alone
+    tinynn bench --device gpu --no-cpu --sizes "" --config apps/bench/gpt2.json  # GPT-2 small, vocab 50257 (50304)
+
+The timed model is the config's, its vocabulary the config's `vocab_size` (a bpe tokenizer's; gpt2.json's is
+GPT-2's), else the 65 characters of the reference's Shakespeare; the batches are random ids below it.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from tinynn.train_step import TrainStep
 # apps/chargpt/lesson.json and apps/bench/lesson.json train) and its batch (a training config's default)
 LESSON = {**{key: getattr(GPTConfig(), key) for key in ("block_size", "n_layer", "n_head", "n_embd")},
           "batch_size": TrainConfig.batch_size}
-VOCAB = GPTConfig().vocab_size  # the reference's vocabulary (Shakespeare's characters)
+VOCAB = GPTConfig().vocab_size  # the reference's vocabulary (Shakespeare's characters), unless a config has one
 
 
 # Seconds of load before timing on a GPU: an idle GPU lowers its clock within a second (while the host compiles
@@ -113,13 +117,18 @@ def bench_matmul(backend, sizes, bar=None) -> list[dict]:
     return rows
 
 
+def vocabulary(cfg: TrainConfig) -> int:
+    """The timed model's vocabulary: the config's vocab_size, else VOCAB."""
+    return cfg.vocab_size or VOCAB
+
+
 def lesson_step(backend, cfg: TrainConfig):
     """A seeded GPT, its AdamW and a TrainStep on `backend`, with one fixed batch to feed it."""
     rng.manual_seed(0)
     registry.set_default(backend)
-    model = GPT(cfg.model_config(VOCAB))
+    model = GPT(cfg.model_config(vocabulary(cfg)))
     opt = AdamW(decay_groups(list(model.named_parameters()), 0.1), lr=3e-4, max_grad_norm=1.0)
-    x = np.random.default_rng(0).integers(0, VOCAB, (cfg.batch_size, cfg.block_size))
+    x = np.random.default_rng(0).integers(0, vocabulary(cfg), (cfg.batch_size, cfg.block_size))
     return TrainStep(model, opt, cfg.batch_size, cfg.block_size), x
 
 
@@ -175,7 +184,15 @@ def bench_train(backend, cfg: TrainConfig, steps: int, bar=None) -> dict:
             if dispatches and per_step.get("record_thread_us") else None,
             "host_us_per_eager_dispatch": eager_dispatch_us(backend, train_step.model, x) if backend.is_gpu else None,
             "peak_memory_bytes": backend.memory_stats()["peak_bytes"], "fallbacks": dict(backend.fallbacks),
-            "config": {k: getattr(cfg, k) for k in LESSON}}
+            "config": model_description(cfg)}
+
+
+def model_description(cfg: TrainConfig) -> dict:
+    """The timed model and batch: the lesson's keys, the vocabulary (and the rows that pad it) and the head."""
+    model = cfg.model_config(vocabulary(cfg))
+    return {**{k: getattr(cfg, k) for k in LESSON}, "vocab_size": model.vocab_size,
+            "padded_vocab_size": model.padded_vocab_size, "tie_embeddings": model.tie_embeddings,
+            "head_bias": model.bias and model.head_bias}
 
 
 def eager_dispatch_us(backend, model, x, reps=10, warmup=3) -> float:
@@ -237,9 +254,14 @@ def main(args) -> None:
 
 
 def describe_config(config: dict) -> str:
-    """The timed model and batch in words: block 64, 4 layer(s), 4 head(s), n_embd 128, batch 16."""
+    """The timed model and batch in words (model_description's): block 64, 4 layer(s), 4 head(s), n_embd 128,
+    vocab 65, batch 16; GPT-2's: ..., vocab 50257 in 50304 rows, head tied to wte without bias, batch 4."""
+    vocab, rows = config["vocab_size"], config["padded_vocab_size"]
+    head = [words for words, on in (("tied to wte", config["tie_embeddings"]),
+                                    ("without bias", not config["head_bias"])) if on]
     return (f"block {config['block_size']}, {config['n_layer']} layer(s), {config['n_head']} head(s), "
-            f"n_embd {config['n_embd']}, batch {config['batch_size']}")
+            f"n_embd {config['n_embd']}, vocab {vocab}" + (f" in {rows} rows" if rows != vocab else "")
+            + (f", head {' '.join(head)}" if head else "") + f", batch {config['batch_size']}")
 
 
 def print_entry(be, entry, out=print) -> None:

@@ -2,6 +2,10 @@
 config, the tokenizer, the step and the RNG state, and a SHA-256 checksum of all of it (`load` refuses a file
 whose bytes were changed; a checkpoint written before the checksum existed loads unchecked).
 
+The model's vocabulary is saved beside its config (`vocab_size`): its tables may have more rows
+(`vocab_multiple`'s padding), which are no token. A checkpoint written before it has unpadded tables, whose
+rows are its vocabulary (`vocab_size(saved)` answers for both).
+
 A char tokenizer is its list of characters (`chars`); any other goes in `tokenizer` as its spec
 (tokenizer.py), with `chars` empty. `load` returns the spec either way, so a checkpoint written before BPE
 existed loads unchanged.
@@ -46,8 +50,10 @@ class SaveError(TinynnError):
 
 
 def save(path, *, model_state: dict, optimizer_state: dict, config: dict, step: int, rng_state: dict,
-         history: dict, chars: list[str] | None = None, tokenizer: dict | None = None) -> None:
-    """Write the checkpoint; the tokenizer is `chars` (a char tokenizer) or a `tokenizer` spec."""
+         history: dict, chars: list[str] | None = None, tokenizer: dict | None = None,
+         vocab_size: int | None = None) -> None:
+    """Write the checkpoint; the tokenizer is `chars` (a char tokenizer) or a `tokenizer` spec; `vocab_size` is
+    the model's (None: its token table's rows)."""
     path = Path(path)
     if tokenizer is not None and tokenizer.get("type") == "char":
         chars, tokenizer = tokenizer["chars"], None
@@ -59,6 +65,8 @@ def save(path, *, model_state: dict, optimizer_state: dict, config: dict, step: 
                 "rng_state": json.dumps(rng_state), "history": json.dumps(history)}
     if tokenizer is not None:
         metadata["tokenizer"] = json.dumps(tokenizer)
+    if vocab_size is not None:
+        metadata["vocab_size"] = str(vocab_size)
     metadata[CHECKSUM] = _digest(tensors, metadata)
     data = serialize(tensors, metadata=metadata)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
@@ -112,9 +120,19 @@ def load(path) -> dict:
         }
         saved["tokenizer"] = json.loads(metadata["tokenizer"]) if "tokenizer" in metadata else \
             {"type": "char", "chars": saved["chars"]}
+        saved["vocab_size"] = int(metadata["vocab_size"]) if "vocab_size" in metadata else None
     except (KeyError, ValueError) as e:
         raise TinynnError(f"checkpoint {path} has damaged metadata ({e})") from None
     for name, weights in saved["model"].items():
         if weights.dtype.kind == "f" and not np.isfinite(weights).all():
             raise TinynnError(f"checkpoint {path} has non-finite weights in {name!r}: its run diverged")
     return saved
+
+
+def vocab_size(saved: dict) -> int | None:
+    """The saved model's vocabulary: as saved, else (a checkpoint older than padded tables) its token table's
+    rows; None where it holds no token table."""
+    if saved.get("vocab_size") is not None:
+        return saved["vocab_size"]
+    table = saved["model"].get("wte.weight")
+    return None if table is None else table.shape[0]

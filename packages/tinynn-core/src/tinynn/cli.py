@@ -69,7 +69,7 @@ def cmd_generate(args):
         saved = checkpoint.load(args.checkpoint)
         tokenizer = tokenizers.from_spec(saved["tokenizer"], f"checkpoint {args.checkpoint}")
         cfg = from_dict(saved["config"], f"checkpoint {args.checkpoint}")
-        vocab_size = saved["model"]["wte.weight"].shape[0] if "wte.weight" in saved["model"] else tokenizer.vocab_size
+        vocab_size = checkpoint.vocab_size(saved) or tokenizer.vocab_size
         model = GPT(cfg.model_config(vocab_size))  # a fine-tuned GPT-2's may exceed its tokenizer's
         model.load_state_dict(saved["model"])
     start_id = getattr(tokenizer, "eot_id", None) or 0  # no prompt: BPE starts a document, char its first character

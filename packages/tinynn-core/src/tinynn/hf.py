@@ -1,20 +1,24 @@
 """Hugging Face GPT-2 folders in and out: `config.json`, `model.safetensors` and `tokenizer.json`, the files
 `transformers`' `save_pretrained` writes and `from_pretrained` reads (transformers itself is not needed).
 
-GPT-2 is tinynn's GPT with three differences of storage, none of arithmetic:
+GPT-2 is tinynn's GPT with differences of storage, none of arithmetic:
 - its linear layers are `Conv1D`s, whose weights are stored (in, out): tinynn's `Linear` holds (out, in), so
   each is transposed on the way in and out;
-- its head is tied to the token embedding and has no bias. tinynn's GPT has a head of its own: loading copies
-  `wte` into a head built without a bias (`head_bias: false`), so the logits are exactly GPT-2's, and
-  fine-tuning trains the two apart. Export writes a tied head where the head still equals `wte`, else an
-  untied one (`tie_word_embeddings: false`, which transformers reads); a head bias that is not zero (a model
-  trained with `bias: true` and `head_bias: true`) has no place in GPT-2, and export refuses it;
-- a model without biases (`bias: false`) is written with zero biases.
+- its head is tied to the token embedding and has no bias: a folder loads as a GPT with `tie_embeddings: true`
+  and `head_bias: false` (one table, trained as one when fine-tuned, as transformers does), or, where its
+  config.json says `tie_word_embeddings: false`, with the `lm_head.weight` it then holds. Export writes a tied
+  head for a tied model, and for an untied one whose head still equals `wte`; else an untied one
+  (`tie_word_embeddings: false`, which transformers reads). A head bias that is not zero (a model trained with
+  `bias: true` and `head_bias: true`) has no place in GPT-2, and export refuses it;
+- a model without biases (`bias: false`) is written with zero biases;
+- tinynn's tables may pad the vocabulary (`vocab_multiple`: GPT-2's 50257 tokens in 50304 rows): load adds
+  zero rows (no token reads them and their logits are masked, so they stay zero in training), export drops
+  them.
 Its GELU is the tanh approximation ("gelu_new") and its LayerNorm eps 1e-5, as tinynn's: a config.json with
 another activation, eps or layout is refused with the reason. Weights stored in float16 or bfloat16 are widened
 to float32 (exactly); a sharded folder (model.safetensors.index.json) is read shard by shard.
 
-    >>> pretrained = hf.load("gpt2-folder")          # config, tinynn state dict, tokenizer
+    >>> pretrained = hf.load("gpt2-folder", vocab_multiple=64)  # config, tinynn state dict, tokenizer
     >>> hf.export(state, model_config, tokenizer, "out/hf")
 """
 from __future__ import annotations
@@ -53,7 +57,8 @@ def is_folder(path) -> bool:
 
 @dataclass
 class Pretrained:
-    config: dict  # GPTConfig's fields: vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias, head_bias
+    config: dict  # GPTConfig's fields: vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias, head_bias,
+    # tie_embeddings, vocab_multiple
     state: dict  # tinynn's state dict (GPT's parameter names)
     tokenizer: BPETokenizer | CharTokenizer | None  # None where the folder has no tokenizer.json
     path: Path
@@ -67,9 +72,9 @@ def names(n_layer: int) -> list[tuple[str, str, bool]]:
     return out
 
 
-def read_config(folder) -> tuple[dict, bool]:
-    """GPTConfig's fields from folder/config.json, and whether the head is tied; a GPT-2 that tinynn's GPT
-    cannot compute exactly is a TinynnError naming the key."""
+def read_config(folder) -> dict:
+    """GPTConfig's fields from folder/config.json (tie_embeddings: whether its head is tied); a GPT-2 that
+    tinynn's GPT cannot compute exactly is a TinynnError naming the key."""
     path = Path(folder) / CONFIG
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -107,7 +112,8 @@ def read_config(folder) -> tuple[dict, bool]:
     dropout = raw.get("resid_pdrop", 0.0)
     fields["dropout"] = float(dropout) if isinstance(dropout, (int, float)) and 0 <= dropout < 1 else 0.0
     fields["bias"], fields["head_bias"] = True, False
-    return fields, raw.get("tie_word_embeddings", True) is not False
+    fields["tie_embeddings"] = raw.get("tie_word_embeddings", True) is not False
+    return fields
 
 
 def _read_weights(folder: Path) -> dict[str, np.ndarray]:
@@ -151,10 +157,15 @@ def _read_bfloat16(path: Path, keys: list[str]) -> dict[str, np.ndarray]:
     return out
 
 
-def load(folder) -> Pretrained:
-    """The GPT-2 in a Hugging Face folder as tinynn's GPT: its config, state dict and tokenizer."""
+def load(folder, vocab_multiple: int = 1) -> Pretrained:
+    """The GPT-2 in a Hugging Face folder as tinynn's GPT: its config, state dict and tokenizer, its tables
+    padded to a multiple of `vocab_multiple` rows."""
     folder = Path(folder)
-    config, tied = read_config(folder)
+    if isinstance(vocab_multiple, bool) or not isinstance(vocab_multiple, int) or vocab_multiple < 1:
+        raise TinynnError(f"vocab_multiple must be an integer of at least 1, got {vocab_multiple!r}")
+    config = read_config(folder)
+    config["vocab_multiple"] = vocab_multiple
+    tied = config["tie_embeddings"]
     raw = _read_weights(folder)
     tensors = {}
     for key, value in raw.items():
@@ -185,11 +196,16 @@ def load(folder) -> Pretrained:
         if value.dtype.kind != "f":
             raise TinynnError(f"{where}: {hf} holds {value.dtype}, not floating-point weights")
         state[ours] = np.ascontiguousarray(value, dtype=np.float32)
-    head = tensors["wte.weight"] if tied else tensors["lm_head.weight"]
-    if tuple(head.shape) != shapes["lm_head.weight"]:
-        raise TinynnError(f"{where}: lm_head.weight has shape {tuple(head.shape)}, the config.json says "
-                          f"{shapes['lm_head.weight']}")
-    state["lm_head.weight"] = np.array(head, dtype=np.float32)  # a copy: fine-tuning trains it apart from wte
+    if not tied:
+        head = tensors["lm_head.weight"]
+        if tuple(head.shape) != shapes["lm_head.weight"]:
+            raise TinynnError(f"{where}: lm_head.weight has shape {tuple(head.shape)}, the config.json says "
+                              f"{shapes['lm_head.weight']}")
+        state["lm_head.weight"] = np.asarray(head, dtype=np.float32)
+    padding = padded_rows(config) - config["vocab_size"]  # vocab_multiple's rows, zeros
+    for name in ("wte.weight", "lm_head.weight"):
+        if name in state and padding:
+            state[name] = np.pad(state[name], ((0, padding), (0, 0)))  # (V, C) -> (Vp, C)
     tokenizer = from_json_file(folder / TOKENIZER) if (folder / TOKENIZER).is_file() else None
     if tokenizer is not None and tokenizer.vocab_size > config["vocab_size"]:
         raise TinynnError(f"{folder / TOKENIZER} has {tokenizer.vocab_size} tokens, more than the model's "
@@ -197,7 +213,15 @@ def load(folder) -> Pretrained:
     return Pretrained(config, state, tokenizer, folder)
 
 
+def padded_rows(config: dict) -> int:
+    """The rows of tinynn's token table and head: vocab_size rounded up to a multiple of vocab_multiple
+    (GPTConfig.padded_vocab_size, from a dict that may predate the key)."""
+    multiple = config.get("vocab_multiple", 1)
+    return -(-config["vocab_size"] // multiple) * multiple
+
+
 def expected_shapes(config: dict) -> dict[str, tuple]:
+    """GPT-2's shapes of tinynn's parameters (the vocabulary unpadded), as tinynn names them."""
     V, T, C = config["vocab_size"], config["block_size"], config["n_embd"]
     shapes = {"wte.weight": (V, C), "wpe.weight": (T, C), "ln_f.weight": (C,), "ln_f.bias": (C,),
               "lm_head.weight": (V, C), "lm_head.bias": (V,)}
@@ -221,12 +245,13 @@ def export(state: dict, config: dict, tokenizer, out_dir, overwrite: bool = Fals
     if tokenizer.vocab_size > config["vocab_size"]:
         raise TinynnError(f"cannot export as GPT-2: the tokenizer has {tokenizer.vocab_size} tokens, more than the "
                           f"model's vocab_size {config['vocab_size']}")
+    state = _unpadded(state, config)
     head_bias = state.get("lm_head.bias")
     if head_bias is not None and np.any(head_bias != 0):
         raise TinynnError("cannot export as GPT-2: the head has a bias that is not zero (lm_head.bias, largest "
                           f"{np.abs(head_bias).max():.3g}), and GPT-2's head has none; train with \"head_bias\": "
                           "false")
-    tied = np.array_equal(state["lm_head.weight"], state["wte.weight"])
+    tied = "lm_head.weight" not in state or np.array_equal(state["lm_head.weight"], state["wte.weight"])
     if not tied:
         notes.append("the head differs from wte (it was trained apart): written untied (tie_word_embeddings false)")
     shapes = expected_shapes(config)
@@ -271,6 +296,19 @@ def export(state: dict, config: dict, tokenizer, out_dir, overwrite: bool = Fals
     return notes
 
 
+def _unpadded(state: dict, config: dict) -> dict:
+    """The state with the token table's and the head's padding rows (vocab_multiple) dropped: GPT-2 has
+    vocab_size rows."""
+    vocab, rows = config["vocab_size"], padded_rows(config)
+    table = state.get("wte.weight")
+    if table is None:
+        raise TinynnError("cannot export as GPT-2: the model has no wte.weight")
+    if table.shape[0] != rows:
+        raise TinynnError(f"cannot export as GPT-2: wte.weight has {table.shape[0]} rows, the vocabulary "
+                          f"{vocab} padded to a multiple of {config.get('vocab_multiple', 1)} has {rows}")
+    return {k: v[:vocab] if k in ("wte.weight", "lm_head.weight", "lm_head.bias") else v for k, v in state.items()}
+
+
 def build(pretrained: Pretrained, dropout: float | None = None):
     """tinynn's GPT holding the pretrained weights (dropout: the fine-tuning run's, else the folder's)."""
     from tinynn.model import GPT, GPTConfig
@@ -292,5 +330,5 @@ def export_checkpoint(path, out_dir, overwrite: bool = False) -> list[str]:
     lacking = [f for f in ("block_size", "n_layer", "n_head", "n_embd") if f not in config]
     if lacking or "wte.weight" not in saved["model"]:
         raise TinynnError(f"checkpoint {path} holds no GPT ({'no ' + lacking[0] if lacking else 'no wte.weight'})")
-    config["vocab_size"] = saved["model"]["wte.weight"].shape[0]
+    config["vocab_size"] = checkpoint.vocab_size(saved)
     return export(saved["model"], config, from_spec(saved["tokenizer"], f"checkpoint {path}"), out_dir, overwrite)

@@ -26,7 +26,8 @@ CHECKPOINT_COPIES, INIT_COPIES = 6, 3
 
 
 def parameter_count(cfg, vocab_size: int) -> int:
-    """The GPT's parameters for a TrainConfig, counted from the model's definition without building it."""
+    """The GPT's parameters for a TrainConfig, counted from the model's definition without building it (a tied
+    head's weight is the token table's: counted once; padded rows count)."""
     return model.parameter_count(cfg.model_config(vocab_size))
 
 
@@ -48,7 +49,7 @@ def training_bytes(cfg, vocab_size: int, n_tokens: int, on_device: bool = False,
     if in_host:
         parts["activations"] = FLOAT * tokens * cfg.n_layer * (PER_CHANNEL * cfg.n_embd
                                                                + PER_SCORE * cfg.n_head * cfg.block_size)
-        parts["logits"] = FLOAT * LOGIT_COPIES * tokens * vocab_size
+        parts["logits"] = FLOAT * LOGIT_COPIES * tokens * cfg.model_config(vocab_size).padded_vocab_size
     return parts
 
 

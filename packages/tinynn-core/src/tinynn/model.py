@@ -1,6 +1,7 @@
 """GPT: token and position embeddings, a stack of pre-norm transformer blocks, a final LayerNorm and a
-linear head over the vocabulary (nanoGPT's shape, without weight tying, like the PyTorch reference bench), fused with
-the loss in training (llm.c's classifier: F.classifier).
+linear head over the vocabulary (nanoGPT's shape), fused with the loss in training (llm.c's classifier:
+F.classifier). The head is a matrix of its own by default, as in the PyTorch reference bench; with
+`tie_embeddings` it is the token table itself, as in GPT-2.
 
 Here are its configuration (`GPTConfig`), its blocks (attention, MLP, `Block`) and the model (`GPT`); the
 generic layers they are made of are nn.py's.
@@ -22,9 +23,9 @@ from tinynn.tensor import Tensor
 
 @dataclass(kw_only=True)
 class Architecture:
-    """A GPT's shape but its vocabulary: the model fields of a training config (config.TrainConfig inherits
-    them), whose vocabulary comes from its data. The defaults are the lesson's model (apps/chargpt/lesson.json,
-    `tinynn bench`'s default)."""
+    """A GPT's shape but its vocabulary (how its tables pad one is here): the model fields of a training config
+    (config.TrainConfig inherits them), whose vocabulary comes from its data. The defaults are the lesson's
+    model (apps/chargpt/lesson.json, `tinynn bench`'s default)."""
     block_size: int = 128  # the context: positions a token attends over
     n_layer: int = 4
     n_head: int = 4
@@ -32,6 +33,13 @@ class Architecture:
     dropout: float = 0.0
     bias: bool = True
     head_bias: bool = True  # with bias: the head's too (GPT-2's head has none: a GPT-2 folder loads with false)
+    # GPT-2's layout: the head is the token table (one parameter read twice, its two gradients summed; a checkpoint
+    # holds it once, as wte.weight)
+    tie_embeddings: bool = False
+    # The token table's and the head's rows: the vocabulary rounded up to a multiple of this (64 takes GPT-2's 50257
+    # tokens to 50304, a size matmul tiles divide). The padded rows are no token: their logits are masked out of
+    # the loss's softmax and out of generation, so the vocabulary a model predicts is always its vocab_size.
+    vocab_multiple: int = 1
 
     def problems(self):
         """(field, why) for each value a GPT cannot be built with, in the order they are checked; the types are
@@ -43,20 +51,13 @@ class Architecture:
             yield "n_embd", f"({self.n_embd}) must be divisible by n_head ({self.n_head})"
         if not 0.0 <= self.dropout < 1.0:
             yield "dropout", f"must be in [0, 1), got {self.dropout}"
+        if self.vocab_multiple < 1:
+            yield "vocab_multiple", f"must be at least 1, got {self.vocab_multiple}"
 
 
 @dataclass(kw_only=True)
 class GPTConfig(Architecture):
     vocab_size: int = 65  # the lesson's: Shakespeare's characters; the tokens, whatever the tables' padding
-    # The token table's and the head's rows: the vocabulary rounded up to a multiple of this (64 takes GPT-2's 50257
-    # tokens to 50304, a size matmul tiles divide). The padded rows are no token: their logits are masked out of
-    # the loss's softmax and out of generation, so the vocabulary a model predicts is always vocab_size.
-    vocab_multiple: int = 1
-
-    def problems(self):
-        yield from super().problems()
-        if self.vocab_multiple < 1:
-            yield "vocab_multiple", f"must be at least 1, got {self.vocab_multiple}"
 
     @property
     def padded_vocab_size(self) -> int:
@@ -158,7 +159,8 @@ class GPT(Module):
         self.drop = Dropout(c.dropout)
         self.blocks = [Block(c.n_embd, c.n_head, c.n_layer, c.dropout, c.bias) for _ in range(c.n_layer)]
         self.ln_f = LayerNorm(c.n_embd, c.bias)
-        self.lm_head = Linear(c.n_embd, c.padded_vocab_size, c.bias and c.head_bias)
+        self.lm_head = Linear(c.n_embd, c.padded_vocab_size, c.bias and c.head_bias,
+                              weight=self.wte.weight if c.tie_embeddings else None)
 
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> (logits (B, T, vocab), None); with targets (B, T), (None, the mean cross entropy):
@@ -177,6 +179,17 @@ class GPT(Module):
             head = self.lm_head
             return None, F.classifier(x, head.weight, head.bias, targets, self.config.vocab_size)
         return self._vocabulary(self.lm_head(x)), None  # (B, T, vocab)
+
+    def load_state_dict(self, state: dict) -> None:
+        """nn.Module's, with a head tied in one and not in the other refused by name (a tied model's state has no
+        lm_head.weight: its head is wte.weight)."""
+        if self.config.tie_embeddings and "lm_head.weight" in state:
+            raise TinynnError("state dict has a head of its own (lm_head.weight), this model's head is its token "
+                              "table (tie_embeddings true): build it with tie_embeddings false")
+        if not self.config.tie_embeddings and "lm_head.weight" not in state and "wte.weight" in state:
+            raise TinynnError("state dict has no lm_head.weight (its head is tied to wte), this model has a head of "
+                              "its own (tie_embeddings false): build it with tie_embeddings true")
+        super().load_state_dict(state)
 
     # --- generation (tinynn/generate.py drives these; x is an embedded window, embed_window's output) ---
     def prefill(self, x: Tensor, cache) -> Tensor:

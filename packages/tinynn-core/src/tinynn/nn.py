@@ -1,6 +1,8 @@
 """Modules: parameters with a forward pass, and the generic layers (Linear, Embedding, LayerNorm, Dropout) that
 models are built from (model.py builds the GPT). A Module finds its parameters and submodules in its attributes
-(tensors that require grad, modules, lists of modules), in the order they were assigned."""
+(tensors that require grad, modules, lists of modules), in the order they were assigned. A parameter that two
+modules share (a head tied to the token embedding) is one parameter, named where it is found first: the
+optimizer updates it once, a state dict holds it once, and autograd sums the gradients of its two uses."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -73,13 +75,15 @@ class Module:
                     if isinstance(item, Module):
                         yield f"{name}.{i}", item
 
-    def named_parameters(self, prefix=""):
+    def named_parameters(self, prefix="", _seen=None):
+        seen = set() if _seen is None else _seen  # ids of the parameters yielded: a shared one comes once
         for name, value in self._children():
             if isinstance(value, Tensor):
-                if value.requires_grad:
+                if value.requires_grad and id(value) not in seen:
+                    seen.add(id(value))
                     yield prefix + name, value
             else:
-                yield from value.named_parameters(prefix + name + ".")
+                yield from value.named_parameters(prefix + name + ".", seen)
 
     def parameters(self) -> list[Tensor]:
         return [p for _, p in self.named_parameters()]
@@ -125,8 +129,11 @@ class Module:
 
 
 class Linear(Module):
-    def __init__(self, in_features, out_features, bias=True, std=0.02):
-        self.weight = parameter((out_features, in_features), std)
+    def __init__(self, in_features, out_features, bias=True, std=0.02, weight: Tensor | None = None):
+        """`weight`: a parameter (out_features, in_features) to share instead of drawing one (a tied head's)."""
+        if weight is not None and weight.shape != (out_features, in_features):
+            raise ValueError(f"Linear: a shared weight {weight.shape} is not ({out_features}, {in_features})")
+        self.weight = parameter((out_features, in_features), std) if weight is None else weight
         self.bias = parameter((out_features,)) if bias else None
 
     def forward(self, x, residual=None, activation=None):

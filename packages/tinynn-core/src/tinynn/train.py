@@ -83,7 +83,7 @@ def _train(cfg: TrainConfig, device, resume: bool, overwrite: bool, progress: bo
     run_dir = RunDir(cfg.out_dir, CHECKPOINT_NAME)
     pretrained = None
     if cfg.init_from:
-        pretrained = hf.load(cfg.init_from)
+        pretrained = hf.load(cfg.init_from, cfg.vocab_multiple)
         cfg = _adopt(cfg, pretrained)
     saved = checkpoint.load(run_dir.checkpoint) if resume else None
     if saved:
@@ -153,7 +153,8 @@ def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pret
 
     def state(step):
         return {"model_state": model.state_dict(), "optimizer_state": optimizer.state_dict(), "config": to_dict(cfg),
-                "tokenizer": tokenizer.spec(), "step": step, "rng_state": rng.get_state(), "history": history}
+                "tokenizer": tokenizer.spec(), "step": step, "rng_state": rng.get_state(), "history": history,
+                "vocab_size": vocab_size}
 
     split_for_eval = "val" if batches.has_val else "train"
     tokens_per_step = cfg.batch_size * cfg.block_size
@@ -317,14 +318,15 @@ def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
 
 
 def _adopt(cfg: TrainConfig, pretrained: hf.Pretrained) -> TrainConfig:
-    """The run's config with the GPT-2 folder's shape: its layers, heads, width and biases; a block_size below its
-    context keeps the first block_size positions (exact for sequences that long)."""
-    shape = {k: pretrained.config[k] for k in ("n_layer", "n_head", "n_embd", "bias")}
-    shape["head_bias"] = False
+    """The run's config with the GPT-2 folder's shape: its layers, heads, width, biases and head (tied to wte, as
+    GPT-2's is, unless its config.json unties it; never with a bias); a block_size below its context keeps the
+    first block_size positions (exact for sequences that long)."""
+    shape = {k: pretrained.config[k] for k in ("n_layer", "n_head", "n_embd", "bias", "head_bias", "tie_embeddings")}
     if cfg.block_size > pretrained.config["block_size"]:
         raise TinynnError(f"block_size {cfg.block_size} is longer than the context of GPT-2 folder {cfg.init_from} "
                           f"({pretrained.config['block_size']})")
-    differ = [f"{k} {v}" for k, v in shape.items() if getattr(cfg, k) != v and k != "head_bias"]
+    # the head's layout is GPT-2's, whatever the config said: not worth a notice
+    differ = [f"{k} {v}" for k, v in shape.items() if getattr(cfg, k) != v and k not in ("head_bias", "tie_embeddings")]
     if differ:
         warnings.warn(f"init_from: the model is {cfg.init_from}'s ({', '.join(differ)}), not the config's",
                       TinynnNotice)

@@ -1,13 +1,18 @@
 """tinynn and transformers on the same GPT-2: a random GPT2LMHeadModel (2 layers, width 64, with a BPE trained
-here) loads in tinynn with the same logits and greedy tokens; export and load again keeps every bit; a model
-trained by tinynn, exported, loads in transformers with the same logits. Runs once per backend (conftest)."""
+here) loads in tinynn (tied, as GPT-2's head is) with the same logits and greedy tokens; export and load again
+keeps every bit; a model trained by tinynn (untied, or fine-tuned tied in a padded table), exported, loads in
+transformers with the same logits; the PyTorch reference bench builds tinynn's models. Runs once per backend
+(conftest)."""
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from helpers import assert_close
-from tinynn import checkpoint, hf
+from tinynn import bench, checkpoint, config, hf, memory
 from tinynn.config import TrainConfig
 from tinynn.data import stdlib_docstrings
 from tinynn.tokenizer import BPETokenizer, pieces
@@ -73,7 +78,7 @@ def test_export_then_load_is_bit_identical(gpt2_folder, tmp_path):
     folder, reference = gpt2_folder
     pretrained = hf.load(folder)
     notes = hf.export(pretrained.state, pretrained.config, pretrained.tokenizer, tmp_path / "out")
-    assert notes == []  # the head is wte's copy: written tied, as it came
+    assert notes == [] and pretrained.config["tie_embeddings"]  # tied, as it came
     again = hf.load(tmp_path / "out")
     assert sorted(again.state) == sorted(pretrained.state)
     for name, value in pretrained.state.items():
@@ -101,18 +106,39 @@ def test_tinynn_trained_checkpoint_exports_to_transformers(tmp_path, bpe):
 
 
 def test_fine_tuned_gpt2_exports_to_transformers_with_equal_logits(gpt2_folder, bpe, tmp_path):
-    """--init-from the folder, a few steps (the head trains apart from wte, and keeps no bias), export:
-    transformers reads the untied head and every bias, and computes tinynn's logits."""
+    """--init-from the folder into a padded table (vocab_multiple), a few steps (the head stays wte and keeps no
+    bias), export: transformers reads a tied head of the folder's vocabulary and every bias, and computes
+    tinynn's logits."""
     folder, _ = gpt2_folder
     text = tmp_path / "text.txt"
     text.write_text(stdlib_docstrings()[:50_000])
     cfg = TrainConfig(data=str(text), init_from=str(folder), n_head=4, block_size=32, batch_size=4, max_steps=3,
-                      warmup_steps=1, eval_interval=3, eval_steps=1, out_dir=str(tmp_path / "run"), sample_tokens=5)
+                      warmup_steps=1, eval_interval=3, eval_steps=1, out_dir=str(tmp_path / "run"), sample_tokens=5,
+                      vocab_multiple=100)
     result = train(cfg, device="cpu", progress=False)
+    assert result.model.wte.weight.shape[0] == 600 and result.model.lm_head.weight is result.model.wte.weight
     notes = hf.export_checkpoint(result.checkpoint, tmp_path / "hf")
-    assert any("untied" in n for n in notes)
+    assert notes == []
     exported = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert exported.config.n_positions == 32  # the context the run kept
+    assert exported.config.tie_word_embeddings and exported.config.vocab_size == bpe.vocab_size
     ids = bpe.encode("Return the value of")
     expected = _tinynn_logits(result.model.to("cpu").eval(), ids)
     assert_close(_hf_logits(exported, ids), expected, rtol=0, atol=RTOL * np.abs(expected).max(), what="logits")
+
+
+def test_the_pytorch_reference_builds_tinynns_models():
+    """apps/bench/torch_reference.py's GPT for each bench config has tinynn's parameters: the same sizes,
+    biases, head (gpt2: tied, without bias) and padded vocabulary."""
+    apps = Path(__file__).resolve().parents[4] / "apps" / "bench"
+    if not apps.is_dir():
+        pytest.skip("apps/ is not beside this test tree")
+    spec = importlib.util.spec_from_file_location("torch_reference", apps / "torch_reference.py")
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    for name in ("lesson", "mid", "big", "gpt2"):
+        s, cfg = reference.shape(name), config.load(apps / f"{name}.json")
+        with torch.device("meta"):  # shapes only: GPT-2 small's weights are not drawn
+            model = reference.GPT(s["vocab"], s["block"], s["d"], s["n_head"], s["n_layer"], True, s["bias"],
+                                  s["head_bias"], s["tie"])
+        assert sum(p.numel() for p in model.parameters()) == memory.parameter_count(cfg, bench.vocabulary(cfg)), name
