@@ -195,10 +195,10 @@ class MatmulSelector:
         real operands (tuning runs them): record(a, b, out, epilogue, a2, b2, out2, epilogue2) running both in one
         dispatch (PairedMatmul), where that was measured faster than one after the other; else None, and each
         goes its own way (`plan`). A pair fills a GPU that either alone would leave partly idle."""
-        if self.forced or self.high() or \
-                any(self.rows.fits(p[3], p[4], p[6], p[7], p[8], p[10]) for p in (first, second)):
-            return None  # (in "high" each goes its own way: pairs are float32 kernels)
-        key = "pair " + " + ".join(shape_key(*p[3:10]) for p in (first, second))
+        if self.forced or any(self.rows.fits(p[3], p[4], p[6], p[7], p[8], p[10]) for p in (first, second)):
+            return None
+        # in "high" the pair (float32) is timed against each matmul's own "high" choice
+        key = "high " * self.high() + "pair " + " + ".join(shape_key(*p[3:10]) for p in (first, second))
         name = self.choices.get(key)
         if name != SEPARATE and name not in self.pair_candidates:
             worth_tuning = sum(p[3] * p[4] * p[5] * p[6] for p in (first, second)) >= self.tune_min_macs
