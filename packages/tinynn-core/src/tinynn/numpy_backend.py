@@ -7,8 +7,8 @@ dtype: float32 for training, float64 for the finite-difference gradient checks.
 Large float arrays go through the same formulas one block of rows at a time, on the thread pool (parallel.py):
 an elementwise or row-wise formula gives the same bits by blocks as in one piece, and the blocks' temporaries
 stay in cache. Sums across rows (bias and LayerNorm gradients, the gradient norm) add per-block partial sums in
-block order: the same bits for every thread count. Matrix products run on the calling thread (OpenBLAS's own
-threads).
+block order: the same bits for every thread count. Matrix products run on the pool too, by tiles of their output
+(`parallel.matmul`), a linear layer's bias, activation and residual added to each tile while it is in cache.
 """
 from __future__ import annotations
 
@@ -132,40 +132,39 @@ class NumpyBackend(Backend):
             a = a.swapaxes(-1, -2)
         if transpose_b:
             b = b.swapaxes(-1, -2)
+        if a.ndim == b.ndim == 2 and a.dtype.kind == b.dtype.kind == "f":
+            return parallel.matmul(a, b)
         return np.matmul(a, b)
 
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         if activation not in (None, "gelu"):
             raise ValueError(f"unknown activation {activation!r}")
-        pre = (formulas.rows(x) @ weight.T).reshape(x.shape[:-1] + weight.shape[:1])  # one product for all rows
+        shape = x.shape[:-1] + weight.shape[:1]
+        keep = activation is not None and for_backward
+        pre = np.empty(shape, np.result_type(x, weight)) if keep else None
+        res = None if residual is None else formulas.rows(residual)
 
-        def epilogue(pre, *residual):  # -> (activation(pre + bias) + residual, pre + bias)
+        def epilogue(tile, rows, cols):  # in place on the product's tile, this op's own
             if bias is not None:
-                pre = pre + bias
-            y = pre if activation is None else formulas.UNARY[activation](pre)
-            return (y + residual[0] if residual else y), pre
-        extra = () if residual is None else (formulas.rows(residual),)
-        if activation is None and bias is None and residual is None:
-            return pre, None
-        if parallel.small(pre):
-            y, pre = epilogue(pre, *(() if residual is None else (residual,)))
-        elif activation is None:  # every pass in place on the product, which is this op's own
-            y = pre = parallel.into(lambda *ins: epilogue(*ins)[0], formulas.rows(pre), formulas.rows(pre), *extra,
-                                    row_size=pre.shape[-1])
-        else:
-            y = np.empty_like(pre)
-            parallel.into(epilogue, (formulas.rows(y), formulas.rows(pre)), formulas.rows(pre), *extra,
-                          row_size=pre.shape[-1])
-        return y.reshape(x.shape[:-1] + weight.shape[:1]), (pre if activation and for_backward else None)
+                tile += bias[cols]
+            if activation is not None:
+                if keep:
+                    formulas.rows(pre)[rows, cols] = tile
+                tile[...] = formulas.UNARY[activation](tile)
+            if res is not None:
+                tile += res[rows, cols]
+        plain = bias is None and activation is None and residual is None
+        y = parallel.matmul(formulas.rows(x), weight.T, None if plain else epilogue)  # one product for all rows
+        return y.reshape(shape), pre
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         if activation is not None:
             g = self.unary_backward(activation, pre, None, g)  # GELU's gradient needs only its input
-        g_x = g @ weight
-        if x_activation is not None:
-            g_x = self.unary_backward(x_activation, x_pre, None, g_x)
+        def activation_grad(tile, rows, cols):  # x_activation's gradient on each tile of g_x (its input's only)
+            tile[...] = formulas.UNARY_BACKWARD[x_activation](x_pre[rows, cols], None, tile)
+        g_x = parallel.matmul(g, weight, None if x_activation is None else activation_grad)
         g_b = parallel.column_sums(lambda lo, hi: g[lo:hi], *g.shape, g.shape[1], g.dtype) if has_bias else None
-        return g_x, g.T @ x, g_b
+        return g_x, parallel.matmul(g.T, x), g_b
 
     # --- fused neural-network ops (over the last axis) ---
     def softmax_forward(self, x, causal=False, scale=1.0):
@@ -239,7 +238,9 @@ class NumpyBackend(Backend):
         """The head's logits, their softmax over the first `vocab` columns, the mean loss and its gradients, whole
         (the specification: a GPU computes them a chunk of rows at a time)."""
         formulas.check_range(targets, vocab, TARGET_RANGE, ignore_index)
-        logits = x @ weight.T if bias is None else x @ weight.T + bias  # (N, Vp)
+        logits = parallel.matmul(x, weight.T)  # (N, Vp)
+        if bias is not None:
+            logits += bias
         z = logits[:, :vocab]  # the padded columns take no part
         m = z.max(axis=-1, keepdims=True)
         e = np.exp(z - m)
@@ -257,7 +258,7 @@ class NumpyBackend(Backend):
         g[rows, picked] -= 1
         g[~valid] = 0
         g /= max(count, 1)
-        return loss, g @ weight, g.T @ x, (g.sum(axis=0) if bias is not None else None)
+        return loss, parallel.matmul(g, weight), parallel.matmul(g.T, x), (g.sum(axis=0) if bias is not None else None)
 
     def embedding_forward(self, weight, idx):
         formulas.check_range(idx, len(weight), EMBEDDING_RANGE)
