@@ -22,6 +22,10 @@ _NAMES = [("openblas_get_num_threads", "openblas_set_num_threads"),
           ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
           ("openblas_get_num_threads64_", "openblas_set_num_threads64_")]
 
+# OpenBLAS runs a product of at most 65536 x 4 multiply-adds (GEMM_MULTITHREAD_THRESHOLD's default) on the thread
+# that calls it, whatever its thread count: products that small may run on the pool's threads side by side
+SMALL_PRODUCT = 1 << 18
+
 _calls: tuple | None = None
 _looked = False
 

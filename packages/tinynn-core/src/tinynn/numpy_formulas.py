@@ -6,14 +6,12 @@ import math
 
 import numpy as np
 
+from tinynn.blas import SMALL_PRODUCT
 from tinynn.errors import TinynnError
 
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
-# OpenBLAS runs a product of at most 65536 x 4 multiply-adds (GEMM_MULTITHREAD_THRESHOLD's default) on the thread
-# that calls it: products that small may run on the pool (larger ones would queue on BLAS's lock)
-SMALL_PRODUCT = 1 << 18
 GELU_EDGE = 12.0  # beyond +-12, 2 x s (1 - s) u' in GELU's gradient is 0 in float32
 
 

@@ -167,17 +167,21 @@ def matmul(a, b, then=None):
     """a (M, K) @ b (K, N) as a fresh (M, N) array, tile by tile on the pool; then(tile, rows, cols), when given,
     finishes each tile in place while it is in cache (a bias, an activation: elementwise work)."""
     out = np.empty((a.shape[0], b.shape[1]), np.result_type(a, b))
-    if not blas.available():  # BLAS threads the whole product itself
+    if a.shape[0] * a.shape[1] * b.shape[1] <= blas.SMALL_PRODUCT or not blas.available():
+        # on the calling thread, or (no control of BLAS's threads) threaded by BLAS as it likes
         np.matmul(a, b, out=out)
         if then is not None:
-            then(out, slice(None), slice(None))
+            for_rows(lambda lo, hi: then(out[lo:hi], slice(lo, hi), slice(None)), *out.shape)
         return out
 
     def tile(item):
         rows, cols = item
         np.matmul(a[rows], b[:, cols], out=out[rows, cols])
-        if then is not None:
-            then(out[rows, cols], rows, cols)
+        if then is not None:  # a few rows at a time: the elementwise work's temporaries stay in cache
+            step = max(1, BLOCK_ELEMENTS // (cols.stop - cols.start))
+            for lo in range(rows.start, rows.stop, step):
+                part = slice(lo, min(lo + step, rows.stop))
+                then(out[part, cols], part, cols)
     with blas.one_thread():
         run(tile, tiles(*out.shape, a.shape[1]))
     return out
