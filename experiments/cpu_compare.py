@@ -5,7 +5,9 @@ generation (117 new tokens after an 11-token prompt, top-k 20) at batch 1 and 16
 Each measurement runs in a process of its own, pinned with taskset, with TINYNN_NUM_THREADS and PyTorch's
 OMP_NUM_THREADS set to the cores it may use; tinynn and PyTorch alternate, and the table keeps each one's best
 run (ms per step: lower is better; tokens/s: higher). tinynn is the checkout's packages/tinynn-core/src.
-Measurements still to come when `--budget` seconds have passed are skipped, so the table always prints.
+On all cores two variants of tinynn's step are timed too: products whole on OpenBLAS's own threads
+(`blas-threads`), and blocks of rows 4x as large (`big-blocks`). Measurements still to come when `--budget`
+seconds have passed are skipped, so the table always prints.
 
     python experiments/cpu_compare.py [--budget 230] [--reps 2]      # or experiments/cpu_compare.sh
 """
@@ -28,8 +30,12 @@ NUMBER = r"([0-9][0-9,]*\.?[0-9]*)"
 
 # --- workers: one measurement each, in a process of its own; each prints "RESULT <number>" ---
 
-def tinynn_step() -> float:
-    from tinynn import bench, config, registry
+def tinynn_step(variant: str = "") -> float:
+    from tinynn import bench, blas, config, parallel, registry
+    if variant == "blas-threads":  # products whole, threaded by OpenBLAS (as before the pool ran them)
+        blas._looked, blas._calls = True, None
+    elif variant == "big-blocks":  # elementwise and row blocks 4x as large: fewer handoffs of the GIL
+        parallel.BLOCK_ELEMENTS *= 4
     return bench.bench_train(registry.select("cpu"), config.load(LESSON), 5)["ms_per_step"]
 
 
@@ -47,6 +53,7 @@ def tinynn_generation(batch: int) -> float:
     return generation.tokens_per_s(model, batch, 117, "generate", reps=3)
 
 
+VARIANTS = ("blas-threads", "big-blocks")
 WORKERS = {"tinynn-step": tinynn_step, "tinynn-gen": tinynn_generation}
 
 
@@ -89,9 +96,10 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2, help="runs of each step measurement (tinynn and PyTorch alternate)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--variant", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        value = WORKERS[args.worker](args.batch) if args.worker == "tinynn-gen" else WORKERS[args.worker]()
+        value = WORKERS[args.worker](args.batch) if args.worker == "tinynn-gen" else WORKERS[args.worker](args.variant)
         print(f"RESULT {value}")
         return
     start = time.perf_counter()
@@ -128,6 +136,11 @@ def main() -> None:
             issue.append(run(f"torch (issue's reference), {threads} thr.", cores, threads,
                              [py, str(ISSUE_REFERENCE), "--configs=lesson"], r"lesson\w*_ms\W+" + NUMBER))
         rows[("step", threads)] = best(ours), best(theirs), best(issue)
+        if threads == all_cores and threads > 2:  # what the pool's products and block size buy, for the record
+            for variant in VARIANTS:
+                rows[("variant", variant)] = run(f"tinynn step, {variant}", cores, threads,
+                                                 [py, __file__, "--worker", "tinynn-step", "--variant", variant],
+                                                 r"RESULT " + NUMBER)
     print("generation, tokens/s (higher is better)", flush=True)
     for cores, threads in settings[:2]:
         torch_rates = {}
@@ -158,6 +171,9 @@ def main() -> None:
         ours, theirs, issue = rows.get(("step", threads), (None, None, None))
         ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
         print(f"| lesson step, ms | {threads} | {fmt(ours)} | {fmt(theirs)} | {ratio} | {fmt(issue)} |")
+    for variant in VARIANTS:
+        if ("variant", variant) in rows:
+            print(f"| lesson step, ms, {variant} | {all_cores} | {fmt(rows['variant', variant])} | | | |")
     for cores, threads in settings[:2]:
         for batch in (1, 16):
             ours, theirs = rows.get(("gen", threads, batch), (None, None))

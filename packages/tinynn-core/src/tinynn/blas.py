@@ -31,12 +31,13 @@ _looked = False
 
 
 def _candidates() -> list[str]:
-    """Paths of OpenBLAS libraries loaded in this process (Linux), else those NumPy's wheel carries."""
+    """Paths of OpenBLAS libraries loaded in this process (Linux; NumPy's own first, where SciPy's is loaded too),
+    else those NumPy's wheel carries."""
     try:
         with open("/proc/self/maps") as maps:
             loaded = {line.split()[-1] for line in maps if "openblas" in line.lower()}
         if loaded:
-            return sorted(loaded)
+            return sorted(loaded, key=lambda path: ("numpy" not in path, path))
     except OSError:  # no /proc (macOS, Windows)
         pass
     here = os.path.dirname(np.__file__)

@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
+from tinynn import blas, parallel
 from tinynn import numpy_formulas as formulas
-from tinynn import parallel
 from tinynn.backends import INTERFACE_VERSION, Backend
 
 # the errors for ids out of range, worded alike on every backend (a GPU raises them at its next read-back)
@@ -31,10 +31,12 @@ class NumpyBackend(Backend):
     device_name = "NumPy"
 
     def describe(self) -> dict:
-        """... and the thread pool's size, which `tinynn info` shows."""
+        """... and the thread pool's size and how it runs products, which `tinynn info` shows."""
         pool = parallel.describe()
         threads = f"{pool['threads']} (from {pool['from']}; {pool['cores']} cores available)"
-        return {**super().describe(), "threads": threads}
+        products = ("by tiles on the pool, OpenBLAS on one thread" if blas.available()
+                    else "whole, on NumPy's BLAS and its own threads")
+        return {**super().describe(), "threads": threads, "products": products}
 
     # --- transfer and creation ---
     def from_numpy(self, x):
