@@ -162,6 +162,7 @@ class NumpyBackend(Backend):
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         if activation is not None:
             g = self.unary_backward(activation, pre, None, g)  # GELU's gradient needs only its input
+
         def activation_grad(tile, rows, cols):  # x_activation's gradient on each tile of g_x (its input's only)
             tile[...] = formulas.UNARY_BACKWARD[x_activation](x_pre[rows, cols], None, tile)
         g_x = parallel.matmul(g, weight, None if x_activation is None else activation_grad)
