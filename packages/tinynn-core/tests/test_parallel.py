@@ -113,7 +113,7 @@ def outputs(rng_seed):
     w = randn(rng, 2 * width, width)
     out["linear gelu"] = NUMPY.linear_forward(x, w, randn(rng, 2 * width), activation="gelu")
     out["linear residual"] = NUMPY.linear_forward(x, w[:width], bias, residual=y)[0]
-    B, T, n_head = 2, 170, 2  # T * T * head size > SMALL_PRODUCT: more than one block of queries
+    B, T, n_head = 2, 200, 2  # n_head * T * T > SCORES_BLOCK: more than one block of queries
     qkv = randn(rng, B, T, 3 * 2 * 16)
     att, lse = NUMPY.attention_forward(qkv, n_head, 0.25)
     out["attention"] = att, lse
@@ -167,10 +167,10 @@ def attention_by_formula(qkv, n_head, scale, g):
     return y.transpose(0, 2, 1, 3).reshape(B, T, -1), grads.transpose(1, 3, 0, 2, 4).reshape(qkv.shape)
 
 
-@pytest.mark.parametrize("small_product", [1 << 10, 1 << 14, 1 << 40])
-def test_attention_by_blocks_of_queries_is_the_formula(monkeypatch, small_product):
+@pytest.mark.parametrize("scores", [1 << 6, 1 << 11, 1 << 40])
+def test_attention_by_blocks_of_queries_is_the_formula(monkeypatch, scores):
     """Blocks of a few queries each (over the keys up to their last one), down to one query a block."""
-    monkeypatch.setattr("tinynn.numpy_formulas.SMALL_PRODUCT", small_product)
+    monkeypatch.setattr("tinynn.numpy_formulas.SCORES_BLOCK", scores)
     parallel.set_num_threads(3)
     rng = np.random.default_rng()
     B, T, n_head, hs = int(rng.integers(1, 4)), int(rng.integers(20, 70)), 2, 8

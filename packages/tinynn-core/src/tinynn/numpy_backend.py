@@ -285,48 +285,52 @@ class NumpyBackend(Backend):
 
     def attention_forward(self, qkv, n_head, scale, for_backward=True):
         """The plain formula, with the T x T scores: the specification the fused kernels are tested against. Each
-        (sequence, head, block of queries) on the pool, over the keys up to its last query (the rest are masked)."""
+        (sequence, block of queries) on the pool, every head at once, over the keys up to its last query (the rest
+        are masked)."""
         q, k, v = formulas.heads(qkv, n_head)  # each (B, nh, T, hs)
         B, nh, T, hs = q.shape
         y, lse = np.empty(qkv.shape[:-1] + (nh * hs,), qkv.dtype), np.empty((B, nh, T), qkv.dtype)
-        y_h, future, rows = formulas.split_heads(y, n_head), formulas.causal((T, T)), formulas.query_rows(T, hs)
+        y_h, future, rows = formulas.split_heads(y, n_head), formulas.causal((T, T)), formulas.query_rows(T, hs, nh)
 
         def piece(item):
-            b, h, lo = item
+            b, lo = item
             hi = min(lo + rows, T)
-            s = np.where(future[lo:hi, :hi], -np.inf, scale * (q[b, h, lo:hi] @ k[b, h, :hi].T))  # (rows, hi)
+            s = np.where(future[lo:hi, :hi], -np.inf,
+                         scale * (q[b, :, lo:hi] @ k[b, :, :hi].swapaxes(-1, -2)))  # (nh, rows, hi)
             m = s.max(axis=-1, keepdims=True)
             e = np.exp(s - m)
             total = e.sum(axis=-1, keepdims=True)
-            y_h[b, h, lo:hi] = (e / total) @ v[b, h, :hi]  # (rows, hs)
-            lse[b, h, lo:hi] = (m + np.log(total))[:, 0]
-        parallel.run(piece, [(b, h, lo) for b in range(B) for h in range(nh) for lo in range(0, T, rows)])
+            y_h[b, :, lo:hi] = (e / total) @ v[b, :, :hi]  # (nh, rows, hs)
+            lse[b, :, lo:hi] = (m + np.log(total))[..., 0]
+        with blas.one_thread():
+            parallel.run(piece, [(b, lo) for b in range(B) for lo in range(0, T, rows)])
         return y, (lse if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
-        """Each (sequence, head) on the pool; its keys' and values' gradients add up over its blocks of queries."""
+        """Each sequence on the pool, every head at once; its keys' and values' gradients add up over its blocks of
+        queries."""
         q, k, v = formulas.heads(qkv, n_head)  # each (B, nh, T, hs)
         g_y, y_h = formulas.split_heads(g, n_head), formulas.split_heads(y, n_head)  # (B, nh, T, hs)
         B, nh, T, hs = q.shape
         g_qkv = np.empty(qkv.shape, qkv.dtype)
         g_q, g_k, g_v = formulas.heads(g_qkv, n_head)  # views of g_qkv
-        future, rows = formulas.causal((T, T)), formulas.query_rows(T, hs)
+        future, rows = formulas.causal((T, T)), formulas.query_rows(T, hs, nh)
 
-        def sequence_head(item):
-            b, h = item
-            g_keys, g_values = np.zeros((T, hs), g.dtype), np.zeros((T, hs), g.dtype)
+        def sequence(b):
+            g_keys, g_values = np.zeros((nh, T, hs), g.dtype), np.zeros((nh, T, hs), g.dtype)
             for lo in range(0, T, rows):
                 hi = min(lo + rows, T)
-                s = scale * (q[b, h, lo:hi] @ k[b, h, :hi].T)  # (rows, hi)
-                p = np.where(future[lo:hi, :hi], 0.0, np.exp(s - lse[b, h, lo:hi, None]))
-                g_p = g_y[b, h, lo:hi] @ v[b, h, :hi].T  # (rows, hi)
-                row_dot = (g_y[b, h, lo:hi] * y_h[b, h, lo:hi]).sum(axis=-1, keepdims=True)  # softmax's, from y
+                s = scale * (q[b, :, lo:hi] @ k[b, :, :hi].swapaxes(-1, -2))  # (nh, rows, hi)
+                p = np.where(future[lo:hi, :hi], 0.0, np.exp(s - lse[b, :, lo:hi, None]))
+                g_p = g_y[b, :, lo:hi] @ v[b, :, :hi].swapaxes(-1, -2)  # (nh, rows, hi)
+                row_dot = (g_y[b, :, lo:hi] * y_h[b, :, lo:hi]).sum(axis=-1, keepdims=True)  # softmax's, from y
                 g_s = p * (g_p - row_dot)
-                g_q[b, h, lo:hi] = scale * (g_s @ k[b, h, :hi])
-                g_keys[:hi] += scale * (g_s.T @ q[b, h, lo:hi])
-                g_values[:hi] += p.T @ g_y[b, h, lo:hi]
-            g_k[b, h], g_v[b, h] = g_keys, g_values
-        parallel.run(sequence_head, [(b, h) for b in range(B) for h in range(nh)])
+                g_q[b, :, lo:hi] = scale * (g_s @ k[b, :, :hi])
+                g_keys[:, :hi] += scale * (g_s.swapaxes(-1, -2) @ q[b, :, lo:hi])
+                g_values[:, :hi] += p.swapaxes(-1, -2) @ g_y[b, :, lo:hi]
+            g_k[b], g_v[b] = g_keys, g_values
+        with blas.one_thread():
+            parallel.run(sequence, list(range(B)))
         return g_qkv
 
     # --- optimizer: every array cut into blocks, all blocks of all arrays in one run on the pool ---
