@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from tinynn import parallel
+from tinynn import blas, parallel
 from tinynn.errors import TinynnError
 from tinynn.numpy_backend import NUMPY
 
@@ -113,7 +113,7 @@ def outputs(rng_seed):
     w = randn(rng, 2 * width, width)
     out["linear gelu"] = NUMPY.linear_forward(x, w, randn(rng, 2 * width), activation="gelu")
     out["linear residual"] = NUMPY.linear_forward(x, w[:width], bias, residual=y)[0]
-    B, T, n_head = 2, 170, 2  # T * T * head size > SMALL_PRODUCT: more than one block of queries
+    B, T, n_head = 2, 200, 2  # n_head * T * T > SCORES_BLOCK: more than one block of queries
     qkv = randn(rng, B, T, 3 * 2 * 16)
     att, lse = NUMPY.attention_forward(qkv, n_head, 0.25)
     out["attention"] = att, lse
@@ -167,10 +167,10 @@ def attention_by_formula(qkv, n_head, scale, g):
     return y.transpose(0, 2, 1, 3).reshape(B, T, -1), grads.transpose(1, 3, 0, 2, 4).reshape(qkv.shape)
 
 
-@pytest.mark.parametrize("small_product", [1 << 10, 1 << 14, 1 << 40])
-def test_attention_by_blocks_of_queries_is_the_formula(monkeypatch, small_product):
+@pytest.mark.parametrize("scores", [1 << 6, 1 << 11, 1 << 40])
+def test_attention_by_blocks_of_queries_is_the_formula(monkeypatch, scores):
     """Blocks of a few queries each (over the keys up to their last one), down to one query a block."""
-    monkeypatch.setattr("tinynn.numpy_formulas.SMALL_PRODUCT", small_product)
+    monkeypatch.setattr("tinynn.numpy_formulas.SCORES_BLOCK", scores)
     parallel.set_num_threads(3)
     rng = np.random.default_rng()
     B, T, n_head, hs = int(rng.integers(1, 4)), int(rng.integers(20, 70)), 2, 8
@@ -202,3 +202,58 @@ def test_sums_across_rows_are_the_same_for_every_thread_count(monkeypatch):
     for name in one:  # another cut adds in another order: close, not equal
         for a, b in zip(*((v if isinstance(v, tuple) else (v,)) for v in (one[name], whole[name]))):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 16])
+def test_tiles_cover_a_product_once(threads):
+    parallel.set_num_threads(threads)
+    for m, n, k in ((2048, 768, 256), (256, 256, 2048), (1000, 65, 300), (37, 1000, 4096), (5, 3, 2), (0, 4, 4)):
+        covered = np.zeros((m, n), int)
+        tiles = parallel.tiles(m, n, k)
+        for rows, cols in tiles:
+            covered[rows, cols] += 1
+        assert (covered == 1).all(), (m, n, k, threads)
+        assert len(tiles) <= max(1, threads * parallel.TILES_PER_THREAD + n // parallel.TILE_COLS + 1)
+        assert threads > 1 or len(tiles) == 1  # one thread: the product whole
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_linear_layer_by_tiles_is_its_formula_and_the_same_bits_every_run(threads):
+    """Products large enough to be cut into tiles; the bias, GELU and residual finish each tile in place."""
+    parallel.set_num_threads(threads)
+    rng = np.random.default_rng()
+    n, c_in, c_out = int(rng.integers(300, 700)), 96, int(rng.integers(300, 600))
+    x, w, b = randn(rng, n, c_in), randn(rng, c_out, c_in) / 10, randn(rng, c_out)
+    res = randn(rng, n, c_out)
+    assert (len(parallel.tiles(n, c_out, c_in)) > 1) == (threads > 1)
+    y, pre = NUMPY.linear_forward(x, w, b, activation="gelu")
+    np.testing.assert_allclose(pre, x.astype(np.float64) @ w.T + b, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(y, NUMPY.unary("gelu", pre))  # the epilogue is GELU's formula on every element
+    y2, pre2 = NUMPY.linear_forward(x, w, b, activation="gelu")
+    assert np.array_equal(y, y2) and np.array_equal(pre, pre2)
+    plain = NUMPY.linear_forward(x, w)[0]
+    assert np.array_equal(NUMPY.linear_forward(x, w, b, residual=res)[0], plain + b + res)
+    g = randn(rng, n, c_out)
+    g_x, g_w, g_b = NUMPY.linear_backward(g, x, w, pre, "gelu")
+    g_pre = NUMPY.unary_backward("gelu", pre, None, g)
+    np.testing.assert_allclose(g_x, g_pre.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(g_w, g_pre.T.astype(np.float64) @ x, rtol=1e-4, atol=1e-2)
+    g_h = NUMPY.linear_backward(g, x, w, x_activation="gelu", x_pre=x, has_bias=False)[0]
+    assert np.array_equal(g_h, NUMPY.unary_backward("gelu", x, None, NUMPY.linear_backward(g, x, w)[0]))
+
+
+def test_products_on_the_pool_run_blas_on_one_thread(monkeypatch):
+    if not blas.available():
+        pytest.skip("NumPy's BLAS is not an OpenBLAS whose thread count tinynn can set")
+    parallel.set_num_threads(2)
+    get, put = blas._get_calls()
+    before, seen = get(), []
+    put(2)  # as BLAS starts where nothing limits it (the tests' conftest does)
+    real = np.matmul
+    monkeypatch.setattr(np, "matmul", lambda *a, **k: seen.append(blas.threads()) or real(*a, **k))
+    try:
+        a, b = np.ones((512, 256), np.float32), np.ones((256, 512), np.float32)
+        assert np.array_equal(parallel.matmul(a, b), np.full((512, 512), 256, np.float32))
+        assert seen and set(seen) == {1} and blas.threads() == 2
+    finally:
+        put(before)

@@ -7,8 +7,8 @@ dtype: float32 for training, float64 for the finite-difference gradient checks.
 Large float arrays go through the same formulas one block of rows at a time, on the thread pool (parallel.py):
 an elementwise or row-wise formula gives the same bits by blocks as in one piece, and the blocks' temporaries
 stay in cache. Sums across rows (bias and LayerNorm gradients, the gradient norm) add per-block partial sums in
-block order: the same bits for every thread count. Matrix products run on the calling thread (OpenBLAS's own
-threads).
+block order: the same bits for every thread count. Matrix products run on the pool too, by tiles of their output
+(`parallel.matmul`), a linear layer's bias, activation and residual added to each tile while it is in cache.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
+from tinynn import blas, parallel
 from tinynn import numpy_formulas as formulas
-from tinynn import parallel
 from tinynn.backends import INTERFACE_VERSION, Backend
 
 # the errors for ids out of range, worded alike on every backend (a GPU raises them at its next read-back)
@@ -31,10 +31,12 @@ class NumpyBackend(Backend):
     device_name = "NumPy"
 
     def describe(self) -> dict:
-        """... and the thread pool's size, which `tinynn info` shows."""
+        """... and the thread pool's size and how it runs products, which `tinynn info` shows."""
         pool = parallel.describe()
         threads = f"{pool['threads']} (from {pool['from']}; {pool['cores']} cores available)"
-        return {**super().describe(), "threads": threads}
+        products = ("by tiles on the pool, OpenBLAS on one thread" if blas.available()
+                    else "whole, on NumPy's BLAS and its own threads")
+        return {**super().describe(), "threads": threads, "products": products}
 
     # --- transfer and creation ---
     def from_numpy(self, x):
@@ -132,40 +134,40 @@ class NumpyBackend(Backend):
             a = a.swapaxes(-1, -2)
         if transpose_b:
             b = b.swapaxes(-1, -2)
+        if a.ndim == b.ndim == 2 and a.dtype.kind == b.dtype.kind == "f":
+            return parallel.matmul(a, b)
         return np.matmul(a, b)
 
     def linear_forward(self, x, weight, bias=None, residual=None, activation=None, for_backward=True):
         if activation not in (None, "gelu"):
             raise ValueError(f"unknown activation {activation!r}")
-        pre = (formulas.rows(x) @ weight.T).reshape(x.shape[:-1] + weight.shape[:1])  # one product for all rows
+        shape = x.shape[:-1] + weight.shape[:1]
+        keep = activation is not None and for_backward
+        pre = np.empty(shape, np.result_type(x, weight)) if keep else None
+        res = None if residual is None else formulas.rows(residual)
 
-        def epilogue(pre, *residual):  # -> (activation(pre + bias) + residual, pre + bias)
+        def epilogue(tile, rows, cols):  # in place on the product's tile, this op's own
             if bias is not None:
-                pre = pre + bias
-            y = pre if activation is None else formulas.UNARY[activation](pre)
-            return (y + residual[0] if residual else y), pre
-        extra = () if residual is None else (formulas.rows(residual),)
-        if activation is None and bias is None and residual is None:
-            return pre, None
-        if parallel.small(pre):
-            y, pre = epilogue(pre, *(() if residual is None else (residual,)))
-        elif activation is None:  # every pass in place on the product, which is this op's own
-            y = pre = parallel.into(lambda *ins: epilogue(*ins)[0], formulas.rows(pre), formulas.rows(pre), *extra,
-                                    row_size=pre.shape[-1])
-        else:
-            y = np.empty_like(pre)
-            parallel.into(epilogue, (formulas.rows(y), formulas.rows(pre)), formulas.rows(pre), *extra,
-                          row_size=pre.shape[-1])
-        return y.reshape(x.shape[:-1] + weight.shape[:1]), (pre if activation and for_backward else None)
+                tile += bias[cols]
+            if activation is not None:
+                if keep:
+                    formulas.rows(pre)[rows, cols] = tile
+                tile[...] = formulas.UNARY[activation](tile)
+            if res is not None:
+                tile += res[rows, cols]
+        plain = bias is None and activation is None and residual is None
+        y = parallel.matmul(formulas.rows(x), weight.T, None if plain else epilogue)  # one product for all rows
+        return y.reshape(shape), pre
 
     def linear_backward(self, g, x, weight, pre=None, activation=None, has_bias=True, x_activation=None, x_pre=None):
         if activation is not None:
             g = self.unary_backward(activation, pre, None, g)  # GELU's gradient needs only its input
-        g_x = g @ weight
-        if x_activation is not None:
-            g_x = self.unary_backward(x_activation, x_pre, None, g_x)
+
+        def activation_grad(tile, rows, cols):  # x_activation's gradient on each tile of g_x (its input's only)
+            tile[...] = formulas.UNARY_BACKWARD[x_activation](x_pre[rows, cols], None, tile)
+        g_x = parallel.matmul(g, weight, None if x_activation is None else activation_grad)
         g_b = parallel.column_sums(lambda lo, hi: g[lo:hi], *g.shape, g.shape[1], g.dtype) if has_bias else None
-        return g_x, g.T @ x, g_b
+        return g_x, parallel.matmul(g.T, x), g_b
 
     # --- fused neural-network ops (over the last axis) ---
     def softmax_forward(self, x, causal=False, scale=1.0):
@@ -239,7 +241,9 @@ class NumpyBackend(Backend):
         """The head's logits, their softmax over the first `vocab` columns, the mean loss and its gradients, whole
         (the specification: a GPU computes them a chunk of rows at a time)."""
         formulas.check_range(targets, vocab, TARGET_RANGE, ignore_index)
-        logits = x @ weight.T if bias is None else x @ weight.T + bias  # (N, Vp)
+        logits = parallel.matmul(x, weight.T)  # (N, Vp)
+        if bias is not None:
+            logits += bias
         z = logits[:, :vocab]  # the padded columns take no part
         m = z.max(axis=-1, keepdims=True)
         e = np.exp(z - m)
@@ -257,7 +261,7 @@ class NumpyBackend(Backend):
         g[rows, picked] -= 1
         g[~valid] = 0
         g /= max(count, 1)
-        return loss, g @ weight, g.T @ x, (g.sum(axis=0) if bias is not None else None)
+        return loss, parallel.matmul(g, weight), parallel.matmul(g.T, x), (g.sum(axis=0) if bias is not None else None)
 
     def embedding_forward(self, weight, idx):
         formulas.check_range(idx, len(weight), EMBEDDING_RANGE)
@@ -281,48 +285,52 @@ class NumpyBackend(Backend):
 
     def attention_forward(self, qkv, n_head, scale, for_backward=True):
         """The plain formula, with the T x T scores: the specification the fused kernels are tested against. Each
-        (sequence, head, block of queries) on the pool, over the keys up to its last query (the rest are masked)."""
+        (sequence, block of queries) on the pool, every head at once, over the keys up to its last query (the rest
+        are masked)."""
         q, k, v = formulas.heads(qkv, n_head)  # each (B, nh, T, hs)
         B, nh, T, hs = q.shape
         y, lse = np.empty(qkv.shape[:-1] + (nh * hs,), qkv.dtype), np.empty((B, nh, T), qkv.dtype)
-        y_h, future, rows = formulas.split_heads(y, n_head), formulas.causal((T, T)), formulas.query_rows(T, hs)
+        y_h, future, rows = formulas.split_heads(y, n_head), formulas.causal((T, T)), formulas.query_rows(T, hs, nh)
 
         def piece(item):
-            b, h, lo = item
+            b, lo = item
             hi = min(lo + rows, T)
-            s = np.where(future[lo:hi, :hi], -np.inf, scale * (q[b, h, lo:hi] @ k[b, h, :hi].T))  # (rows, hi)
+            s = np.where(future[lo:hi, :hi], -np.inf,
+                         scale * (q[b, :, lo:hi] @ k[b, :, :hi].swapaxes(-1, -2)))  # (nh, rows, hi)
             m = s.max(axis=-1, keepdims=True)
             e = np.exp(s - m)
             total = e.sum(axis=-1, keepdims=True)
-            y_h[b, h, lo:hi] = (e / total) @ v[b, h, :hi]  # (rows, hs)
-            lse[b, h, lo:hi] = (m + np.log(total))[:, 0]
-        parallel.run(piece, [(b, h, lo) for b in range(B) for h in range(nh) for lo in range(0, T, rows)])
+            y_h[b, :, lo:hi] = (e / total) @ v[b, :, :hi]  # (nh, rows, hs)
+            lse[b, :, lo:hi] = (m + np.log(total))[..., 0]
+        with blas.one_thread():
+            parallel.run(piece, [(b, lo) for b in range(B) for lo in range(0, T, rows)])
         return y, (lse if for_backward else None)
 
     def attention_backward(self, g, qkv, y, lse, n_head, scale):
-        """Each (sequence, head) on the pool; its keys' and values' gradients add up over its blocks of queries."""
+        """Each sequence on the pool, every head at once; its keys' and values' gradients add up over its blocks of
+        queries."""
         q, k, v = formulas.heads(qkv, n_head)  # each (B, nh, T, hs)
         g_y, y_h = formulas.split_heads(g, n_head), formulas.split_heads(y, n_head)  # (B, nh, T, hs)
         B, nh, T, hs = q.shape
         g_qkv = np.empty(qkv.shape, qkv.dtype)
         g_q, g_k, g_v = formulas.heads(g_qkv, n_head)  # views of g_qkv
-        future, rows = formulas.causal((T, T)), formulas.query_rows(T, hs)
+        future, rows = formulas.causal((T, T)), formulas.query_rows(T, hs, nh)
 
-        def sequence_head(item):
-            b, h = item
-            g_keys, g_values = np.zeros((T, hs), g.dtype), np.zeros((T, hs), g.dtype)
+        def sequence(b):
+            g_keys, g_values = np.zeros((nh, T, hs), g.dtype), np.zeros((nh, T, hs), g.dtype)
             for lo in range(0, T, rows):
                 hi = min(lo + rows, T)
-                s = scale * (q[b, h, lo:hi] @ k[b, h, :hi].T)  # (rows, hi)
-                p = np.where(future[lo:hi, :hi], 0.0, np.exp(s - lse[b, h, lo:hi, None]))
-                g_p = g_y[b, h, lo:hi] @ v[b, h, :hi].T  # (rows, hi)
-                row_dot = (g_y[b, h, lo:hi] * y_h[b, h, lo:hi]).sum(axis=-1, keepdims=True)  # softmax's, from y
+                s = scale * (q[b, :, lo:hi] @ k[b, :, :hi].swapaxes(-1, -2))  # (nh, rows, hi)
+                p = np.where(future[lo:hi, :hi], 0.0, np.exp(s - lse[b, :, lo:hi, None]))
+                g_p = g_y[b, :, lo:hi] @ v[b, :, :hi].swapaxes(-1, -2)  # (nh, rows, hi)
+                row_dot = (g_y[b, :, lo:hi] * y_h[b, :, lo:hi]).sum(axis=-1, keepdims=True)  # softmax's, from y
                 g_s = p * (g_p - row_dot)
-                g_q[b, h, lo:hi] = scale * (g_s @ k[b, h, :hi])
-                g_keys[:hi] += scale * (g_s.T @ q[b, h, lo:hi])
-                g_values[:hi] += p.T @ g_y[b, h, lo:hi]
-            g_k[b, h], g_v[b, h] = g_keys, g_values
-        parallel.run(sequence_head, [(b, h) for b in range(B) for h in range(nh)])
+                g_q[b, :, lo:hi] = scale * (g_s @ k[b, :, :hi])
+                g_keys[:, :hi] += scale * (g_s.swapaxes(-1, -2) @ q[b, :, lo:hi])
+                g_values[:, :hi] += p.swapaxes(-1, -2) @ g_y[b, :, lo:hi]
+            g_k[b], g_v[b] = g_keys, g_values
+        with blas.one_thread():
+            parallel.run(sequence, list(range(B)))
         return g_qkv
 
     # --- optimizer: every array cut into blocks, all blocks of all arrays in one run on the pool ---

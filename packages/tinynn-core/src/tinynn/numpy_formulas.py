@@ -6,14 +6,14 @@ import math
 
 import numpy as np
 
+from tinynn import blas
+from tinynn.blas import SMALL_PRODUCT
 from tinynn.errors import TinynnError
 
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
-# OpenBLAS runs a product of at most 65536 x 4 multiply-adds (GEMM_MULTITHREAD_THRESHOLD's default) on the thread
-# that calls it: products that small may run on the pool (larger ones would queue on BLAS's lock)
-SMALL_PRODUCT = 1 << 18
+SCORES_BLOCK = 1 << 16  # attention's scores in a block of queries, every head's (query_rows): 256 KiB of float32
 GELU_EDGE = 12.0  # beyond +-12, 2 x s (1 - s) u' in GELU's gradient is 0 in float32
 
 
@@ -82,11 +82,14 @@ def layernorm_grad(g, x, weight, mean, rstd):
     return g_x, g * xhat
 
 
-def query_rows(T, hs) -> int:
-    """Queries per block of attention: each product then has at most SMALL_PRODUCT multiply-adds, so OpenBLAS runs
-    it on the calling thread and the pool's threads run such products side by side. (Attention's T x T products
-    are too small for BLAS's own threads: on the 16-core Xeon a batch of them ran at 55-77 GFLOP/s threaded.)"""
-    return max(1, min(T, SMALL_PRODUCT // (T * hs)))
+def query_rows(T, hs, n_head) -> int:
+    """Queries per block of attention: a block's scores, (n_head, queries, T), are about SCORES_BLOCK elements, which
+    stay in a core's cache, and the pool runs its products with BLAS on one thread (blas.py). Where BLAS's thread
+    count cannot be set, each product also stays at most SMALL_PRODUCT, which OpenBLAS runs on the calling thread."""
+    rows = SCORES_BLOCK // (n_head * T)
+    if not blas.available():
+        rows = min(rows, SMALL_PRODUCT // (T * hs))
+    return max(1, min(T, rows))
 
 
 def rows(a):

@@ -6,10 +6,12 @@ of threads, and each block is computed by the same NumPy calls whichever thread 
 run and for every thread count. A block is small enough that the op's temporaries stay in a core's cache, which
 pays even on one thread.
 
-Large matrix products stay on the calling thread: OpenBLAS threads them itself, serialises concurrent threaded
-calls, and keeps separate locks per transpose variant (OpenBLAS issue 5836), so a pool calling them would at best
-wait. Products below its threading threshold run on the thread that calls them, so the pool may run those side by
-side (attention's, numpy_backend.SMALL_PRODUCT).
+Matrix products run on the pool too, cut into tiles of the output (`matmul`), each tile one BLAS call on one
+BLAS thread (blas.py): BLAS's own threads would otherwise take the same cores, wait for the slowest of them on
+a shared machine, and keep spinning after each product while the pool's next op needs the cores. A tile's
+bits depend on its shape, so a product is cut by the pool's size as well (whole on one thread, a few tiles a
+thread on more): the same bits on every run with as many threads. Where BLAS's thread count cannot be set, a
+product stays whole, threaded by BLAS.
 
     TINYNN_NUM_THREADS=4 tinynn train ...   # the pool's size; default: the cores this process may run on
 """
@@ -22,11 +24,15 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
+from tinynn import blas
 from tinynn.errors import TinynnError
 
 ENV = "TINYNN_NUM_THREADS"
 # elements of one block: 128 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
 BLOCK_ELEMENTS = 1 << 15
+# a product's tiles: about TILES_PER_THREAD a thread (a thread sharing its core then does fewer), none under
+# MIN_TILE_WORK multiply-adds (tens of microseconds: each BLAS call packs its operands again), at most TILE_COLS wide
+TILES_PER_THREAD, MIN_TILE_WORK, TILE_COLS = 4, 1 << 22, 256
 
 _pool: ThreadPoolExecutor | None = None
 _size: int | None = None
@@ -140,6 +146,45 @@ def column_sums(formula, rows, row_size, width, dtype):
     partial = np.empty((len(spans), width), dtype)
     run(lambda i: np.sum(formula(*spans[i]), axis=0, out=partial[i]), list(range(len(spans))))
     return partial.sum(axis=0)
+
+
+def tiles(m: int, n: int, k: int) -> list[tuple[slice, slice]]:
+    """(rows, columns) of the tiles of an (m, n) product over k, chosen from the shape and the pool's size: the
+    same bits on every run with as many threads. One thread, or a small product, makes one tile."""
+    threads = num_threads()
+    count = 1 if threads == 1 else min(threads * TILES_PER_THREAD, m * n * k // MIN_TILE_WORK)
+    if count <= 1:
+        return [(slice(0, m), slice(0, n))]
+    cols = min(n, TILE_COLS)
+    across = -(-n // cols)  # tiles side by side
+    rows = -(-m // max(1, count // across))  # rows per tile, rounded up to whole blocks of BLAS's row kernels
+    rows = -(-rows // 16) * 16
+    return [(slice(r, min(r + rows, m)), slice(c, min(c + cols, n))) for r in range(0, m, rows)
+            for c in range(0, n, cols)]
+
+
+def matmul(a, b, then=None):
+    """a (M, K) @ b (K, N) as a fresh (M, N) array, tile by tile on the pool; then(tile, rows, cols), when given,
+    finishes each tile in place while it is in cache (a bias, an activation: elementwise work)."""
+    out = np.empty((a.shape[0], b.shape[1]), np.result_type(a, b))
+    if a.shape[0] * a.shape[1] * b.shape[1] <= blas.SMALL_PRODUCT or not blas.available():
+        # on the calling thread, or (no control of BLAS's threads) threaded by BLAS as it likes
+        np.matmul(a, b, out=out)
+        if then is not None:
+            for_rows(lambda lo, hi: then(out[lo:hi], slice(lo, hi), slice(None)), *out.shape)
+        return out
+
+    def tile(item):
+        rows, cols = item
+        np.matmul(a[rows], b[:, cols], out=out[rows, cols])
+        if then is not None:  # a few rows at a time: the elementwise work's temporaries stay in cache
+            step = max(1, BLOCK_ELEMENTS // (cols.stop - cols.start))
+            for lo in range(rows.start, rows.stop, step):
+                part = slice(lo, min(lo + step, rows.stop))
+                then(out[part, cols], part, cols)
+    with blas.one_thread():
+        run(tile, tiles(*out.shape, a.shape[1]))
+    return out
 
 
 def small(a) -> bool:

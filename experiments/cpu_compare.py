@@ -1,0 +1,185 @@
+"""tinynn's NumPy backend against PyTorch on the CPU, back to back on one machine: the lesson training step
+(L4 d256 T128 B16, AdamW, clip 1.0) on all cores, on 2 (`taskset -c 0,1`, 2 threads) and on 1, and lesson-sized
+generation (117 new tokens after an 11-token prompt, top-k 20) at batch 1 and 16 on all cores and on 2.
+
+Each measurement runs in a process of its own, pinned with taskset, with TINYNN_NUM_THREADS and PyTorch's
+OMP_NUM_THREADS set to the cores it may use; tinynn and PyTorch alternate, and the table keeps each one's best
+run (ms per step: lower is better; tokens/s: higher). tinynn is the checkout's packages/tinynn-core/src.
+On all cores two variants of tinynn's step are timed too: products whole on OpenBLAS's own threads
+(`blas-threads`), and blocks of rows 4x as large (`big-blocks`). Measurements still to come when `--budget`
+seconds have passed are skipped, so the table always prints.
+
+    python experiments/cpu_compare.py [--budget 230] [--reps 2]      # or experiments/cpu_compare.sh
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "packages" / "tinynn-core" / "src"
+LESSON = ROOT / "apps" / "bench" / "lesson.json"
+ISSUE_REFERENCE = ROOT / ".device" / "bench" / "torch_gpt_reference.py"  # the reference issue 44 measured with
+NUMBER = r"([0-9][0-9,]*\.?[0-9]*)"
+
+
+# --- workers: one measurement each, in a process of its own; each prints "RESULT <number>" ---
+
+def tinynn_step(variant: str = "") -> float:
+    from tinynn import bench, blas, config, parallel, registry
+    if variant == "blas-threads":  # products whole, threaded by OpenBLAS (as before the pool ran them)
+        blas._looked, blas._calls = True, None
+    elif variant == "big-blocks":  # elementwise and row blocks 4x as large: fewer handoffs of the GIL
+        parallel.BLOCK_ELEMENTS *= 4
+    return bench.bench_train(registry.select("cpu"), config.load(LESSON), 5)["ms_per_step"]
+
+
+def tinynn_generation(batch: int) -> float:
+    sys.path.insert(0, str(ROOT / "apps" / "bench"))
+    import generation
+    import numpy as np
+
+    import tinynn
+    from tinynn import registry
+    from tinynn.model import GPT
+    tinynn.manual_seed(0)
+    model = GPT(generation.LESSON).to(registry.select("cpu"))
+    model.generate(np.repeat(generation.PROMPT[None, :], batch, 0), 140, **generation.SAMPLING)  # warm-up
+    return generation.tokens_per_s(model, batch, 117, "generate", reps=3)
+
+
+VARIANTS = ("blas-threads", "big-blocks")
+WORKERS = {"tinynn-step": tinynn_step, "tinynn-gen": tinynn_generation}
+
+
+# --- the orchestrator ---
+
+def environment(cores: str, threads: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+               CUDA_VISIBLE_DEVICES="", TINYNN_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    env.pop("OPENBLAS_NUM_THREADS", None)  # tinynn sets BLAS's thread count itself
+    return env
+
+
+def measure(what: str, cores: str, threads: int, command: list[str], pattern: str, timeout: float) -> float | None:
+    """Run command pinned to `cores`; the first number `pattern` finds in its output, or None."""
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(["taskset", "-c", cores, *command], env=environment(cores, threads), cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+        found = re.search(pattern, done.stdout)
+        value = float(found.group(1).replace(",", "")) if found else None
+        if value is None:
+            print(f"    {what}: no result (exit {done.returncode}): {(done.stderr or done.stdout)[-400:]}", flush=True)
+    except subprocess.TimeoutExpired:
+        value = None
+        print(f"    {what}: timed out after {timeout:.0f} s", flush=True)
+    print(f"    {what:<34} {'-' if value is None else f'{value:,.1f}':>10}   ({time.perf_counter() - t0:.0f} s)",
+          flush=True)
+    return value
+
+
+def best(values, higher=False):
+    values = [v for v in values if v is not None]
+    return (max(values) if higher else min(values)) if values else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget", type=float, default=230, help="seconds; later measurements are skipped")
+    p.add_argument("--reps", type=int, default=2, help="runs of each step measurement (tinynn and PyTorch alternate)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--variant", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        value = WORKERS[args.worker](args.batch) if args.worker == "tinynn-gen" else WORKERS[args.worker](args.variant)
+        print(f"RESULT {value}")
+        return
+    start = time.perf_counter()
+    all_cores = len(os.sched_getaffinity(0))
+    py = sys.executable
+    settings = [(f"0-{all_cores - 1}", all_cores)] + [s for s in (("0,1", 2), ("0", 1)) if s[1] < all_cores]
+    model = subprocess.run(["sh", "-c", "lscpu | grep -m1 'Model name'"], capture_output=True, text=True).stdout
+    print(f"{all_cores} cores, {model.strip()}; tinynn from {SRC}", flush=True)
+    subprocess.run([py, "-c", "import numpy, tinynn, tinynn.blas as b, tinynn.parallel as p; "
+                    "print('numpy', numpy.__version__, '| BLAS thread control:', b.available(), '| pool:', p.describe())"],
+                   env=environment(settings[0][0], all_cores), cwd=ROOT)
+    subprocess.run([py, "-c", "import torch; print('torch', torch.__version__, torch.__config__.parallel_info().splitlines()[:3])"],
+                   env=environment(settings[0][0], all_cores), cwd=ROOT)
+    rows = {}
+
+    def left() -> float:
+        return args.budget - (time.perf_counter() - start)
+
+    def run(what, cores, threads, command, pattern, timeout=60.0):
+        if left() < 5:
+            print(f"    {what}: skipped (budget spent)", flush=True)
+            return None
+        return measure(what, cores, threads, command, pattern, min(timeout, left()))
+
+    print("lesson training step, ms (lower is better)", flush=True)
+    for cores, threads in settings:
+        ours, theirs, issue = [], [], []
+        for _ in range(args.reps):
+            ours.append(run(f"tinynn step, {threads} threads", cores, threads,
+                            [py, __file__, "--worker", "tinynn-step"], r"RESULT " + NUMBER))
+            theirs.append(run(f"torch step, {threads} threads", cores, threads,
+                              [py, "apps/bench/torch_reference.py", "--configs", "lesson"], r"lesson_eager_ms " + NUMBER))
+        if ISSUE_REFERENCE.exists():
+            issue.append(run(f"torch (issue's reference), {threads} thr.", cores, threads,
+                             [py, str(ISSUE_REFERENCE), "--configs=lesson"], r"lesson\w*_ms\W+" + NUMBER))
+        rows[("step", threads)] = best(ours), best(theirs), best(issue)
+        if threads == all_cores and threads > 2:  # what the pool's products and block size buy, for the record
+            for variant in VARIANTS:
+                rows[("variant", variant)] = run(f"tinynn step, {variant}", cores, threads,
+                                                 [py, __file__, "--worker", "tinynn-step", "--variant", variant],
+                                                 r"RESULT " + NUMBER)
+    print("generation, tokens/s (higher is better)", flush=True)
+    for cores, threads in settings[:2]:
+        torch_rates = {}
+        out = None
+        if left() > 5:
+            t0 = time.perf_counter()
+            try:
+                out = subprocess.run(["taskset", "-c", cores, py, "apps/bench/torch_cpu_generation.py", str(threads)],
+                                     env=environment(cores, threads), cwd=ROOT, capture_output=True, text=True,
+                                     timeout=min(90, left())).stdout
+            except subprocess.TimeoutExpired:
+                out = ""
+            for batch, rate in re.findall(r"batch\s+(\d+),.*?:\s+" + NUMBER + " tokens/s", out):
+                torch_rates[int(batch)] = float(rate.replace(",", ""))
+            print(f"    torch generation, {threads} threads         {torch_rates}   ({time.perf_counter() - t0:.0f} s)",
+                  flush=True)
+        for batch in (1, 16):
+            ours = run(f"tinynn generation, batch {batch}, {threads} thr.", cores, threads,
+                       [py, __file__, "--worker", "tinynn-gen", "--batch", str(batch)], r"RESULT " + NUMBER)
+            rows[("gen", threads, batch)] = ours, torch_rates.get(batch)
+    print(f"\nsummary ({time.perf_counter() - start:.0f} s; best of {args.reps} runs for the steps)")
+    print("| measurement | cores | tinynn | PyTorch | tinynn / PyTorch | PyTorch (issue's reference) |")
+    print("|---|---:|---:|---:|---:|---:|")
+
+    def fmt(v, digits=0):
+        return "-" if v is None else f"{v:,.{digits}f}"
+    for cores, threads in settings:
+        ours, theirs, issue = rows.get(("step", threads), (None, None, None))
+        ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
+        print(f"| lesson step, ms | {threads} | {fmt(ours)} | {fmt(theirs)} | {ratio} | {fmt(issue)} |")
+    for variant in VARIANTS:
+        if ("variant", variant) in rows:
+            print(f"| lesson step, ms, {variant} | {all_cores} | {fmt(rows['variant', variant])} | | | |")
+    for cores, threads in settings[:2]:
+        for batch in (1, 16):
+            ours, theirs = rows.get(("gen", threads, batch), (None, None))
+            ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
+            print(f"| generation batch {batch}, tokens/s | {threads} | {fmt(ours)} | {fmt(theirs)} | {ratio} | |")
+
+
+if __name__ == "__main__":
+    main()
