@@ -11,7 +11,7 @@ export TINYNN_WEBGPU=dawn TINYNN_CACHE_DIR=$OUT/cache
 mkdir -p $OUT/cache && cp .device/cache/*.json $OUT/cache/ 2>/dev/null
 left() { echo $(( budget - SECONDS )); }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 90 python3 -m pytest -q -x -p no:cacheprovider packages/tinynn-gpu/tests/matmul/test_tensor.py 2>&1 | tail -2
+timeout 90 python3 -m pytest -q -x -p no:cacheprovider packages/tinynn-gpu/tests/matmul/test_tensor_cores.py 2>&1 | tail -2
 [ -n "${SHAPES:-}" ] && timeout 100 python3 experiments/tensor_matmul.py --shapes $SHAPES 2>&1 | grep TFLOP
 bench() {  # $1 config, $2 precision
   TINYNN_MATMUL_PRECISION=$2 timeout $(( $(left) - 10 )) tinynn bench --device gpu --no-cpu --json --sizes "" --steps 30 \

@@ -10,7 +10,7 @@ export TINYNN_WEBGPU=dawn TINYNN_CACHE_DIR=$OUT/cache
 left() { echo $(( budget - SECONDS )); }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 tinynn info --device gpu 2>&1 | grep -i "precision\|active\|webgpu"
-timeout 240 python3 -m pytest -q -x -p no:cacheprovider packages/tinynn-gpu/tests/matmul/test_tensor.py 2>&1 | tail -25
+timeout 240 python3 -m pytest -q -x -p no:cacheprovider packages/tinynn-gpu/tests/matmul/test_tensor_cores.py 2>&1 | tail -25
 timeout 120 python3 experiments/high_precision_training.py --steps 500 2>&1 | grep -v "^tinynn-gpu: tuning"
 timeout $(( $(left) / 2 )) python3 experiments/tensor_matmul.py ${SHAPES:+--shapes $SHAPES} 2>&1 | grep -v "^tinynn-gpu: tuning"
 for c in ${configs//,/ }; do
