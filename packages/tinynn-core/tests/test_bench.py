@@ -66,7 +66,7 @@ def test_the_gpu_report_counts_its_recording_and_fallbacks():
          "fallbacks": {"gather": 3, "cumsum": 1},
          "config": {**TINY, "vocab_size": 65, "padded_vocab_size": 65, "tie_embeddings": False, "head_bias": True}}
     lines = []
-    bench.print_entry(FakeGpu(), {"matmul": [], "train_step": t}, out=lines.append)
+    bench.print_entry(FakeGpu(), {"matmul": [], "train_step": t, "matmul_precision": "highest"}, out=lines.append)
     text = "\n".join(lines)
     assert "1.50 ms of it recording on the host" in text
     assert "NumPy fallbacks (calls so far): gather 3, cumsum 1" in text and "{" not in text

@@ -241,7 +241,8 @@ def main(args) -> None:
         # on stderr, so that --json's stdout stays one document; gone once the backend's results print
         with tqdm(total=len(sizes) + 1 + steps, desc=f"bench ({be.name})", unit="task", leave=False,
                   file=sys.stderr, bar_format="{desc}: {n_fmt}/{total_fmt} {elapsed}{postfix}") as bar:
-            entry = {"device": be.device_name, "matmul": bench_matmul(be, sizes, bar),
+            entry = {"device": be.device_name, "matmul_precision": be.describe()["matmul_precision"],
+                     "matmul": bench_matmul(be, sizes, bar),
                      "train_step": bench_train(be, cfg, steps, bar)}
             if args.profile and be.is_gpu:
                 bar.set_postfix_str("profiling a training step")
@@ -265,7 +266,7 @@ def describe_config(config: dict) -> str:
 
 
 def print_entry(be, entry, out=print) -> None:
-    out(f"== {be.name}: {be.device_name}")
+    out(f"== {be.name}: {be.device_name}, matmul precision {entry['matmul_precision']}")
     for r in entry["matmul"]:
         err = "" if r["max_abs_err"] is None else f"  max err {r['max_abs_err']:.1e}"
         out(f"  matmul {r['size']:>5}^2  {r['ms']:9.3f} ms  {r['gflops']:9.1f} GFLOP/s  [{r['kernel']}]{err}")
