@@ -26,8 +26,8 @@ except Exception as e:
     print(sys.argv[2], "failed:", e)
 PY
 }
-for c in ${configs//,/ }; do for p in highest high; do [ $(left) -gt 40 ] && bench $c $p; done; done
-[ $(left) -gt 60 ] && timeout $(( $(left) - 5 )) python3 apps/bench/torch_reference.py --configs $configs
+timeout $(( $(left) - 5 )) python3 apps/bench/torch_reference.py --configs $configs
+for c in ${configs//,/ }; do for p in highest high; do [ $(left) -gt 30 ] && bench $c $p; done; done
 [ $(left) -gt 60 ] && bench gpt2 highest
 [ $(left) -gt 40 ] && timeout $(( $(left) - 3 )) python3 apps/bench/torch_reference.py --configs gpt2
 [ $(left) -gt 60 ] && bench gpt2 high
