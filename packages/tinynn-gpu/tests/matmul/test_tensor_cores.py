@@ -57,6 +57,25 @@ def test_scales_pass(poisoned, rng, ta, tb, batch, shared, k):
     np.testing.assert_allclose(gpu.to_numpy(sums), want, rtol=1e-5, atol=1e-5 * np.abs(a).sum(-1).ravel().max())
 
 
+def test_scales_at_the_edges_of_float32(poisoned):
+    """A line as large as float32 goes gets its scale like any other (f16 would overflow at scale 1); a line of
+    infinities or NaNs gets 1, and so does every line of an empty K, whose row sums are 0."""
+    gpu, k = poisoned, 8
+    big = np.finfo(np.float32).max
+    a = np.ones((4, k), np.float32)
+    a[0, 3], a[1, 5], a[2], a[3] = 3.2e38, big, np.inf, np.nan
+    b = np.ones((k, 4), np.float32)
+    a_scales, b_scales, sums = gpu.rt.empty((4,)), gpu.rt.empty((4,)), gpu.rt.empty((4,))
+    scales_launch(gpu.rt, 1, 4, 4, k, False, False, False, True)(gpu.from_numpy(a), gpu.from_numpy(b), a_scales,
+                                                                  b_scales, sums)
+    np.testing.assert_array_equal(gpu.to_numpy(a_scales), [2.0 ** -113, 2.0 ** -113, 1.0, 1.0])
+    a_scales, b_scales, sums = gpu.rt.empty((4,)), gpu.rt.empty((4,)), gpu.rt.empty((4,))
+    empty_a, empty_b = gpu.from_numpy(np.ones((4, 0), np.float32)), gpu.from_numpy(np.ones((0, 4), np.float32))
+    scales_launch(gpu.rt, 1, 4, 4, 0, False, False, False, True)(empty_a, empty_b, a_scales, b_scales, sums)
+    np.testing.assert_array_equal(np.concatenate([gpu.to_numpy(x) for x in (a_scales, b_scales, sums)]),
+                                  [1.0] * 8 + [0.0] * 4)
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=matmul_cases)
 def test_high_matmul(high, case):

@@ -35,9 +35,10 @@ var<workgroup> largest: array<f32, 256>;
 var<workgroup> partial: array<f32, 256>;
 
 // 2^(15 - e) for a largest magnitude in [2^(e-1), 2^e), within f32's normal range; 1 for zero, an infinity or
-// a NaN (the product is then non-finite, as f32's would be).
+// a NaN (the product is then non-finite, as f32's would be). Those two are told by their exponent bits: WGSL lets
+// a compiler assume floats are finite, and every finite magnitude up to f32's largest has a scale.
 fn range_scale(amax: f32) -> f32 {
-    if (!(amax <= 3.0e38) || amax == 0.0) { return 1.0; }
+    if (amax == 0.0 || (bitcast<u32>(amax) & 0x7f800000u) == 0x7f800000u) { return 1.0; }
     return ldexp(1.0, clamp(15 - frexp(amax).exp, -126, 126));
 }
 

@@ -154,7 +154,7 @@ def scales_params(batch, m, n, k, transpose_a, transpose_b, shared_b, sums: bool
 
     def split(batches, lines, k_stride):  # (workgroups, chunks)
         per_line = 64 if k_stride == 1 else 4
-        chunks = -(-k // (LOADS * per_line))
+        chunks = max(1, -(-k // (LOADS * per_line)))  # K = 0 too: every line still gets its scale (1), sum (0)
         return batches * -(-lines // (256 // per_line)) * chunks, chunks
     a_groups, a_chunks = split(batch, m, a_lines[1])
     b_groups, b_chunks = split(b_batches, n, b_lines[1])
