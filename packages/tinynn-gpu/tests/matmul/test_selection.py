@@ -48,6 +48,9 @@ def test_a_variant_can_be_forced(setting, gpu, monkeypatch):
     setting("TINYNN_MATMUL", "nope")
     with pytest.raises(ValueError, match="not a variant"):
         MatmulSelector(gpu.rt)
+    setting("TINYNN_MATMUL", "tensor 64x64x32/2x2")  # its vec4 loads would misread K = 3, say
+    with pytest.raises(ValueError, match="tensor-core variant"):
+        MatmulSelector(gpu.rt)
 
 
 @pytest.mark.parametrize("shape", [(1, 4096, 4096, 4096), (1, 1024, 1024, 1024), (1, 2048, 256, 256),

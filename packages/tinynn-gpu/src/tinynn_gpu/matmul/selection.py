@@ -119,6 +119,9 @@ class MatmulSelector:
         self.forced = now.matmul  # one variant for every shape, e.g. "lesson8"
         if self.forced and self.forced not in self.variants:
             raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
+        if isinstance(self.variants.get(self.forced), TensorConfig):  # it takes only some shapes (tensor.fits)
+            raise ValueError(f"TINYNN_MATMUL={self.forced!r} is a tensor-core variant, which cannot run every shape: "
+                             "set the matmul precision to 'high' instead")
         self.rows = RowsMatmul(runtime)
         self.last = None
         self.defer = False  # tune between a training loop's steps (`tune_pending`), not at a shape's first matmul
