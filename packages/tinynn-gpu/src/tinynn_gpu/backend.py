@@ -130,15 +130,17 @@ class WgpuBackend(Backend):
         return CapturedStep(self, fn, self._between_steps(key), copy_result)
 
     def _between_steps(self, key):
-        """The step's guard key and the matmul choices' generation. CapturedStep asks for it at the start of every
-        call, the moment between two steps: deferred matmul tuning runs a bounded piece there, and once its tuned
-        choices are in, the plans made before go and the step is recorded again with them (matmul/selection.py)."""
+        """The step's guard key, the matmul choices' generation and the matmul precision (every capture's, keyed or
+        not: a generator's recorded steps too). CapturedStep asks for it at the start of every call, the moment
+        between two steps: deferred matmul tuning runs a bounded piece there, and once its tuned choices are in,
+        the plans made before go and the step is recorded again with them (matmul/selection.py)."""
         mm = self.mm
 
         def guard():
             if mm.pending and not self.rt.profiling and mm.tune_pending():  # (the profiler times one step)
                 self.matmul_plans.clear()
-            return mm.generation if key is None else (key(), mm.generation)
+            return (mm.generation, precision.current()) if key is None else (key(), mm.generation,
+                                                                             precision.current())
         return guard
 
     @property

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 import tinynn
-from tinynn import backends
+from tinynn import backends, precision
 from tinynn.errors import TinynnError
 from tinynn.model import GPT, GPTConfig
 from tinynn.optim import AdamW, decay_groups
+from tinynn.tensor import Tensor
 from tinynn.train import TrainStep
 
 CFG = GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16)
@@ -115,6 +116,22 @@ def test_a_change_after_capture_takes_effect(gpu, change):
     cpu_losses, cpu_model, _ = run(backends.reference(), 14, apply)
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     np.testing.assert_allclose(weights(model), weights(cpu_model), rtol=1e-3, atol=1e-5)
+
+
+def test_a_step_captured_without_a_key_is_recorded_again_in_another_matmul_precision(gpu):
+    """A generator's recorded steps have no key of their own: a change of matmul precision must still drop
+    their tape, whose matmuls were planned under the other one."""
+    a = gpu.from_numpy(np.ones((64, 64), np.float32))
+    step = gpu.capture(lambda: Tensor(gpu.matmul(a, a), gpu))
+    for _ in range(5):  # eager calls, the capture, a replay
+        step()
+    recaptures = gpu.counters["recaptures"]
+    try:
+        precision.set_matmul_precision("high" if precision.current() == "highest" else "highest")
+        np.testing.assert_array_equal(step().numpy(), np.full((64, 64), 64.0))
+    finally:
+        precision.set_matmul_precision(None)
+    assert gpu.counters["recaptures"] == recaptures + 1
 
 
 def test_a_moved_model_trains_its_new_arrays(gpu):
