@@ -75,7 +75,7 @@ class Backend:
 
     def matmul_precision(self) -> tuple[str, str]:
         """(the precision this backend's matmuls run in under `precision.current()`, why): float32 here."""
-        return "highest", "float32 products and sums"
+        return "highest", "float32 products and sums: this backend has no reduced-precision products"
 
     @classmethod
     def ops(cls) -> tuple[str, ...]:

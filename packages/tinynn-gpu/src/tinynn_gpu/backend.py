@@ -34,7 +34,7 @@ from tinynn_gpu.runtime.arrays import GpuArray, TooLarge
 from tinynn_gpu.runtime.runtime import Runtime
 from tinynn_gpu.runtime.capture import CapturedStep
 
-HIGH = "'high': f16 tensor cores summing in float32, each operand line scaled by a power of two (matmul/tensor.py)"
+HIGH = "f16 tensor cores summing in float32, each operand line scaled by a power of two: matmul/tensor.py"
 
 
 class WgpuBackend(Backend):

@@ -11,11 +11,10 @@ from __future__ import annotations
 from tinynn_gpu.matmul import epilogue
 from tinynn_gpu.matmul.configs import BlockConfig
 from tinynn_gpu.matmul.epilogue import (MAIN_NAMES, XYZW, epilogue_slots, finish_arrays, finish_launch,
-                                        split_targets)
+                                        main_launches, split_targets)
 from tinynn_gpu.matmul.problem import Epilogue, Layout, epilogue_parts, problem_plan
-from tinynn_gpu.runtime.kernels import MAX_GROUPS, trim
+from tinynn_gpu.runtime.kernels import trim
 from tinynn_gpu.runtime.wgsl import fill, kernel_file
-
 
 
 def _tile_copy(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, registers: str = "", problem: str = "") \
@@ -73,8 +72,6 @@ def _registers(cfg: BlockConfig, operand: str, k_fastest: bool, vec4: bool, regi
     kind = "array<vec4<f32>, 4>" if vec4 and k_fastest and not cfg.spread else "vec4<f32>"
     return [f"    var {operand}{registers}_{i}: {kind};"
             for i in range(len(_tile_copy(cfg, operand, k_fastest, vec4)))]
-
-
 
 
 def generate(cfg: BlockConfig, transpose_a: bool, transpose_b: bool, vec4: bool = False, aligned: bool = False,
@@ -276,10 +273,5 @@ class BlockedMatmul:
             name = (f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
                     f"{' aligned' if layout[3] else ''}{' quads' if quads else ''}")
             module = self.modules[layout, quads] = self.rt.shader(generate(cfg, *layout, quads), name)
-        blocks_n, blocks_m, zs = -(-n // cfg.bn), -(-m // cfg.bm), batch * splits
-        # grids past the per-dimension limit: several dispatches, each told where it starts
-        launches = [self.rt.prepare(module, "matmul_main", (blocks_n, min(MAX_GROUPS, blocks_m - y0),
-                                                            min(MAX_GROUPS, zs - z0)),
-                                    MAIN_NAMES, {**params, "y_offset": y0, "z_offset": z0})
-                    for z0 in range(0, zs, MAX_GROUPS) for y0 in range(0, blocks_m, MAX_GROUPS)]
+        launches = main_launches(self.rt, module, MAIN_NAMES, cfg, batch * splits, m, n, params)
         return splits, launches, finish_launch(self.rt, module, params, quads)

@@ -36,10 +36,11 @@
 // otherwise leave most of the GPU idle).
 //
 // The epilogue (epilogue.wgsl) is applied to each result as it is stored. Its row sums come from the A tiles
-// already in workgroup memory: for the weight gradient g^T @ x this is the bias gradient, at no extra pass over g. In a pair's module
-// the block's threads share the sums, each a quad of rows over every (THREADS / (BM / 4))-th k, and add their
-// partial sums up in the A tiles after the loop (summed by the first BM / 4 threads alone, their warp does ~7% more
-// work than the others at 128x128x16, and every warp waits for it at each barrier); see `_row_sums`.
+// already in workgroup memory: for the weight gradient g^T @ x this is the bias gradient, at no extra pass over
+// g. In a pair's module the block's threads share the sums, each a quad of rows over every
+// (THREADS / (BM / 4))-th k, and add their partial sums up in the A tiles after the loop (summed by the first
+// BM / 4 threads alone, their warp does ~7% more work than the others at 128x128x16, and every warp waits for
+// it at each barrier); see `_row_sums`.
 //
 // Pairs: matmul_pair_main runs two independent matmuls of one block configuration in one dispatch (a linear
 // layer's input and weight gradients, which both read its output's gradient): the first problem's workgroups,

@@ -6,8 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class Blocking:
+    """What both kernels' configurations share: blocks of bm x bn outputs, k in steps of bk (their fields)."""
+
+    def aligned(self, m, n, k, splits, k_chunk) -> bool:
+        """Every tile of the shape lies whole inside the operands and every split has work: the loads need no
+        bounds checks (the stores keep theirs)."""
+        return m % self.bm == 0 and n % self.bn == 0 and k % self.bk == 0 and (splits - 1) * k_chunk < k
+
+
 @dataclass(frozen=True)
-class BlockConfig:
+class BlockConfig(Blocking):
     bm: int
     bn: int
     bk: int
@@ -48,11 +57,6 @@ class BlockConfig:
         """vec4 loads need each operand's contiguous dimension to be a multiple of 4 (so every quad is
         aligned and whole); other shapes run the scalar-load code of the same configuration."""
         return self.vec4 and (m if transpose_a else k) % 4 == 0 and (k if transpose_b else n) % 4 == 0
-
-    def aligned(self, m, n, k, splits, k_chunk) -> bool:
-        """Every tile of the shape lies whole inside the operands and every split has work: the loads need no
-        bounds checks (the stores keep theirs)."""
-        return m % self.bm == 0 and n % self.bn == 0 and k % self.bk == 0 and (splits - 1) * k_chunk < k
 
     @property
     def threads(self) -> int:
@@ -125,7 +129,7 @@ PAD = 8  # f16s padding each stored tile line of the tensor-core kernel, against
 
 
 @dataclass(frozen=True)
-class TensorConfig:
+class TensorConfig(Blocking):
     bm: int
     bn: int
     bk: int
@@ -142,6 +146,11 @@ class TensorConfig:
     @property
     def threads(self) -> int:
         return 32 * self.sg_rows * self.sg_cols
+
+    @staticmethod
+    def uses_vec4(m, n, k, transpose_a, transpose_b) -> bool:
+        """Whether the kernel takes this shape: it reads both operands as vec4s along their contiguous side."""
+        return (m if transpose_a else k) % 4 == 0 and (k if transpose_b else n) % 4 == 0
 
     @property
     def buffers(self) -> int:

@@ -5,7 +5,7 @@ their modules."""
 from __future__ import annotations
 
 from tinynn_gpu.matmul.problem import Epilogue
-from tinynn_gpu.runtime.kernels import grid
+from tinynn_gpu.runtime.kernels import MAX_GROUPS, grid
 from tinynn_gpu.runtime.wgsl import kernel_file
 
 XYZW = "xyzw"
@@ -75,6 +75,15 @@ def finish_arrays(out, epilogue: Epilogue, target, row_target, stand_ins: tuple)
     """matmul_finish_main's arrays (FINISH_NAMES): the output, the epilogue's, the splits' slices and row sums."""
     return (out, *epilogue_slots(epilogue.bias, epilogue.residual, epilogue.pre, epilogue.row_sums, stand_ins),
             target, stand_ins[0] if row_target is None else row_target)
+
+
+def main_launches(rt, module, names: tuple, cfg, zs: int, m: int, n: int, params: dict) -> list:
+    """matmul_main's Launches over the grid of cfg's blocks (x along n, y along m, z = batch x splits): several
+    where the grid passes the per-dimension limit, each told where it starts (y_offset, z_offset)."""
+    blocks_n, blocks_m = -(-n // cfg.bn), -(-m // cfg.bm)
+    return [rt.prepare(module, "matmul_main", (blocks_n, min(MAX_GROUPS, blocks_m - y0), min(MAX_GROUPS, zs - z0)),
+                       names, {**params, "y_offset": y0, "z_offset": z0})
+            for z0 in range(0, zs, MAX_GROUPS) for y0 in range(0, blocks_m, MAX_GROUPS)]
 
 
 def finish_launch(rt, module, params: dict, quads: bool):

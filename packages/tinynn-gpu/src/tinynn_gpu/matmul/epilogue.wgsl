@@ -9,7 +9,8 @@
 //   activation_grad: 1 = times GELU's derivative at pre[i], first (the backward: a matmul computing the
 //                 gradient of a GELU's output stores its input's gradient instead)
 //   row_sums:     sum over k of op(a)[m, k] into row_sums[batch, m] (the bias gradient of a weight gradient),
-//                 written by the kernel's own product code
+//                 written by the blocked kernel's product code, and for the tensor-core kernel by its scales
+//                 pass (scales.wgsl)
 // Split-K: with `splits` > 1 each split stores its raw sums into its own slice of `parts`, and
 // matmul_finish_main adds the slices into the real output and applies the epilogue.
 

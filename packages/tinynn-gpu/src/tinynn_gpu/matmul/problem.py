@@ -48,8 +48,6 @@ def problem_plan(cfg: BlockConfig, splits: int, batch, m, n, k, transpose_a, tra
     return splits, layout, params
 
 
-
-
 def matmul_dims(a, b, transpose_a, transpose_b) -> tuple:
     """(m, n, k, shared_b, batch shape) of op(a) @ op(b): b shared by every batch where it is a 2-D weight under a
     batched a, else the batch axes broadcast (NumPy's rules)."""

@@ -1,8 +1,10 @@
 """Matmul kernels and the choice between them.
 
-Two families: the lesson's tiled kernel (lesson.wgsl, tile 8, 16 or 32) and the generated register-blocked
-kernel (blocked.py), and for a few rows rows.py's. All record `out[B,M,N] = op(a) @ op(b)` for any M, N, K, either operand stored
-transposed, b shared by every batch (a weight).
+Float32 kernels: the lesson's tiled kernel (lesson.wgsl, tile 8, 16 or 32), the generated register-blocked kernel
+(blocked.py), and for a few rows rows.py's; in matmul precision "high" (tinynn/precision.py) on a device with f16
+subgroup matrices, the tensor-core kernel (tensor.py) too, tuned against the float32 ones under keys of its own.
+All record `out[B,M,N] = op(a) @ op(b)` for any M, N, K, either operand stored transposed, b shared by every
+batch (a weight).
 
 `MatmulSelector` picks a variant per real shape (layout, batch, M, N, K): a model trains on a handful of
 shapes, each worth its own choice (split-K, say, wins on some and loses on their neighbours).
@@ -40,13 +42,14 @@ from tqdm.auto import tqdm
 from tinynn import precision
 from tinynn.errors import TinynnNotice
 
+from tinynn_gpu.matmul import tensor
 from tinynn_gpu.matmul.blocked import BlockedMatmul
-from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, PAIR_SPLITS, TENSOR_CONFIGS, BlockConfig, TensorConfig
+from tinynn_gpu.matmul.configs import (BLOCK_CONFIGS, LESSON_TILES, PAIR_SPLITS, TENSOR_CONFIGS, BlockConfig,
+                                       TensorConfig)
 from tinynn_gpu.matmul.lesson import LessonMatmul
 from tinynn_gpu.matmul.paired import PairedMatmul
 from tinynn_gpu.matmul.problem import Epilogue, shape_key
 from tinynn_gpu.matmul.rows import RowsMatmul
-from tinynn_gpu.matmul import tensor
 from tinynn_gpu.matmul.tensor import TensorMatmul
 from tinynn_gpu.runtime import settings
 from tinynn_gpu.runtime.arrays import GpuArray
@@ -256,7 +259,7 @@ class MatmulSelector:
             variant = self.rows
         else:
             key = shape_key(batch, m, n, k, transpose_a, transpose_b, shared_b)
-            high = not self.forced and self.high() and tensor.fits(m, n, k, transpose_a, transpose_b)
+            high = not self.forced and self.high() and TensorConfig.uses_vec4(m, n, k, transpose_a, transpose_b)
             if high:  # tuned among the tensor-core and the float32 kernels alike, under a key of its own
                 key = f"high {key}"
             name = self.forced or self.choices.get(key)

@@ -18,18 +18,13 @@ import numpy as np
 
 from tinynn_gpu.matmul import epilogue
 from tinynn_gpu.matmul.configs import S, TensorConfig
-from tinynn_gpu.matmul.epilogue import epilogue_slots, finish_arrays, finish_launch, split_targets
-from tinynn_gpu.matmul.problem import Epilogue, epilogue_parts
-from tinynn_gpu.runtime.kernels import MAX_GROUPS, grid, trim
+from tinynn_gpu.matmul.epilogue import epilogue_slots, finish_arrays, finish_launch, main_launches, split_targets
+from tinynn_gpu.matmul.problem import Epilogue, epilogue_parts, problem_plan
+from tinynn_gpu.runtime.kernels import grid, trim
 from tinynn_gpu.runtime.wgsl import fill, kernel_file, kernel_source
 
 FEATURES = ("shader-f16", "chromium-experimental-subgroup-matrix")
 MAIN_NAMES = ("a", "b", "out", "bias", "residual", "pre", "a_scales", "b_scales")
-
-
-def fits(m, n, k, transpose_a, transpose_b) -> bool:
-    """Whether the kernel takes this shape: it reads both operands as vec4s along their contiguous side."""
-    return (m if transpose_a else k) % 4 == 0 and (k if transpose_b else n) % 4 == 0
 
 
 def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -> list[tuple[str, str, str]]:
@@ -57,7 +52,8 @@ def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -
             where = f"{operand}_k_{i}", f"{operand}_line_{i}"
             declare = [f"    let {where[0]} = {line};", f"    let {where[1]} = {quad};",
                        f"    let {operand}_scale_{i} = vec4<f32>(" + ", ".join(
-                           f"{scales}[{base} + min({origin} + {where[1]} + {j}u, {dim} - 1u)]" for j in range(4)) + ");"]
+                           f"{scales}[{base} + min({origin} + {where[1]} + {j}u, {dim} - 1u)]"
+                           for j in range(4)) + ");"]
             at = f"{where[0]} * {stride}u + {where[1]}"
             index = (f"{origin} + {where[1]}", f"{{k0}} + {where[0]}")
         declare.append(f"    var {reg}: vec4<f32>;")
@@ -72,7 +68,8 @@ def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -
 
 def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: bool = False,
              quads: bool = False) -> str:
-    """The WGSL of one configuration and layout (vec4 loads; `fits`); aligned: loads without bounds checks, for
+    """The WGSL of one configuration and layout (vec4 loads: `TensorConfig.uses_vec4`); aligned: loads without
+    bounds checks, for
     shapes whose tiles all lie inside the operands; quads: results stored 4 columns at a time (N a multiple of 4)."""
     strides = cfg.tiles(transpose_a, transpose_b)
     a_stride, _, b_stride, _ = strides
@@ -230,28 +227,19 @@ class TensorMatmul:
 
     def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
         cfg = self.config
-        splits = max(1, min(cfg.splits, -(-k // cfg.bk)))
-        k_chunk = -(-k // (splits * cfg.bk)) * cfg.bk
-        aligned = m % cfg.bm == 0 and n % cfg.bn == 0 and k % cfg.bk == 0 and (splits - 1) * k_chunk < k
-        quads = n % 4 == 0
-        layout = (transpose_a, transpose_b, aligned, quads)
+        splits, layout, params = problem_plan(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b,
+                                              epilogue)
+        params["row_sums"] = 0  # the scales pass sums the rows
+        layout = (transpose_a, transpose_b, layout[3], n % 4 == 0)  # (loads are vec4: `fits`) aligned, quads
         module = self.modules.get(layout)
         if module is None:
-            name = (f"matmul {cfg.name} ta={int(transpose_a)} tb={int(transpose_b)}{' aligned' * aligned}"
-                    f"{' quads' * quads}")
+            name = (f"matmul {cfg.name} ta={int(transpose_a)} tb={int(transpose_b)}{' aligned' * layout[2]}"
+                    f"{' quads' * layout[3]}")
             module = self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
-        params = {"m": m, "n": n, "k": k, "shared_b": int(shared_b), "splits": splits, "k_chunk": k_chunk,
-                  "has_bias": int(epilogue.bias is not None), "activation": int(epilogue.activation == "gelu"),
-                  "activation_grad": int(epilogue.activation_grad == "gelu"),
-                  "has_residual": int(epilogue.residual is not None), "row_sums": 0, "batch": batch}
-        blocks_n, blocks_m, zs = -(-n // cfg.bn), -(-m // cfg.bm), batch * splits
-        launches = [self.rt.prepare(module, "matmul_main", (blocks_n, min(MAX_GROUPS, blocks_m - y0),
-                                                            min(MAX_GROUPS, zs - z0)),
-                                    MAIN_NAMES, {**params, "y_offset": y0, "z_offset": z0})
-                    for z0 in range(0, zs, MAX_GROUPS) for y0 in range(0, blocks_m, MAX_GROUPS)]
+        launches = main_launches(self.rt, module, MAIN_NAMES, cfg, batch * splits, m, n, params)
         scales = scales_launch(self.rt, batch, m, n, k, transpose_a, transpose_b, shared_b,
                                epilogue.row_sums is not None)
-        return scales, launches, finish_launch(self.rt, module, params, quads), splits
+        return scales, launches, finish_launch(self.rt, module, params, layout[3]), splits
 
 
 def tensor_cores(runtime) -> tuple[bool, str]:
@@ -261,8 +249,9 @@ def tensor_cores(runtime) -> tuple[bool, str]:
     ctx = runtime.ctx
     missing = [f for f in FEATURES if f not in ctx.features]
     if missing:
-        return False, (f"{ctx.name} offers no {' or '.join(missing)} (Dawn does where the adapter has f16 subgroup "
-                       "matrices: TINYNN_WEBGPU=dawn with the tinynn-gpu[dawn] extra)")
+        hint = "" if ctx.implementation.name == "dawn" else \
+            " (Dawn does where the adapter has f16 subgroup matrices: TINYNN_WEBGPU=dawn, the tinynn-gpu[dawn] extra)"
+        return False, f"{ctx.name} offers no {' or '.join(missing)}{hint}"
     try:
         config = TensorConfig(32, 32, 16, 2, 2)
         rng = np.random.default_rng(0)

@@ -3,13 +3,13 @@
 // matmul precision is "high" (tinynn/precision.py) on an adapter with f16 subgroup matrices
 // (chromium_experimental_subgroup_matrix: Dawn; NVIDIA's tensor cores).
 //
-// Each workgroup computes a BM x BN block of the output with SUBGROUPS subgroups of 32 invocations, arranged
-// SG_ROWS x SG_COLS; each subgroup holds TM x TN result matrices of 16 x 16 (f32). Per BK step the block's A
-// (BM x BK) and B (BK x BN) tiles are read as vec4s of f32, multiplied by their lines' range scales (scales.wgsl:
-// powers of two, so exact), converted to f16 and stored in workgroup memory in the operand's own layout; the
-// subgroup matrices load from there (column-major where a tile is stored transposed) and multiply-accumulate
-// in f32. Double-buffered variants (BUFFERS = 2) fetch the next step's vec4s into registers before this step's
-// products and store them into the other buffer after, with one barrier a step.
+// Each workgroup computes a BM x BN block of the output with subgroups of 32 invocations, arranged in rows of
+// SG_COLS; each subgroup holds the result matrices (16 x 16, f32) of a SUB_M x SUB_N part of the block. Per BK
+// step the block's A (BM x BK) and B (BK x BN) tiles are read as vec4s of f32, multiplied by their lines'
+// range scales (scales.wgsl: powers of two, so exact), converted to f16 and stored in workgroup memory in the
+// operand's own layout; the subgroup matrices load from there (column-major where a tile is stored transposed)
+// and multiply-accumulate in f32. Double-buffered variants (BUFFERS = 2) fetch the next step's vec4s into
+// registers before this step's products and store them into the other buffer after, with one barrier a step.
 // Each result matrix then goes through a 16 x 16 f32 slot of its subgroup in workgroup memory: every invocation
 // takes 8 neighbouring values of a row, divides them by their row's and column's scales, and stores them
 // through the epilogue's `store` (bias, GELU, residual, GELU's gradient; raw slices under split-K, which
