@@ -19,12 +19,12 @@ def fresh(monkeypatch):
 
 
 def test_default_environment_and_set(monkeypatch):
-    assert precision.current() == "highest"
+    assert precision.current() == "highest" and precision.chosen() is None  # the environment's again
     monkeypatch.setenv(precision.ENV, " High ")
     precision.set_matmul_precision(None)  # back to the environment's, read afresh
     assert precision.current() == "high"
     tinynn.set_matmul_precision("highest")
-    assert precision.current() == "highest"
+    assert precision.current() == "highest" and precision.chosen() is None  # the environment's again
 
 
 @pytest.mark.parametrize("value", ["medium", "fp16", "tf32"])
@@ -63,4 +63,4 @@ def test_a_configs_precision_holds_for_its_run_alone(workdir, monkeypatch):
            "checkpoint_interval": 0, "block_size": 8, "batch_size": 2, "matmul_precision": "high"}
     train(cfg, progress=False)
     assert seen and set(seen) == {("high", "high")}
-    assert precision.current() == "highest"
+    assert precision.current() == "highest" and precision.chosen() is None  # the environment's again

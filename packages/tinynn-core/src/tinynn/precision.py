@@ -16,7 +16,8 @@ from tinynn.errors import TinynnError
 
 PRECISIONS = ("highest", "high")
 ENV = "TINYNN_MATMUL_PRECISION"
-_chosen = None  # the precision in force, read from the environment at the first `current()` unless set
+_set = None  # what set_matmul_precision chose; None: the environment's
+_environment = None  # TINYNN_MATMUL_PRECISION's, read once (every matmul asks) until set_matmul_precision(None)
 
 
 def check(value, source: str) -> str:
@@ -29,15 +30,21 @@ def check(value, source: str) -> str:
 
 def set_matmul_precision(precision: str | None) -> None:
     """Set the process's matmul precision ("highest" or "high"); None goes back to the environment's."""
-    global _chosen
-    _chosen = None if precision is None else check(precision, "matmul precision")
+    global _set, _environment
+    _set, _environment = (None if precision is None else check(precision, "matmul precision")), None
+
+
+def chosen() -> str | None:
+    """What set_matmul_precision chose (None: nothing), to give back to it later."""
+    return _set
 
 
 def current() -> str:
-    """The precision in force: set_matmul_precision's, else TINYNN_MATMUL_PRECISION's (read once: every matmul
-    asks), else "highest"."""
-    global _chosen
-    if _chosen is None:
+    """The precision in force: set_matmul_precision's, else TINYNN_MATMUL_PRECISION's, else "highest"."""
+    global _environment
+    if _set is not None:
+        return _set
+    if _environment is None:
         value = os.environ.get(ENV, "").strip()
-        _chosen = check(value, ENV) if value else "highest"
-    return _chosen
+        _environment = check(value, ENV) if value else "highest"
+    return _environment

@@ -67,8 +67,9 @@ def train(cfg: TrainConfig | dict, *, device=None, resume=False, overwrite=False
     cfg.validate()
     if resume and overwrite:
         raise TinynnError("--resume continues out_dir's checkpoint and --overwrite replaces it: give one of them")
-    before = precision.current()  # a config's matmul_precision holds for its run alone
-    precision.set_matmul_precision(cfg.matmul_precision or before)
+    before = precision.chosen()  # a config's matmul_precision holds for its run alone
+    if cfg.matmul_precision is not None:
+        precision.set_matmul_precision(cfg.matmul_precision)
     try:
         return _train(cfg, device, resume, overwrite, progress)
     finally:
