@@ -64,6 +64,15 @@ def test_a_diverged_model_at_the_only_evaluation_is_still_not_saved(workdir, mon
                            "than 2x the best"), last
 
 
+@pytest.fixture(autouse=True)
+def python_sigint():
+    """Python's own SIGINT handler, as in a terminal: a process started in the background by a non-interactive
+    shell (a CI script's `&`) inherits SIGINT ignored, and Python then installs none."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt_during_step(monkeypatch, at: int, how: str):
     """Ctrl-C while step `at` runs: a real SIGINT to this process ("signal"), or a KeyboardInterrupt raised
     inside the step itself ("raise", as a second Ctrl-C does)."""
