@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from tinynn_gpu.matmul import epilogue
 from tinynn_gpu.matmul.configs import BlockConfig
-from tinynn_gpu.matmul.epilogue import (MAIN_NAMES, XYZW, epilogue_slots, finish_arrays, finish_launch,
-                                        main_launches, split_targets)
-from tinynn_gpu.matmul.problem import Epilogue, Layout, epilogue_parts, problem_plan
-from tinynn_gpu.runtime.kernels import trim
+from tinynn_gpu.matmul.epilogue import (MAIN_NAMES, XYZW, GeneratedMatmul, epilogue_slots, finish_arrays,
+                                        finish_launch, main_launches, split_targets)
+from tinynn_gpu.matmul.problem import Layout, problem_plan
 from tinynn_gpu.runtime.wgsl import fill, kernel_file
 
 
@@ -217,30 +216,10 @@ def _row_sums(cfg: BlockConfig, shared: bool) -> tuple[list[str], list[str]]:
                     "            }"] + ["    " + line for line in store] + ["        }", "    }"]
 
 
-class BlockedMatmul:
-    def __init__(self, runtime, config: BlockConfig):
-        config.check_device(runtime.ctx.limits)
-        self.rt = runtime
-        self.config = config
-        self.modules = {}
-        self.description = f"blocked {config.name}"  # made once: the selector asks for it every matmul
-        self.plans = {}  # (layout, shape, epilogue parts) -> (splits, [main Launch, ...], finish Launch or None)
+class BlockedMatmul(GeneratedMatmul):
+    prefix = "blocked "
 
-    def describe(self) -> str:
-        return self.description
-
-    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
-        """Record out = epilogue(op(a) @ op(b)); True: the epilogue was applied (always, for this kernel)."""
-        return self.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
-
-    def plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
-        """record(a, b, out, epilogue) for this shape and the epilogue's parts (see `MatmulSelector.plan`): the
-        module, split count and dispatches made ready once."""
-        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, *epilogue_parts(epilogue))
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self.plans[key] = self._plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
-            trim(self.plans)
+    def _recorder(self, plan, batch, m, n, shared_b):
         splits, launches, finish = plan
         rt = self.rt
         stand_ins = rt.stand_in(0), rt.stand_in(1), rt.stand_in(2)

@@ -4,8 +4,8 @@ register-blocked kernel (blocked.py, paired.py) and the tensor-core kernel (tens
 their modules."""
 from __future__ import annotations
 
-from tinynn_gpu.matmul.problem import Epilogue
-from tinynn_gpu.runtime.kernels import MAX_GROUPS, grid
+from tinynn_gpu.matmul.problem import Epilogue, epilogue_parts
+from tinynn_gpu.runtime.kernels import MAX_GROUPS, grid, trim
 from tinynn_gpu.runtime.wgsl import kernel_file
 
 XYZW = "xyzw"
@@ -93,3 +93,33 @@ def finish_launch(rt, module, params: dict, quads: bool):
         return None
     values = params["batch"] * params["m"] * params["n"] // (4 if quads else 1)
     return rt.prepare(module, "matmul_finish_main", grid(-(-values // 256)), FINISH_NAMES, params)
+
+
+class GeneratedMatmul:
+    """A variant of a generated kernel (blocked.py's, tensor.py's): its modules per layout, and per shape and
+    epilogue parts the dispatches made ready once (`_plan`) and the function that records them (`_recorder`)."""
+    prefix = ""  # of the description: the kind of kernel, where the configuration's name does not say it
+
+    def __init__(self, runtime, config):
+        config.check_device(runtime.ctx.limits)
+        self.rt = runtime
+        self.config = config
+        self.modules = {}
+        self.description = self.prefix + config.name  # made once: the selector asks for it every matmul
+        self.plans = {}  # (layout, shape, epilogue parts) -> what `_plan` made ready
+
+    def describe(self) -> str:
+        return self.description
+
+    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
+        """Record out = epilogue(op(a) @ op(b)); True: the epilogue was applied (always, for these kernels)."""
+        return self.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
+
+    def plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
+        """record(a, b, out, epilogue) for this shape and the epilogue's parts (see `MatmulSelector.plan`)."""
+        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, *epilogue_parts(epilogue))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = self._plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+            trim(self.plans)
+        return self._recorder(plan, batch, m, n, shared_b)

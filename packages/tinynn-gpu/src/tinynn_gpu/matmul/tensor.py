@@ -18,9 +18,10 @@ import numpy as np
 
 from tinynn_gpu.matmul import epilogue
 from tinynn_gpu.matmul.configs import S, TensorConfig
-from tinynn_gpu.matmul.epilogue import epilogue_slots, finish_arrays, finish_launch, main_launches, split_targets
-from tinynn_gpu.matmul.problem import Epilogue, epilogue_parts, problem_plan
-from tinynn_gpu.runtime.kernels import grid, trim
+from tinynn_gpu.matmul.epilogue import (GeneratedMatmul, epilogue_slots, finish_arrays, finish_launch, main_launches,
+                                        split_targets)
+from tinynn_gpu.matmul.problem import problem_plan
+from tinynn_gpu.runtime.kernels import grid
 from tinynn_gpu.runtime.wgsl import fill, kernel_file, kernel_source
 
 FEATURES = ("shader-f16", "chromium-experimental-subgroup-matrix")
@@ -183,29 +184,9 @@ def scales_launch(rt, batch, m, n, k, transpose_a, transpose_b, shared_b, sums: 
     return record
 
 
-class TensorMatmul:
-    def __init__(self, runtime, config: TensorConfig):
-        config.check_device(runtime.ctx.limits)
-        self.rt = runtime
-        self.config = config
-        self.modules = {}
-        self.description = config.name
-        self.plans = {}
-
-    def describe(self) -> str:
-        return self.description
-
-    def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
-        return self.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
-
-    def plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()):
-        """record(a, b, out, epilogue) for this shape and the epilogue's parts: the scales pass, the product's
-        dispatches and, with split-K, the finish, made ready once."""
-        key = (transpose_a, transpose_b, batch, m, n, k, shared_b, *epilogue_parts(epilogue))
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self.plans[key] = self._plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
-            trim(self.plans)
+class TensorMatmul(GeneratedMatmul):
+    def _recorder(self, plan, batch, m, n, shared_b):
+        """record(a, b, out, epilogue): the scales pass, the product's dispatches and, with split-K, the finish."""
         scales, launches, finish, splits = plan
         rt = self.rt
         stand_ins = rt.stand_in(0), rt.stand_in(1), rt.stand_in(2)
