@@ -53,23 +53,10 @@ def tinynn_step(config_path):
 
 
 def torch_step(config_path):
-    import torch
     sys.path.insert(0, str(ROOT / "apps" / "bench"))
     import torch_reference
-    s = torch_reference.shape(Path(config_path).stem)
-    torch.manual_seed(0)
-    model = torch_reference.GPT(s["vocab"], s["block"], s["d"], s["n_head"], s["n_layer"], False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
-    idx = torch.randint(0, s["vocab"], (s["batch"], s["block"]))
-
-    def step():
-        loss = model(idx, idx)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        return loss.item()
-    return step
+    step = torch_reference.training_step(torch_reference.shape(Path(config_path).stem), "cpu")
+    return lambda: step().item()
 
 
 def main():

@@ -82,8 +82,9 @@ def shape(name: str) -> dict:
             "tie": raw.get("tie_embeddings", False)}
 
 
-def step_ms(s: dict, mode: str, device: str, sdpa=False, tf32=False, steps=50) -> float:
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+def training_step(s: dict, device: str, mode: str = "eager", sdpa=False):
+    """One training step of a config's model (AdamW, clip 1.0, as tinynn's bench), as a function returning the
+    loss; `mode` "graph" makes its optimizer capturable, and any mode but "eager" fused on CUDA."""
     torch.manual_seed(0)
     model = GPT(s["vocab"], s["block"], s["d"], s["n_head"], s["n_layer"], sdpa, s["bias"], s["head_bias"],
                 s["tie"]).to(device)
@@ -98,7 +99,12 @@ def step_ms(s: dict, mode: str, device: str, sdpa=False, tf32=False, steps=50) -
         opt.step()
         opt.zero_grad(set_to_none=False)  # a graph replays into the same gradient buffers
         return loss
+    return step
 
+
+def step_ms(s: dict, mode: str, device: str, sdpa=False, tf32=False, steps=50) -> float:
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    step = training_step(s, device, mode, sdpa)
     run = step
     if mode == "graph":  # warm up on a side stream (as CUDA graph capture requires), then capture once
         side = torch.cuda.Stream()
