@@ -47,7 +47,6 @@ def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -
             where = f"{operand}_line_{i}", f"{operand}_k_{i}"
             declare = [f"    let {where[0]} = {line};", f"    let {where[1]} = {quad};",
                        f"    let {operand}_scale_{i} = {scales}[{base} + min({origin} + {where[0]}, {dim} - 1u)];"]
-            at = f"{where[0]} * {stride}u + {where[1]}"
             index = (f"{origin} + {where[0]}", f"{{k0}} + {where[1]}")
         else:  # a line is one k; the quad runs along m (n): four scales
             where = f"{operand}_k_{i}", f"{operand}_line_{i}"
@@ -55,8 +54,8 @@ def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -
                        f"    let {operand}_scale_{i} = vec4<f32>(" + ", ".join(
                            f"{scales}[{base} + min({origin} + {where[1]} + {j}u, {dim} - 1u)]"
                            for j in range(4)) + ");"]
-            at = f"{where[0]} * {stride}u + {where[1]}"
             index = (f"{origin} + {where[1]}", f"{{k0}} + {where[0]}")
+        at = f"{where[0]} * {stride}u + {where[1]}"  # its place in the stored tile: line, then quad
         declare.append(f"    var {reg}: vec4<f32>;")
         m_or_n, k = index
         load = f"load_a(a_base, {m_or_n}, {k}, k_end)" if a else f"load_b(b_base, {k}, {m_or_n}, k_end)"
@@ -211,7 +210,7 @@ class TensorMatmul(GeneratedMatmul):
         splits, layout, params = problem_plan(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b,
                                               epilogue)
         params["row_sums"] = 0  # the scales pass sums the rows
-        layout = (transpose_a, transpose_b, layout[3], n % 4 == 0)  # (loads are vec4: `fits`) aligned, quads
+        layout = (transpose_a, transpose_b, layout[3], n % 4 == 0)  # aligned, quads (loads: vec4 always)
         module = self.modules.get(layout)
         if module is None:
             name = (f"matmul {cfg.name} ta={int(transpose_a)} tb={int(transpose_b)}{' aligned' * layout[2]}"
