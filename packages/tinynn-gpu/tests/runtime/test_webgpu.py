@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tinynn_gpu.runtime import webgpu
+from tinynn_gpu.runtime import context, webgpu
 
 SRC = Path(__file__).parents[2] / "src" / "tinynn_gpu"
 
@@ -90,10 +90,16 @@ def test_the_context_runs_on_the_chosen_implementation(gpu):
         assert gpu.ctx.subgroups and gpu.rt.subgroups is (os.environ.get("TINYNN_SUBGROUPS") != "0")
 
 
-def test_dawn_opens_its_device_with_the_toggles_tinynn_needs(gpu):
-    if webgpu.chosen().name != "dawn":
-        pytest.skip("Dawn's toggles")
-    from wgpudawn.backends.dawn import extras
-    toggles = extras.get_toggles(gpu.rt.device)
-    assert "disable_robustness" in toggles and "timestamp_quantization" not in toggles
-    assert "allow_unsafe_apis" in extras.get_toggles(gpu.ctx.adapter)  # an instance toggle, passed on
+def test_the_device_is_opened_as_tinynn_asks(gpu):
+    """With the adapter's own limits and each feature tinynn asks for by the implementation's names where the adapter
+    has it; Dawn's also with its device toggles (shaders without robustness, timestamps not quantized) and the
+    instance's (its experimental features), passed on to the adapter."""
+    implementation, device = webgpu.chosen(), gpu.rt.device
+    for name in context.WANTED_LIMITS:
+        assert name not in gpu.ctx.adapter.limits or device.limits[name] == gpu.ctx.adapter.limits[name], name
+    assert set(gpu.ctx.adapter.features) & set(implementation.features) <= set(device.features)
+    if implementation.name == "dawn":
+        from wgpudawn.backends.dawn import extras
+        toggles = extras.get_toggles(device)
+        assert "disable_robustness" in toggles and "timestamp_quantization" not in toggles
+        assert "allow_unsafe_apis" in extras.get_toggles(gpu.ctx.adapter)
