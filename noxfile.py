@@ -4,6 +4,7 @@ fails here too.
 
     nox -s tests-cpu tests-gpu           # every supported Python
     nox -s tests-cpu-3.12                # one of them
+    nox -s tests-dawn                    # the GPU tests on Dawn instead of wgpu-native
 """
 import os
 from pathlib import Path
