@@ -28,6 +28,11 @@ FEATURES = ("shader-f16", "chromium-experimental-subgroup-matrix")
 MAIN_NAMES = ("a", "b", "out", "bias", "residual", "pre", "a_scales", "b_scales")
 
 
+def major(transposed: bool) -> str:
+    """A tile's layout for subgroupMatrixLoad: a transposed operand's tile is stored as it lies, column-major."""
+    return "col_major" if transposed else "row_major"
+
+
 def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -> list[tuple[str, str, str]]:
     """One operand's tile copy as (declare, fetch, stash) lines per slot of a thread: the slot's place in the tile
     and its scales (registers, the same every step), the vec4 load times the scales, and the four f16 stores."""
@@ -96,20 +101,20 @@ def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: b
         for i in range(tm):
             at = f"(sr + {i * S}u) * {a_stride}u + {kk * S}u" if not transpose_a else \
                 f"{kk * S * a_stride}u + sr + {i * S}u"
-            products.append(f"        let l{kk}_{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>("
-                            f"&a_tile, buf * A_TILE + {at}, {str(transpose_a).lower()}, A_STRIDE);")
+            products.append(f"        let l{kk}_{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, "
+                            f"{major(transpose_a)}>(&a_tile, buf * A_TILE + {at}, A_STRIDE);")
         for j in range(tn):
             at = f"{kk * S * b_stride}u + sc + {j * S}u" if not transpose_b else \
                 f"(sc + {j * S}u) * {b_stride}u + {kk * S}u"
-            products.append(f"        let r{kk}_{j} = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>("
-                            f"&b_tile, buf * B_TILE + {at}, {str(transpose_b).lower()}, B_STRIDE);")
+            products.append(f"        let r{kk}_{j} = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, "
+                            f"{major(transpose_b)}>(&b_tile, buf * B_TILE + {at}, B_STRIDE);")
         products += [f"        acc_{i}_{j} = subgroupMatrixMultiplyAccumulate(l{kk}_{i}, r{kk}_{j}, acc_{i}_{j});"
                      for i in range(tm) for j in range(tn)]
     stores = []
     for i in range(tm):
         for j in range(tn):
             stores += [
-                f"    subgroupMatrixStore(&results, slot, acc_{i}_{j}, false, 16u);",
+                f"    subgroupMatrixStore<row_major>(&results, slot, acc_{i}_{j}, 16u);",
                 "    workgroupBarrier();",
                 "    {",
                 f"        let m = row0 + sr + {i * S}u + r;",
