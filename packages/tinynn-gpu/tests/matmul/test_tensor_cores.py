@@ -90,6 +90,14 @@ def test_high_matmul(high, case):
     assert_matmul_result(gpu, out, epilogue, expected, a, b, ta, tb, HIGH_RTOL)
 
 
+def test_tensor_config_names():
+    """The table is written in the names tuning prints; each names one configuration, and a bad name is refused."""
+    assert [TensorConfig.named(c.name) for c in TENSOR_CONFIGS] == list(TENSOR_CONFIGS)
+    assert TensorConfig.named("64x64x32/2x2 split4 db") == TensorConfig(64, 64, 32, 2, 2, double=True, splits=4)
+    with pytest.raises(ValueError, match="'64x64/2x2' is not a tensor-core matmul configuration"):
+        TensorConfig.named("64x64/2x2")
+
+
 def test_every_tensor_config(high):
     """Each tensor-core configuration on every layout, aligned and ragged shapes, batched and shared, each
     epilogue, where the device has tensor cores; elsewhere "high" is refused with its reason, once."""

@@ -12,7 +12,7 @@ from tinynn_gpu.matmul import epilogue
 from tinynn_gpu.matmul.configs import BlockConfig
 from tinynn_gpu.matmul.epilogue import (MAIN_NAMES, XYZW, GeneratedMatmul, epilogue_slots, finish_arrays,
                                         finish_launch, main_launches, split_targets)
-from tinynn_gpu.matmul.problem import Layout, problem_plan
+from tinynn_gpu.matmul.problem import Layout
 from tinynn_gpu.runtime.wgsl import fill, kernel_file
 
 
@@ -242,15 +242,11 @@ class BlockedMatmul(GeneratedMatmul):
             return True
         return record
 
-    def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
+    def _plan(self, problem, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
         cfg = self.config
-        splits, layout, params = problem_plan(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b,
-                                              epilogue)
+        splits, layout, params = problem
         quads = stores_quads(n)
-        module = self.modules.get((layout, quads))
-        if module is None:
-            name = (f"matmul {cfg.name} ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' if layout[2] else ''}"
-                    f"{' aligned' if layout[3] else ''}{' quads' if quads else ''}")
-            module = self.modules[layout, quads] = self.rt.shader(generate(cfg, *layout, quads), name)
+        module = self.module((layout, quads), f"ta={int(layout[0])} tb={int(layout[1])}{' vec4 loads' * layout[2]}"
+                             f"{' aligned' * layout[3]}{' quads' * quads}", lambda: generate(cfg, *layout, quads))
         launches = main_launches(self.rt, module, MAIN_NAMES, cfg, batch * splits, m, n, params)
         return splits, launches, finish_launch(self.rt, module, params, quads)

@@ -3,6 +3,7 @@ the tensor-core kernel's (tensor.py), and the candidates the selector chooses am
 tiles, BLOCK_CONFIGS and, in matmul precision "high", TENSOR_CONFIGS."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -143,6 +144,15 @@ class TensorConfig(Blocking):
         split = f" split{self.splits}" if self.splits > 1 else ""
         return f"tensor {self.bm}x{self.bn}x{self.bk}/{self.sg_rows}x{self.sg_cols}{split}{' db' * self.double}"
 
+    @classmethod
+    def named(cls, name: str) -> TensorConfig:
+        """The configuration a name describes, with or without "tensor " before it: "128x128x32/2x4 split2 db"."""
+        match = re.fullmatch(r"(?:tensor )?(\d+)x(\d+)x(\d+)/(\d+)x(\d+)(?: split(\d+))?( db)?", name)
+        if match is None:
+            raise ValueError(f"{name!r} is not a tensor-core matmul configuration (BMxBNxBK/ROWSxCOLS [splitS] [db])")
+        *sizes, splits, double = match.groups()
+        return cls(*map(int, sizes), double=bool(double), splits=int(splits or 1))
+
     @property
     def threads(self) -> int:
         return 32 * self.sg_rows * self.sg_cols
@@ -179,17 +189,11 @@ class TensorConfig(Blocking):
             raise ValueError(f"matmul config {self.name}: {most} bytes of workgroup memory, more than the device has")
 
 
-# The tensor-core candidates: 128 x 128 blocks of 8 subgroups (the layout that ran fastest in a first probe,
-# BENCHMARKS.md), smaller blocks for smaller outputs, split-K for weight gradients (K = the batch's tokens).
-TENSOR_CONFIGS = (
-    TensorConfig(128, 128, 32, 2, 4),
-    TensorConfig(128, 128, 32, 2, 4, double=True),
-    TensorConfig(128, 64, 32, 4, 2),
-    TensorConfig(64, 128, 32, 2, 4),
-    TensorConfig(64, 64, 32, 2, 2),
-    TensorConfig(64, 64, 32, 2, 2, double=True),
-    TensorConfig(128, 128, 32, 2, 4, splits=2),
-    TensorConfig(64, 64, 32, 2, 2, splits=4),
-    TensorConfig(64, 64, 32, 2, 2, splits=8),
-)
+# The tensor-core candidates, by name (BENCHMARKS.md times each on the step's shapes): 128 x 128 blocks of 8
+# subgroups (the first probe's layout); 8 subgroups on half the block, for 4096^2 outputs (64 x 128) and a linear
+# layer's forward (128 x 64); 4 subgroups for outputs of a few hundred blocks; split-K for weight gradients, whose
+# K is the batch's tokens.
+TENSOR_CONFIGS = tuple(map(TensorConfig.named, (
+    "128x128x32/2x4", "128x128x32/2x4 db", "128x64x32/4x2", "64x128x32/2x4", "64x64x32/2x2", "64x64x32/2x2 db",
+    "128x128x32/2x4 split2", "64x64x32/2x2 split4", "64x64x32/2x2 split8")))
 PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls

@@ -4,7 +4,7 @@ register-blocked kernel (blocked.py, paired.py) and the tensor-core kernel (tens
 their modules."""
 from __future__ import annotations
 
-from tinynn_gpu.matmul.problem import Epilogue, epilogue_parts
+from tinynn_gpu.matmul.problem import Epilogue, epilogue_parts, problem_plan
 from tinynn_gpu.runtime.kernels import MAX_GROUPS, grid, trim
 from tinynn_gpu.runtime.wgsl import kernel_file
 
@@ -97,7 +97,7 @@ def finish_launch(rt, module, params: dict, quads: bool):
 
 class GeneratedMatmul:
     """A variant of a generated kernel (blocked.py's, tensor.py's): its modules per layout, and per shape and
-    epilogue parts the dispatches made ready once (`_plan`) and the function that records them (`_recorder`)."""
+    epilogue parts the dispatches made ready once (`_plan`, given `problem_plan`'s splits, layout and parameters) and the function that records them (`_recorder`)."""
     prefix = ""  # of the description: the kind of kernel, where the configuration's name does not say it
 
     def __init__(self, runtime, config):
@@ -111,6 +111,13 @@ class GeneratedMatmul:
     def describe(self) -> str:
         return self.description
 
+    def module(self, layout: tuple, name: str, source):
+        """The shader module for a layout of the kernel, made from source() the first time (compiles are slow)."""
+        module = self.modules.get(layout)
+        if module is None:
+            module = self.modules[layout] = self.rt.shader(source(), f"matmul {self.config.name} {name}")
+        return module
+
     def record(self, a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue=Epilogue()) -> bool:
         """Record out = epilogue(op(a) @ op(b)); True: the epilogue was applied (always, for these kernels)."""
         return self.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)(a, b, out, epilogue)
@@ -120,6 +127,8 @@ class GeneratedMatmul:
         key = (transpose_a, transpose_b, batch, m, n, k, shared_b, *epilogue_parts(epilogue))
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[key] = self._plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue)
+            shape = (batch, m, n, k, transpose_a, transpose_b, shared_b)
+            problem = problem_plan(self.config, self.config.splits, *shape, epilogue)
+            plan = self.plans[key] = self._plan(problem, *shape, epilogue)
             trim(self.plans)
         return self._recorder(plan, batch, m, n, shared_b)

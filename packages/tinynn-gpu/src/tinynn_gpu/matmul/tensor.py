@@ -20,7 +20,6 @@ from tinynn_gpu.matmul import epilogue
 from tinynn_gpu.matmul.configs import S, TensorConfig
 from tinynn_gpu.matmul.epilogue import (GeneratedMatmul, epilogue_slots, finish_arrays, finish_launch, main_launches,
                                         split_targets)
-from tinynn_gpu.matmul.problem import problem_plan
 from tinynn_gpu.runtime.kernels import grid
 from tinynn_gpu.runtime.wgsl import fill, kernel_file, kernel_source
 
@@ -210,17 +209,13 @@ class TensorMatmul(GeneratedMatmul):
             return True
         return record
 
-    def _plan(self, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
+    def _plan(self, problem, batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue):
         cfg = self.config
-        splits, layout, params = problem_plan(cfg, cfg.splits, batch, m, n, k, transpose_a, transpose_b, shared_b,
-                                              epilogue)
+        splits, layout, params = problem
         params["row_sums"] = 0  # the scales pass sums the rows
         layout = (transpose_a, transpose_b, layout[3], n % 4 == 0)  # aligned, quads (loads: vec4 always)
-        module = self.modules.get(layout)
-        if module is None:
-            name = (f"matmul {cfg.name} ta={int(transpose_a)} tb={int(transpose_b)}{' aligned' * layout[2]}"
-                    f"{' quads' * layout[3]}")
-            module = self.modules[layout] = self.rt.shader(generate(cfg, *layout), name)
+        module = self.module(layout, f"ta={int(transpose_a)} tb={int(transpose_b)}{' aligned' * layout[2]}"
+                             f"{' quads' * layout[3]}", lambda: generate(cfg, *layout))
         launches = main_launches(self.rt, module, MAIN_NAMES, cfg, batch * splits, m, n, params)
         scales = scales_launch(self.rt, batch, m, n, k, transpose_a, transpose_b, shared_b,
                                epilogue.row_sums is not None)
