@@ -7,7 +7,9 @@ OMP_NUM_THREADS set to the cores it may use; tinynn and PyTorch alternate, and t
 run (ms per step: lower is better; tokens/s: higher). tinynn is the checkout's packages/tinynn-core/src.
 On all cores two variants of tinynn's step are timed too: products whole on OpenBLAS's own threads
 (`blas-threads`), and blocks of rows 4x as large (`big-blocks`). Measurements still to come when `--budget`
-seconds have passed are skipped, so the table always prints.
+seconds have passed are skipped, so the table always prints. The first tinynn step of each setting also prints a
+DIAG line: 3 more steps' user and system time, page faults, and each thread's time on a core, waiting for one and
+asleep (the GIL, the pool's barrier), which says whether the threads ran side by side.
 
     python experiments/cpu_compare.py [--budget 230] [--reps 2]      # or experiments/cpu_compare.sh
 """
@@ -37,9 +39,10 @@ def tinynn_step(variant: str = "") -> float:
     elif variant == "big-blocks":  # elementwise and row blocks 4x as large: fewer handoffs of the GIL
         parallel.BLOCK_ELEMENTS *= 4
     ms = bench.bench_train(registry.select("cpu"), config.load(LESSON), 5)["ms_per_step"]
-    step, x = bench.lesson_step(registry.select("cpu"), config.load(LESSON))
-    step(x, x, 3e-4).item()
-    print(diagnosis(lambda: step(x, x, 3e-4).item()))
+    if variant == "diag":  # the first run of each setting
+        step, x = bench.lesson_step(registry.select("cpu"), config.load(LESSON))
+        step(x, x, 3e-4).item()
+        print(diagnosis(lambda: step(x, x, 3e-4).item()))
     return ms
 
 
@@ -172,9 +175,10 @@ def main() -> None:
     print("lesson training step, ms (lower is better)", flush=True)
     for cores, threads in settings:
         ours, theirs, issue = [], [], []
-        for _ in range(args.reps):
+        for rep in range(args.reps):
             ours.append(run(f"tinynn step, {threads} threads", cores, threads,
-                            [py, __file__, "--worker", "tinynn-step"], r"RESULT " + NUMBER))
+                            [py, __file__, "--worker", "tinynn-step", "--variant", "" if rep else "diag"],
+                            r"RESULT " + NUMBER))
             theirs.append(run(f"torch step, {threads} threads", cores, threads,
                               [py, "apps/bench/torch_reference.py", "--configs", "lesson"], r"lesson_eager_ms " + NUMBER))
         if ISSUE_REFERENCE.exists():
