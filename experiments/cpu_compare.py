@@ -7,7 +7,9 @@ OMP_NUM_THREADS set to the cores it may use; tinynn and PyTorch alternate, and t
 run (ms per step: lower is better; tokens/s: higher). tinynn is the checkout's packages/tinynn-core/src.
 On all cores two variants of tinynn's step are timed too: products whole on OpenBLAS's own threads
 (`blas-threads`), and blocks of rows 4x as large (`big-blocks`). Measurements still to come when `--budget`
-seconds have passed are skipped, so the table always prints.
+seconds have passed are skipped, so the table always prints. The first tinynn step of each setting also prints a
+DIAG line: 3 more steps' user and system time, page faults, and each thread's time on a core, waiting for one and
+asleep (the GIL, the pool's barrier), which says whether the threads ran side by side.
 
     python experiments/cpu_compare.py [--budget 230] [--reps 2]      # or experiments/cpu_compare.sh
 """
@@ -36,7 +38,50 @@ def tinynn_step(variant: str = "") -> float:
         blas._looked, blas._calls = True, None
     elif variant == "big-blocks":  # elementwise and row blocks 4x as large: fewer handoffs of the GIL
         parallel.BLOCK_ELEMENTS *= 4
-    return bench.bench_train(registry.select("cpu"), config.load(LESSON), 5)["ms_per_step"]
+    ms = bench.bench_train(registry.select("cpu"), config.load(LESSON), 5)["ms_per_step"]
+    if variant == "diag":  # the first run of each setting
+        step, x = bench.lesson_step(registry.select("cpu"), config.load(LESSON))
+        step(x, x, 3e-4).item()
+        print(diagnosis(lambda: step(x, x, 3e-4).item()))
+    return ms
+
+
+def diagnosis(step, steps=3) -> str:
+    """One line on where a step's time went, per step over `steps` steps: the process's user and system CPU time
+    and page faults, and each thread's time on a core ("run"), waiting for one ("queue": other programs) and
+    neither ("sleep": the GIL, a lock, an idle pool thread), with the cores its affinity allows; and how BLAS
+    is held. Linux only (/proc); elsewhere the line says so."""
+    import resource
+    import threading
+
+    from tinynn import blas
+
+    def threads():
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run, queue = (int(v) / 1e6 for v in f.read().split()[:2])
+            out[tid] = (run, queue, len(os.sched_getaffinity(int(tid))))
+        return out
+    if not os.path.isdir("/proc/self/task"):
+        return "DIAG no /proc"
+    before, r0, t0 = threads(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(steps):
+        step()
+    wall, r1, after = (time.perf_counter() - t0) * 1e3, resource.getrusage(resource.RUSAGE_SELF), threads()
+    main = str(threading.get_native_id())
+    rows = []
+    for tid, (run, queue, cores) in after.items():
+        run0, queue0, _ = before.get(tid, (0.0, 0.0, 0))
+        run, queue = run - run0, queue - queue0
+        if run > 0.01 * wall:
+            rows.append((tid == main, run / steps, queue / steps, (wall - run - queue) / steps, cores))
+    rows.sort(reverse=True)
+    per = " ".join(f"{'main' if m else 't'}:{r:.0f}/{q:.0f}/{s:.0f}/{c}" for m, r, q, s, c in rows)
+    return (f"DIAG per step: wall {wall / steps:.0f} ms, user {(r1.ru_utime - r0.ru_utime) * 1e3 / steps:.0f}, "
+            f"sys {(r1.ru_stime - r0.ru_stime) * 1e3 / steps:.0f}, faults {(r1.ru_minflt - r0.ru_minflt) / steps:.0f}; "
+            f"BLAS control {blas.available()}, BLAS threads {blas.threads()}; "
+            f"threads run/queue/sleep ms / cores allowed: {per}")
 
 
 def tinynn_generation(batch: int) -> float:
@@ -74,6 +119,9 @@ def measure(what: str, cores: str, threads: int, command: list[str], pattern: st
         done = subprocess.run(["taskset", "-c", cores, *command], env=environment(cores, threads), cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout)
         found = re.search(pattern, done.stdout)
+        for line in done.stdout.splitlines():
+            if line.startswith("DIAG"):
+                print(f"    {what}: {line}", flush=True)
         value = float(found.group(1).replace(",", "")) if found else None
         if value is None:
             print(f"    {what}: no result (exit {done.returncode}): {(done.stderr or done.stdout)[-400:]}", flush=True)
@@ -127,9 +175,10 @@ def main() -> None:
     print("lesson training step, ms (lower is better)", flush=True)
     for cores, threads in settings:
         ours, theirs, issue = [], [], []
-        for _ in range(args.reps):
+        for rep in range(args.reps):
             ours.append(run(f"tinynn step, {threads} threads", cores, threads,
-                            [py, __file__, "--worker", "tinynn-step"], r"RESULT " + NUMBER))
+                            [py, __file__, "--worker", "tinynn-step", "--variant", "" if rep else "diag"],
+                            r"RESULT " + NUMBER))
             theirs.append(run(f"torch step, {threads} threads", cores, threads,
                               [py, "apps/bench/torch_reference.py", "--configs", "lesson"], r"lesson_eager_ms " + NUMBER))
         if ISSUE_REFERENCE.exists():

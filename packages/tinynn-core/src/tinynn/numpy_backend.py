@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from tinynn import blas, parallel
+from tinynn import blas, heap, parallel
 from tinynn import numpy_formulas as formulas
 from tinynn.backends import INTERFACE_VERSION, Backend
 
@@ -443,3 +443,4 @@ def uniform(seed: int, sequence: np.ndarray, n: int) -> np.ndarray:
 
 
 NUMPY = NumpyBackend()
+heap.keep_freed_memory()  # each step's arrays reuse the last step's memory, with no page faults (heap.py)
