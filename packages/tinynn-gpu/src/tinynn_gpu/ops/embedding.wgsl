@@ -50,18 +50,16 @@ fn token_row_value(n: u32, col: u32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn embedding_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                          @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn embedding_forward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.total) { return; }
     out[i] = token_row_value(i / params.cols, i % params.cols);
 }
 
 // out = weight[idx] + positions[:T], a GPT's input: ids (..., T), `positions` here T.
 @compute @workgroup_size(256)
-fn embedding_with_positions_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                                         @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn embedding_with_positions_forward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     let cols = params.cols;
     if (i >= params.total) { return; }
     let n = i / cols;
@@ -115,9 +113,8 @@ fn embedding_sort_main(@builtin(local_invocation_index) lid: u32) {
 // (`total` = P * C, `positions` = T), one thread an element: row p < T the sum over the batch of g[b, p] (in a
 // fixed order), rows T onwards 0.
 @compute @workgroup_size(256)
-fn embedding_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                           @builtin(local_invocation_index) lid: u32) {
-    let w = row_index(wg, nwg);
+fn embedding_backward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let w = row_index(grid.wg, grid.nwg);
     let cols = params.cols;
     let token_groups = params.rows * params.blocks;
     if (w < token_groups) {

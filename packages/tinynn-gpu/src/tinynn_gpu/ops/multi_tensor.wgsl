@@ -46,8 +46,8 @@ fn find_work(w: u32) -> Work {
 }
 
 @compute @workgroup_size(256)
-fn adamw_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let w = row_index(wg, nwg);
+fn adamw_main(grid: Grid, lanes: Lanes) {
+    let w = row_index(grid.wg, grid.nwg);
     if (w >= params.workgroups) { return; }
     let work = find_work(w);
     switch work.slot {
@@ -58,8 +58,8 @@ fn adamw_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 
 // Each workgroup leaves the sum of squares of its chunk in partials[first + workgroup].
 @compute @workgroup_size(256)
-fn sum_squares_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let w = row_index(wg, nwg);
+fn sum_squares_main(grid: Grid, lanes: Lanes) {
+    let w = row_index(grid.wg, grid.nwg);
     var s = 0.0;
     if (w < params.workgroups) {
         let work = find_work(w);
