@@ -1,5 +1,4 @@
-// Prepended by the loader to every kernel file except lesson.wgsl (which is self-contained). Each kernel
-// file declares its own `struct Params` of named fields, bound at @binding(3) (params.py packs it).
+// Prepended by the loader to every kernel file except lesson.wgsl (which is self-contained).
 
 // 1-D work over a 2-D grid of 256-wide workgroups, so counts above 65535 * 256 still fit one dispatch. `Grid`, a
 // workgroup's place in it, is most entry points' first parameter, the thread's index a parameter of its own: WGSL's

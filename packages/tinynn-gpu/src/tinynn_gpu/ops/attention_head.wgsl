@@ -7,7 +7,6 @@ struct Params { seq: u32, n_head: u32, scale: f32 }
 @group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;  // the gradient of y
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(5) var<storage, read> y: array<vec4<f32>>;
 

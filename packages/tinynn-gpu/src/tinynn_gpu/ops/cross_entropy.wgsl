@@ -22,7 +22,6 @@ struct Params {
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read> targets: array<i32>;
 @group(0) @binding(2) var<storage, read_write> probs: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read_write> rows: array<f32>;
 @group(0) @binding(5) var<storage, read_write> result: array<f32>;
 @group(0) @binding(6) var<storage, read> g_loss: array<f32>;

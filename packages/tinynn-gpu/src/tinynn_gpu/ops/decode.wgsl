@@ -21,9 +21,8 @@ struct Params {
     step: i32,         // advance_'s increment
 }
 
-// every entry point: the sequence length, the parameters
+// every entry point: the sequence length (and params, bound by op_params.wgsl)
 @group(0) @binding(5) var<storage, read_write> length: array<i32>;
-@group(0) @binding(3) var<uniform> params: Params;
 // embed_window: the token and position tables, the token ring, the embedded window
 @group(0) @binding(9) var<storage, read> wte: array<f32>;
 @group(0) @binding(10) var<storage, read> wpe: array<f32>;

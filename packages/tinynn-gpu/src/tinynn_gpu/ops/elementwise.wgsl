@@ -22,7 +22,6 @@ struct Params {
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> c: array<f32>;
 @group(0) @binding(5) var<storage, read> a_int: array<i32>;
 @group(0) @binding(6) var<storage, read> b_int: array<i32>;

@@ -25,7 +25,6 @@ struct Params {
 @group(0) @binding(0) var<storage, read> weight: array<f32>;
 @group(0) @binding(1) var<storage, read> idx: array<i32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> g: array<f32>;
 @group(0) @binding(5) var<storage, read> positions: array<f32>;  // a GPT's position table (wpe)
 @group(0) @binding(6) var<storage, read_write> g_wpe: array<f32>;  // its position table's gradient

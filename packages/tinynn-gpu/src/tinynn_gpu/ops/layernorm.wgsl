@@ -22,7 +22,6 @@ fn total(v: Value) -> f32 { return {{TOTAL}}; }
 @group(0) @binding(0) var<storage, read> x: array<Value>;
 @group(0) @binding(1) var<storage, read> weight: array<Value>;
 @group(0) @binding(2) var<storage, read> bias: array<Value>;
-@group(0) @binding(3) var<uniform> params: Params;
 
 struct Params {
     rows: u32, cols: u32, eps: f32,  // cols: Values a row

@@ -21,7 +21,6 @@ struct Params {
 @group(0) @binding(0) var<storage, read> step: array<f32>;  // [lr, 1 - beta1^t, 1 - beta2^t]
 @group(0) @binding(1) var<storage, read> scale: array<f32>;  // [gradient-clip coefficient]
 @group(0) @binding(2) var<storage, read_write> partials: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 // table: [w] = workgroup w's slot (w < workgroups), then per slot i: [workgroups + 3i] its first workgroup,
 // [workgroups + 3i + 1] its size, [workgroups + 3i + 2] its weight decay's bits (parameter groups that
 // differ only in weight decay, nanoGPT's two, share a dispatch)

@@ -7,7 +7,6 @@
 @group(0) @binding(0) var<storage, read_write> param_: array<f32>;
 @group(0) @binding(1) var<storage, read> grad: array<f32>;
 @group(0) @binding(2) var<storage, read_write> buf1: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 
 struct Params { n: u32, momentum: f32, weight_decay: f32 }
 @group(0) @binding(5) var<storage, read> step: array<f32>;

@@ -12,7 +12,6 @@ struct Params {
 }
 
 @group(0) @binding(2) var<storage, {{FLAT_ACCESS}}> flat: array<u32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> ends: array<u32>;
 {{BINDINGS}}
 

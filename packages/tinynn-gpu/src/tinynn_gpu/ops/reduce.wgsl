@@ -10,7 +10,6 @@ struct Params { outer: u32, r: u32, inner: u32, op: u32 }  // op: 0 sum, 1 max
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 
 {{GROUP_SUM}}
 

@@ -15,7 +15,6 @@ struct Params {
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 
 // a = x: out = softmax(scale * x), or log-softmax(x)
 @compute @workgroup_size(256)

@@ -14,7 +14,6 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
-@group(0) @binding(3) var<uniform> params: Params;
 
 fn view_offset(i: u32) -> u32 {
     var rest = i;
