@@ -51,10 +51,10 @@ def embedding_with_positions_backward(self, g, idx, num_embeddings, num_position
 
 
 # The backward scans the ids while the scan's reads, table rows x column blocks x ids, are at most this many (a
-# character vocabulary: 65 x 8 x 2048 at the lesson's shapes), and sorts them otherwise. The sort is one workgroup's
-# log2(N)^2 / 2 dependent passes over the pairs (66 at N = 2048), tens of microseconds on a GPU whatever the
-# vocabulary, and a dispatch of its own; the scan's reads at this limit, 16 MiB through the caches, are spread over
-# the whole GPU and take a few; at GPT-2's vocabulary they would be a hundred times more.
+# character vocabulary: 65 x 8 x 2048 at the lesson's shapes), and sorts them otherwise. The sort is a dispatch of
+# its own and one workgroup's log2(N)^2 / 2 dependent passes over the pairs (66 at N = 2048), whatever the
+# vocabulary; the scan's reads are spread over the whole GPU, 16 MiB through the caches at this limit, and grow
+# with the vocabulary: at GPT-2's they would be a hundred times that.
 SCAN_MAX_READS = 1 << 22
 
 
