@@ -1,4 +1,6 @@
 """Modules, the GPT, optimizers and the learning-rate schedule."""
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -8,7 +10,9 @@ from tinynn.errors import TinynnError
 from tinynn import rng as tinynn_rng
 from tinynn.model import GPT, GPTConfig, parameter_count
 from tinynn.nn import LayerNorm, Linear
+from tinynn.numpy_backend import NumpyBackend
 from tinynn.optim import SGD, AdamW, cosine_lr, decay_groups
+from tinynn.train_step import TrainStep
 from helpers import assert_close, gradcheck
 
 SMALL = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=16)
@@ -76,6 +80,53 @@ def test_classifier_is_the_head_and_its_cross_entropy(backend, rng):
     assert_close(losses[0], losses[1], rtol=1e-5)
     for ours, theirs, name in zip(grads[0], grads[1], ("x", "weight", "bias")):
         assert_close(ours, theirs, rtol=1e-5, atol=1e-7, what=name)
+
+
+class CountingReference(NumpyBackend):
+    """The NumPy reference, counting its elementwise ops (by name) and fills."""
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def binary(self, op, a, b):
+        self.ops[op] += 1
+        return super().binary(op, a, b)
+
+    def full(self, shape, value, dtype=np.float32):
+        self.ops["full"] += 1
+        return super().full(shape, value, dtype)
+
+
+def test_classifier_backward_from_backwards_own_seed_multiplies_nothing(rng):
+    """loss.backward() on the fused classifier's loss hands on the gradients its forward made, neither a seed of
+    one made nor multiplied in; a gradient of 0.5 given for the loss still halves them."""
+    be = CountingReference()
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4, 6), (9, 6), (9,)))
+    t = rng.integers(0, 9, (3, 4))
+    grads = []
+    for seed in (None, tinynn.tensor(np.float32(0.5), backend=be)):
+        xs, ws, bs = (tinynn.tensor(a, requires_grad=True, backend=be) for a in (x, w, b))
+        loss = F.classifier(xs, ws, bs, t)
+        be.ops.clear()
+        loss.backward(seed)
+        grads.append([a.grad.numpy() for a in (xs, ws, bs)])
+        assert be.ops == (Counter() if seed is None else Counter(mul=3))
+    for unit, half, name in zip(*grads, ("x", "weight", "bias")):
+        assert_close(half, 0.5 * unit, rtol=1e-6, what=name)
+
+
+def test_a_train_step_at_scale_one_makes_no_seed_and_no_multiply():
+    """A TrainStep without accumulation starts the backward from backward()'s own seed: the step's only
+    multiplies are the model's own (none in the GPT, whose ops are fused), and it fills nothing."""
+    be = CountingReference()
+    tinynn.manual_seed(0)
+    model = GPT(SMALL).to(be)
+    step = TrainStep(model, AdamW(model.parameters()), 2, SMALL.block_size)
+    x = np.arange(2 * SMALL.block_size).reshape(2, SMALL.block_size) % SMALL.vocab_size
+    step(x, x, 1e-3).item()  # (the optimizer fills its state in the first)
+    be.ops.clear()
+    step(x, x, 1e-3).item()
+    assert be.ops["mul"] == 0 and be.ops["full"] == 0, be.ops
 
 
 def test_classifier_masks_the_padded_columns(backend, rng):

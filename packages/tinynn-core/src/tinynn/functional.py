@@ -237,10 +237,14 @@ def classifier(x: Tensor, weight: Tensor, bias: Tensor | None, targets, vocab: i
 
 
 def _classifier_backward(be, x_shape, g_x, g_w, g_b):
-    """The gradients the forward made, of the loss itself, scaled by the loss's gradient g (a scalar array)."""
+    """The gradients the forward made, of the loss itself, scaled by the loss's gradient g (a scalar array), or as
+    they are where g is None: backward()'s own seed of one, which would cost a multiply a gradient."""
     def backward(g):
-        scaled = (be.reshape(be.binary("mul", g_x, g), x_shape), be.binary("mul", g_w, g))
-        return scaled + ((be.binary("mul", g_b, g),) if g_b is not None else ())
+        grads = (g_x, g_w) + ((g_b,) if g_b is not None else ())
+        if g is not None:
+            grads = tuple(be.binary("mul", a, g) for a in grads)
+        return (be.reshape(grads[0], x_shape),) + grads[1:]
+    backward.accepts_unit_seed = True  # (tensor.py)
     return backward
 
 

@@ -430,7 +430,7 @@ class NumpyBackend(Backend):
 
 
 def _pcg(x):
-    """PCG's output permutation as a hash of uint32 values (decode.wgsl has the same)."""
+    """PCG's output permutation as a hash of uint32 values (common.wgsl's pcg)."""
     state = x * np.uint32(747796405) + np.uint32(2891336453)
     word = ((state >> ((state >> np.uint32(28)) + np.uint32(4))) ^ state) * np.uint32(277803737)
     return (word >> np.uint32(22)) ^ word

@@ -24,6 +24,7 @@ import numpy as np
 from tinynn import backends, registry
 
 _grad_enabled = True
+_UNIT_SEED = object()  # backward()'s gradient of one, for a backward that takes it as None (accepts_unit_seed)
 
 
 @contextlib.contextmanager
@@ -125,13 +126,16 @@ class Tensor:
 
     # --- autograd ---
     def backward(self, grad: Tensor | None = None) -> None:
-        """Accumulate d(self)/d(leaf) into every leaf's `.grad`."""
+        """Accumulate d(self)/d(leaf) into every leaf's `.grad`. Without `grad`, a scalar's gradient is one: made
+        on the device, or not at all where this tensor's backward is marked `accepts_unit_seed` (it is then called
+        with g None and returns its gradients unscaled: the fused classifier's, which its forward made)."""
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad")
         if grad is None:
             if self.size != 1:
                 raise RuntimeError(f"backward() without a gradient needs a scalar, got shape {self.shape}")
-            grad_data = self.backend.full(self.shape, 1.0, self.dtype)  # made on the device: no upload
+            unit = getattr(self._backward, "accepts_unit_seed", False)
+            grad_data = _UNIT_SEED if unit else self.backend.full(self.shape, 1.0, self.dtype)  # no upload
         else:
             grad_data = grad.data if isinstance(grad, Tensor) else self.backend.from_numpy(np.asarray(grad))
         pending = {id(self): grad_data}
@@ -143,7 +147,8 @@ class Tensor:
                 node.grad = Tensor(g, node.backend) if node.grad is None else Tensor(
                     node.backend.binary("add", node.grad.data, g), node.backend)
                 continue
-            for parent, parent_grad in zip(node._parents, self._run_backward(node, g, pending)):
+            grads = self._run_backward(node, None if g is _UNIT_SEED else g, pending)
+            for parent, parent_grad in zip(node._parents, grads):
                 if parent_grad is None or not parent.requires_grad:
                     continue
                 key = id(parent)

@@ -86,9 +86,9 @@ class TrainStep:
         seed, losses = None, []
         for x, y in self.inputs:
             _, loss = self.model(x, y)
-            if seed is None:  # made on the device: no upload in the step
+            if seed is None and self.scale != 1.0:  # made on the device: no upload in the step
                 seed = Tensor(self.backend.full(loss.shape, self.scale, loss.dtype), self.backend)
-            loss.backward(seed)
+            loss.backward(seed)  # at scale 1, backward()'s own seed, which the fused classifier needs no multiply for
             losses.append(loss.detach())
         if self.scale == 1.0:
             return losses[0]

@@ -1,9 +1,15 @@
-// Prepended by the loader to every kernel file except lesson.wgsl (which is self-contained). Each kernel
-// file declares its own `struct Params` of named fields, bound at @binding(3) (params.py packs it).
+// Prepended by the loader to every kernel file except lesson.wgsl (which is self-contained).
 
-// 1-D work over a 2-D grid of 256-wide workgroups, so counts above 65535 * 256 still fit one dispatch.
-fn element_index(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-    return (wg.y * nwg.x + wg.x) * 256u + lid;
+// 1-D work over a 2-D grid of 256-wide workgroups, so counts above 65535 * 256 still fit one dispatch. `Grid`, a
+// workgroup's place in it, is most entry points' first parameter, the thread's index a parameter of its own: WGSL's
+// uniformity analysis takes a struct parameter as a whole, and that index would make the workgroup's non-uniform.
+struct Grid {
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+}
+
+fn element_index(grid: Grid, lid: u32) -> u32 {
+    return row_index(grid.wg, grid.nwg) * 256u + lid;
 }
 
 // One workgroup per row, rows laid over a 2-D grid for the same reason.
@@ -25,6 +31,13 @@ fn workgroup_sum(lid: u32, x: f32) -> f32 {
     let total = scratch[0];
     workgroupBarrier();  // all have read the total before scratch is reused
     return total;
+}
+
+// A counter-based hash (PCG's output function): independent bits per input, no state.
+fn pcg(x: u32) -> u32 {
+    let state = x * 747796405u + 2891336453u;
+    let word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+    return (word >> 22u) ^ word;
 }
 
 // NaN found from its bits (a compiler may fold `x != x` away), and a max that lets NaN win, as NumPy's does

@@ -2,7 +2,8 @@
 // subgroup is a team, and row_sum (row_max) adds (compares) a value over its team with one subgroup
 // operation, no barrier. Built on the subgroup builtins (subgroup_id, num_subgroups), so nothing is assumed
 // about which invocations form a subgroup or how wide it is (32 on NVIDIA, 64 on some AMD, 4 to 32
-// elsewhere). row_sum_workgroup.wgsl is the same for adapters without the `subgroup` feature.
+// elsewhere). row_sum_workgroup.wgsl is the same for adapters without the `subgroup` feature; both come
+// after row_teams.wgsl.
 
 struct Lanes {
     @builtin(local_invocation_index) lid: u32,
@@ -12,11 +13,7 @@ struct Lanes {
     @builtin(subgroup_size) width: u32,
 }
 
-struct Team { lid: u32, id: u32, count: u32, lane: u32, width: u32 }
-
 fn team_of(lanes: Lanes) -> Team { return Team(lanes.lid, lanes.team, lanes.teams, lanes.lane, lanes.width); }
-
-const ROWS: u32 = {{ROWS}}u;  // rows per 256-thread workgroup (group_sum.TEAM_ROWS)
 
 var<workgroup> team_count: u32;
 

@@ -1,19 +1,15 @@
 // Row teams without subgroup operations: teams of TEAM_WIDTH consecutive threads (256 / 32 = 8 per workgroup),
 // row_sum (row_max) adding (comparing) over a team through a tree in workgroup memory (five barrier rounds).
 // Every thread of the workgroup must call them the same number of times: a team with no row left adds zeros.
-// row_sum_subgroup.wgsl is the same with subgroup operations.
+// row_sum_subgroup.wgsl is the same with subgroup operations; both come after row_teams.wgsl.
 
 struct Lanes { @builtin(local_invocation_index) lid: u32 }
-
-struct Team { lid: u32, id: u32, count: u32, lane: u32, width: u32 }
 
 const TEAM_WIDTH: u32 = {{TEAM_WIDTH}}u;  // group_sum.TEAM_WIDTH (32; tests also take 64: two rows a team)
 
 fn team_of(lanes: Lanes) -> Team {
     return Team(lanes.lid, lanes.lid / TEAM_WIDTH, 256u / TEAM_WIDTH, lanes.lid % TEAM_WIDTH, TEAM_WIDTH);
 }
-
-const ROWS: u32 = {{ROWS}}u;  // rows per 256-thread workgroup (group_sum.TEAM_ROWS)
 
 // How many of a workgroup's ROWS each team takes: a constant, so loops over them stay uniform
 fn team_rows(team: Team) -> u32 { return (ROWS + 256u / TEAM_WIDTH - 1u) / (256u / TEAM_WIDTH); }

@@ -43,14 +43,6 @@ const PAD: u32 = HS4 + 1u;  // a row's stride in `partial`, in vec4s: neighbouri
 const NEG_BIG: f32 = -3.0e38;
 const RESCALE_AT: f32 = 8.0;
 
-struct Params { seq: u32, n_head: u32, scale: f32 }
-
-@group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(3) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read_write> lse: array<f32>;
-@group(0) @binding(5) var<storage, read> y: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> delta: array<f32>;
 
 var<workgroup> partial: array<vec4<f32>, SPLITS * ROWS * PAD>;  // the splits' accumulators, to be added
@@ -85,6 +77,30 @@ fn partial_at(me: Role, split: u32, c: u32) -> u32 {
     return (split * ROWS + me.row) * PAD + c;
 }
 
+// A backward workgroup's rows: ROWS queries (dQ) or keys (dK/dV) of one (batch, head) from `first`, the row
+// blocks in wg.x and (batch, head) in wg.y.
+struct Block { hd: Head, first: u32 }
+
+fn block(grid: Grid) -> Block { return Block(head(grid.wg.y), grid.wg.x * ROWS); }
+
+// Query row i of the backward for a thread's lane, the row clamped to the sequence (one past the end computes,
+// unwritten): where its q is in qkv, its g and y, and its lse and delta.
+struct Query { q: u32, gy: u32, stat: u32 }
+
+fn query(hd: Head, i: u32, lane: u32) -> Query {
+    let ic = min(i, params.seq - 1u);
+    return Query(qkv_row(hd, ic, 0u) + lane, yg_row(hd, ic) + lane, hd.bh * params.seq + ic);
+}
+
+// One (query, key) pair's p and ds from a thread's lanes' products q * k and g * v, summed over the row's lanes:
+// p = exp(scale q.k - lse), 0 where the key is not visible, and ds = p (g.v - delta). Both backward kernels'.
+fn p_and_ds(qk: vec4<f32>, gv: vec4<f32>, lse_i: f32, delta_i: f32, visible: bool) -> vec2<f32> {
+    let s = params.scale * lane_sum(qk.x + qk.y + qk.z + qk.w);
+    let dp = lane_sum(gv.x + gv.y + gv.z + gv.w);
+    let p = select(0.0, exp(s - lse_i), visible);
+    return vec2<f32>(p, p * (dp - delta_i));
+}
+
 // The sum over the splits of vec4 column c of the thread's row, in split order (after a barrier).
 fn splits_sum(me: Role, c: u32) -> vec4<f32> {
     var s = vec4<f32>(0.0);
@@ -95,10 +111,9 @@ fn splits_sum(me: Role, c: u32) -> vec4<f32> {
 // y = softmax(scale * q k^T, causal) v and lse, one workgroup per ROWS queries of one (batch, head): query
 // blocks in wg.y, the last (the longest walk) first, as attention_tiled.wgsl's; (batch, head) in wg.x.
 @compute @workgroup_size(THREADS)
-fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                          @builtin(local_invocation_index) lid: u32) {
-    let hd = head(wg.x);
-    let q0 = (nwg.y - 1u - wg.y) * ROWS;
+fn attention_forward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let hd = head(grid.wg.x);
+    let q0 = (grid.nwg.y - 1u - grid.wg.y) * ROWS;
     let me = role(lid);
     let i = q0 + me.row;
     let qi = qkv_row(hd, min(i, params.seq - 1u), 0u) + me.lane;  // rows past the end compute, unwritten
@@ -150,43 +165,37 @@ fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
 // The backward, first dispatch: dQ for ROWS queries of one (batch, head), over the keys they see:
 // ds = p (g.v - delta), dq += scale ds k. Saves delta for the second.
 @compute @workgroup_size(THREADS)
-fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let hd = head(wg.y);
-    let q0 = wg.x * ROWS;
+fn attention_backward_q_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let blk = block(grid);
     let me = role(lid);
-    let i = q0 + me.row;
-    let ic = min(i, params.seq - 1u);
-    let qi = qkv_row(hd, ic, 0u) + me.lane;
-    let gi = yg_row(hd, ic) + me.lane;
-    let q_$n = qkv[qi + $nu * LANES];
-    let g_$n = g[gi + $nu * LANES];
+    let i = blk.first + me.row;
+    let qr = query(blk.hd, i, me.lane);
+    let q_$n = qkv[qr.q + $nu * LANES];
+    let g_$n = g[qr.gy + $nu * LANES];
     var gy = vec4<f32>(0.0);
-    gy = gy + g_$n * y[gi + $nu * LANES];
+    gy = gy + g_$n * y[qr.gy + $nu * LANES];
     let di = lane_sum(gy.x + gy.y + gy.z + gy.w);
-    if (i < params.seq && me.rank == 0u) { delta[hd.bh * params.seq + i] = di; }
-    let li = lse[hd.bh * params.seq + ic];
+    if (i < params.seq && me.rank == 0u) { delta[qr.stat] = di; }
+    let li = lse[qr.stat];
     var dq_$n = vec4<f32>(0.0);
-    let key_end = min(params.seq, q0 + ROWS);
+    let key_end = min(params.seq, blk.first + ROWS);
     for (var j0 = 0u; j0 < key_end; j0 = j0 + SPLITS) {
         let j = j0 + me.split;
-        let kj = qkv_row(hd, min(j, key_end - 1u), 1u) + me.lane;
+        let kj = qkv_row(blk.hd, min(j, key_end - 1u), 1u) + me.lane;
         let vj = kj + params.n_head * HS4;
         let k_$n = qkv[kj + $nu * LANES];
         var a = vec4<f32>(0.0);
         var b = vec4<f32>(0.0);
         a = a + q_$n * k_$n;
         b = b + g_$n * qkv[vj + $nu * LANES];
-        let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
-        let dp = lane_sum(b.x + b.y + b.z + b.w);
-        let p = select(0.0, exp(s - li), j <= i && j < key_end);
-        let ds = p * (dp - di);
-        dq_$n = dq_$n + ds * k_$n;
+        let pd = p_and_ds(a, b, li, di, j <= i && j < key_end);
+        dq_$n = dq_$n + pd.y * k_$n;
     }
     partial[partial_at(me, me.split, me.lane + $nu * LANES)] = dq_$n;
     workgroupBarrier();
     if (i < params.seq) {
         for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) {
-            out[qkv_row(hd, i, 0u) + c] = params.scale * splits_sum(me, c);
+            out[qkv_row(blk.hd, i, 0u) + c] = params.scale * splits_sum(me, c);
         }
     }
 }
@@ -194,46 +203,40 @@ fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loca
 // The backward, second dispatch: dK and dV for ROWS keys of one (batch, head), over the queries that see
 // them: p = exp(scale * q.k - lse), dv += p g, ds = p (g.v - delta), dk += scale ds q.
 @compute @workgroup_size(THREADS)
-fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let hd = head(wg.y);
-    let k0 = wg.x * ROWS;
+fn attention_backward_kv_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let blk = block(grid);
     let me = role(lid);
-    let j = k0 + me.row;
-    let kj = qkv_row(hd, min(j, params.seq - 1u), 1u) + me.lane;
+    let j = blk.first + me.row;
+    let kj = qkv_row(blk.hd, min(j, params.seq - 1u), 1u) + me.lane;
     let vj = kj + params.n_head * HS4;
     let k_$n = qkv[kj + $nu * LANES];
     let v_$n = qkv[vj + $nu * LANES];
     var dk_$n = vec4<f32>(0.0);
     var dv_$n = vec4<f32>(0.0);
-    for (var i0 = k0; i0 < params.seq; i0 = i0 + SPLITS) {
+    for (var i0 = blk.first; i0 < params.seq; i0 = i0 + SPLITS) {
         let i = i0 + me.split;
-        let ic = min(i, params.seq - 1u);
-        let qi = qkv_row(hd, ic, 0u) + me.lane;
-        let gi = yg_row(hd, ic) + me.lane;
-        let q_$n = qkv[qi + $nu * LANES];
-        let g_$n = g[gi + $nu * LANES];
+        let qr = query(blk.hd, i, me.lane);
+        let q_$n = qkv[qr.q + $nu * LANES];
+        let g_$n = g[qr.gy + $nu * LANES];
         var a = vec4<f32>(0.0);
         var b = vec4<f32>(0.0);
         a = a + q_$n * k_$n;
         b = b + g_$n * v_$n;
-        let s = params.scale * lane_sum(a.x + a.y + a.z + a.w);
-        let dp = lane_sum(b.x + b.y + b.z + b.w);
-        let p = select(0.0, exp(s - lse[hd.bh * params.seq + ic]), i >= j && i < params.seq);
-        let ds = p * (dp - delta[hd.bh * params.seq + ic]);
-        dv_$n = dv_$n + p * g_$n;
-        dk_$n = dk_$n + ds * q_$n;
+        let pd = p_and_ds(a, b, lse[qr.stat], delta[qr.stat], i >= j && i < params.seq);
+        dv_$n = dv_$n + pd.x * g_$n;
+        dk_$n = dk_$n + pd.y * q_$n;
     }
     partial[partial_at(me, me.split, me.lane + $nu * LANES)] = dv_$n;
     workgroupBarrier();
     if (j < params.seq) {
-        for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) { out[qkv_row(hd, j, 2u) + c] = splits_sum(me, c); }
+        for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) { out[qkv_row(blk.hd, j, 2u) + c] = splits_sum(me, c); }
     }
     workgroupBarrier();  // every split's dv is read before dk takes its place
     partial[partial_at(me, me.split, me.lane + $nu * LANES)] = dk_$n;
     workgroupBarrier();
     if (j < params.seq) {
         for (var c = me.rank; c < HS4; c = c + LANES * SPLITS) {
-            out[qkv_row(hd, j, 1u) + c] = params.scale * splits_sum(me, c);
+            out[qkv_row(blk.hd, j, 1u) + c] = params.scale * splits_sum(me, c);
         }
     }
 }

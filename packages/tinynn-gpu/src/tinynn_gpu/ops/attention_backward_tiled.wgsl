@@ -40,14 +40,6 @@ const G: u32 = THREADS / HS4;  // threads a column in the dK/dV and dQ products
 const STRIDE: u32 = HS4 + 1u;  // row strides in vec4s, padded against bank conflicts
 const P_STRIDE: u32 = SY + 1u;
 
-struct Params { seq: u32, n_head: u32, scale: f32 }
-
-@group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(3) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read> lse: array<f32>;
-@group(0) @binding(5) var<storage, read> y: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> part: array<vec4<f32>>;
 
 var<workgroup> k_tile: array<array<vec4<f32>, STRIDE>, KEYS>;
@@ -86,9 +78,9 @@ fn part_row(bh: u32, kb: u32, i: u32) -> u32 {
 
 // Key blocks in wg.y (the longest walks, kb = 0, start first), (batch, head) in wg.x.
 @compute @workgroup_size(THREADS)
-fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let hd = head(wg.x);
-    let kb = wg.y;
+fn attention_backward_kv_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let hd = head(grid.wg.x);
+    let kb = grid.wg.y;
     let k0 = kb * KEYS;
     let sx = lid % SX;
     let sy = lid / SX;
@@ -154,9 +146,9 @@ fn attention_backward_kv_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(loc
 
 // dQ = scale * the sum of a query's slices, in key-block order: a thread a vec4, (batch, head) in wg.y.
 @compute @workgroup_size(256)
-fn attention_backward_q_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let hd = head(wg.y);
-    let e = wg.x * 256u + lid;
+fn attention_backward_q_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let hd = head(grid.wg.y);
+    let e = grid.wg.x * 256u + lid;
     let i = e / HS4;
     let c = e % HS4;
     if (i >= params.seq) { return; }

@@ -36,13 +36,6 @@ const P_STRIDE: u32 = TY + 1u;
 // is rejected by Tint.
 const NEG_BIG: f32 = -3.0e38;
 
-struct Params { seq: u32, n_head: u32, scale: f32 }
-
-@group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(3) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read_write> lse: array<f32>;
-
 var<workgroup> q_tile: array<array<vec4<f32>, Q_STRIDE>, ROWS>;
 var<workgroup> kv_tile: array<array<vec4<f32>, KV_STRIDE>, KEYS>;  // the keys, then the values
 var<workgroup> p_tile: array<array<vec4<f32>, P_STRIDE>, KEYS>;  // [key][ty]: P of rows 4ty..4ty+3
@@ -61,10 +54,9 @@ fn qkv_at(hd: Head, t: u32, part: u32, c: u32) -> vec4<f32> {
 // blocks a head put one block's workgroups on each SM (132 SMs are a multiple of 4), the last block's SMs walking
 // four times the first's keys.
 @compute @workgroup_size(THREADS)
-fn attention_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                          @builtin(local_invocation_index) lid: u32) {
-    let hd = head(wg.x);
-    let q0 = (nwg.y - 1u - wg.y) * ROWS;
+fn attention_forward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let hd = head(grid.wg.x);
+    let q0 = (grid.nwg.y - 1u - grid.wg.y) * ROWS;
     let tx = lid % TX;
     let ty = lid / TX;
     for (var e = lid; e < ROWS * HS4; e = e + THREADS) {

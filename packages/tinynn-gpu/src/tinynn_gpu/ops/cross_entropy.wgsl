@@ -22,7 +22,6 @@ struct Params {
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read> targets: array<i32>;
 @group(0) @binding(2) var<storage, read_write> probs: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read_write> rows: array<f32>;
 @group(0) @binding(5) var<storage, read_write> result: array<f32>;
 @group(0) @binding(6) var<storage, read> g_loss: array<f32>;
@@ -45,30 +44,26 @@ fn in_range(t: i32, classes: u32) -> bool {
 {{ROW_SUM}}
 
 @compute @workgroup_size(256)
-fn cross_entropy_forward_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                                   lanes: Lanes) {
+fn cross_entropy_forward_rows_main(grid: Grid, lanes: Lanes) {
     let team = team_of(lanes);
-    let cols = params.cols;
     let rows_each = team_rows(team);
     for (var k = 0u; k < rows_each; k = k + 1u) {
-        let r = team.id + k * team.count;
-        let row = row_index(wg, nwg) * ROWS + r;
-        let end = select(0u, cols, r < ROWS && row < params.n);  // 0: no row for this team, which still sums
-        let base = row * cols;
+        let tr = team_row(team, row_index(grid.wg, grid.nwg) * ROWS, k, params.n, params.cols);
+        let base = tr.base;
         var m = neg_inf();
-        for (var j = team.lane; j < end; j = j + team.width) { m = max(m, logits[base + j]); }
+        for (var j = team.lane; j < tr.end; j = j + team.width) { m = max(m, logits[base + j]); }
         m = row_max(team, m);
         var s = 0.0;
-        for (var j = team.lane; j < end; j = j + team.width) { s = s + exp(logits[base + j] - m); }
+        for (var j = team.lane; j < tr.end; j = j + team.width) { s = s + exp(logits[base + j] - m); }
         s = row_sum(team, vec2<f32>(s, 0.0)).x;
-        for (var j = team.lane; j < end; j = j + team.width) { probs[base + j] = exp(logits[base + j] - m) / s; }
-        if (team.lane == 0u && end > 0u) {
-            let t = targets[row];
+        for (var j = team.lane; j < tr.end; j = j + team.width) { probs[base + j] = exp(logits[base + j] - m) / s; }
+        if (team.lane == 0u && tr.end > 0u) {
+            let t = targets[tr.row];
             let valid = is_valid(t);
             var loss = 0.0;
-            if (valid && in_range(t, cols)) { loss = log(s) + m - logits[base + u32(t)]; }
-            rows[2u * row] = loss;
-            rows[2u * row + 1u] = select(0.0, 1.0, valid);
+            if (valid && in_range(t, params.cols)) { loss = log(s) + m - logits[base + u32(t)]; }
+            rows[2u * tr.row] = loss;
+            rows[2u * tr.row + 1u] = select(0.0, 1.0, valid);
         }
     }
 }
@@ -102,9 +97,8 @@ fn cross_entropy_count_main(@builtin(local_invocation_index) lid: u32) {
 // grad = (probs - onehot(target)) * g_loss / count, zero on ignored rows; column 0's threads check the targets'
 // range.
 @compute @workgroup_size(256)
-fn cross_entropy_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                               @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn cross_entropy_backward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     let n = params.n;
     let cols = params.cols;
     if (i >= n * cols) { return; }
@@ -122,9 +116,8 @@ fn cross_entropy_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(nu
 // rises), the gradient from a second; each thread reads and writes its own columns only (j = lid + k * 256), so
 // in place is safe.
 @compute @workgroup_size(256)
-fn classifier_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                        @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(wg, nwg);
+fn classifier_rows_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let row = row_index(grid.wg, grid.nwg);
     if (row >= params.n) { return; }
     let base = row * params.cols;
     var m = neg_inf();

@@ -21,9 +21,8 @@ struct Params {
     step: i32,         // advance_'s increment
 }
 
-// every entry point: the sequence length, the parameters
+// every entry point: the sequence length (and params, bound by op_params.wgsl)
 @group(0) @binding(5) var<storage, read_write> length: array<i32>;
-@group(0) @binding(3) var<uniform> params: Params;
 // embed_window: the token and position tables, the token ring, the embedded window
 @group(0) @binding(9) var<storage, read> wte: array<f32>;
 @group(0) @binding(10) var<storage, read> wpe: array<f32>;
@@ -42,38 +41,39 @@ struct Params {
 
 const LOWEST = -3.0e38;  // below every finite score: a start for maxima that is not a constant infinity
 
+// Element i of a (B, count, C) array of the step's new positions: its row (sequence, t), its sequence, its
+// place t among the count and its column.
+struct Slot { row: u32, seq: u32, t: u32, col: u32 }
+
+fn slot(i: u32) -> Slot {
+    let row = i / params.cols;
+    return Slot(row, row / params.count, row % params.count, i % params.cols);
+}
+
 // out = x (B, count, C); size = B * count * C
 @compute @workgroup_size(256)
-fn embed_window_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                     @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn embed_window_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.size) { return; }
-    let count = params.count;
-    let cols = params.cols;
-    let ring = params.ring;
+    let at = slot(i);
     let n = u32(length[0]);
-    let row = i / cols;  // (sequence, j)
-    let seq = row / count;
-    let index = n - count + row % count;  // the token's place in the whole sequence
+    let index = n - params.count + at.t;  // the token's place in the whole sequence
     let position = index - (max(n, params.block) - params.block);  // counted from the window's start
-    let token = u32(tokens[seq * ring + index % ring]);
-    out[i] = wte[token * cols + i % cols] + wpe[position * cols + i % cols];
+    let token = u32(tokens[at.seq * params.ring + index % params.ring]);
+    out[i] = wte[token * params.cols + at.col] + wpe[position * params.cols + at.col];
 }
 
 // qkv (B, T, 3C); the caches (B, block_size, C); count = T, size = B * T * C
 @compute @workgroup_size(256)
-fn kv_cache_write_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                       @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn kv_cache_write_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.size) { return; }
-    let count = params.count;
+    let at = slot(i);
     let cols = params.cols;
     let block = params.block;
-    let row = i / cols;  // (sequence, t)
-    let seq = row / count;
-    let dst = (seq * block + min(u32(length[0]), block) - count + row % count) * cols + i % cols;
-    k_cache_out[dst] = qkv[row * 3u * cols + cols + i % cols];
-    v_cache_out[dst] = qkv[row * 3u * cols + 2u * cols + i % cols];
+    let dst = (at.seq * block + min(u32(length[0]), block) - params.count + at.t) * cols + at.col;
+    k_cache_out[dst] = qkv[at.row * 3u * cols + cols + at.col];
+    v_cache_out[dst] = qkv[at.row * 3u * cols + 2u * cols + at.col];
 }
 
 // One workgroup per (sequence, head), head size <= 256 (decode.py sends larger heads to the CPU). Keys come
@@ -87,9 +87,8 @@ var<workgroup> query: array<f32, 256>;
 var<workgroup> cached_rows: u32;
 
 @compute @workgroup_size(256)
-fn attention_decode_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                         @builtin(local_invocation_index) lid: u32) {
-    let bh = row_index(wg, nwg);
+fn attention_decode_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let bh = row_index(grid.wg, grid.nwg);
     if (bh >= params.size) { return; }  // the same for the whole workgroup, so no barrier is split
     let hs = params.head_size;
     let cols = params.cols;
@@ -165,16 +164,9 @@ fn order_key(x: f32) -> u32 {
     return select(bits | 0x80000000u, ~bits, (bits >> 31u) == 1u);
 }
 
-fn pcg(x: u32) -> u32 {
-    let state = x * 747796405u + 2891336453u;
-    let word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
-    return (word >> 22u) ^ word;
-}
-
 @compute @workgroup_size(256)
-fn sample_tokens_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                      @builtin(local_invocation_index) lid: u32) {
-    let seq = row_index(wg, nwg);
+fn sample_tokens_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let seq = row_index(grid.wg, grid.nwg);
     if (seq >= params.size) { return; }
     let vocab = params.vocab;
     let base = seq * vocab;

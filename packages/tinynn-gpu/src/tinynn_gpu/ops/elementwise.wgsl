@@ -22,7 +22,6 @@ struct Params {
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> c: array<f32>;
 @group(0) @binding(5) var<storage, read> a_int: array<i32>;
 @group(0) @binding(6) var<storage, read> b_int: array<i32>;
@@ -71,25 +70,22 @@ fn power(x: f32, s: f32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn unary_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn unary_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i < params.n) { out[i] = unary_op(params.op, a[i]); }
 }
 
 // a = x, b = y, c = g
 @compute @workgroup_size(256)
-fn unary_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                       @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn unary_backward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i < params.n) { out[i] = unary_grad(params.op, a[i], b[i], c[i]); }
 }
 
 // Int32 unary op codes: 0 neg, 4 relu (the float codes' numbers).
 @compute @workgroup_size(256)
-fn unary_int_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn unary_int_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.n) { return; }
     switch params.op {
         case 0u: { out_int[i] = -a_int[i]; }
@@ -119,9 +115,8 @@ fn broadcast_indices(i: u32) -> vec2<u32> {
 
 // Broadcasting binary op: 0 add, 1 sub, 2 mul, 3 div, 4 eq
 @compute @workgroup_size(256)
-fn binary_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn binary_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.n) { return; }
     let at = broadcast_indices(i);
     let x = a[at.x];
@@ -138,9 +133,8 @@ fn binary_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 
 // The same on int32 (wrapping, as WGSL's i32 does): 0 add, 1 sub, 2 mul, 4 eq
 @compute @workgroup_size(256)
-fn binary_int_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn binary_int_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.n) { return; }
     let at = broadcast_indices(i);
     let x = a_int[at.x];
@@ -156,9 +150,8 @@ fn binary_int_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
 
 // a op value: 0 add, 1 mul, 2 pow
 @compute @workgroup_size(256)
-fn scalar_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn scalar_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.n) { return; }
     let s = params.value;
     switch params.op {
@@ -171,9 +164,8 @@ fn scalar_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 
 // a op int_value on int32: 0 add, 1 mul
 @compute @workgroup_size(256)
-fn scalar_int_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn scalar_int_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.n) { return; }
     switch params.op {
         case 0u: { out_int[i] = a_int[i] + params.int_value; }
@@ -183,33 +175,23 @@ fn scalar_int_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
 }
 
 @compute @workgroup_size(256)
-fn fill_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn fill_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i < params.n) { out[i] = params.value; }
 }
 
 // Over the last two axes (T_q, T_k): keys after each query become `value`.
 @compute @workgroup_size(256)
-fn causal_fill_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn causal_fill_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.n) { return; }
     let key = i % params.t_k;
     let query = (i / params.t_k) % params.t_q;
     out[i] = select(a[i], params.value, key > query + params.t_k - params.t_q);
 }
 
-// A counter-based hash (PCG output function): independent bits per (element, seed), no state.
-fn hash(x: u32) -> u32 {
-    let s = x * 747796405u + 2891336453u;
-    let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
-    return (w >> 22u) ^ w;
-}
-
 @compute @workgroup_size(256)
-fn dropout_mask_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                     @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
-    if (i < params.n) { out[i] = select(params.value, 0.0, hash(i ^ hash(params.seed)) < params.threshold); }
+fn dropout_mask_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
+    if (i < params.n) { out[i] = select(params.value, 0.0, pcg(i ^ pcg(params.seed)) < params.threshold); }
 }

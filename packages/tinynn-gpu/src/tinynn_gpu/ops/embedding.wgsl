@@ -1,8 +1,11 @@
-// Embedding lookup and its gradient. The backward sorts the (id, position) pairs once (embedding_sort_main, one
-// workgroup), so that each table row finds its positions by a binary search and adds their gradient rows in
-// position order: its cost is the ids' sort plus the table and the gradient read once, not V x N, with no
-// atomics and the same sum every run. A GPT's input, token plus position rows, has a forward and a backward of
-// its own; the plain embedding's backward is the same kernel without the position table.
+// Embedding lookup and its gradient. The backward gives workgroup (row v, column block) the positions whose id
+// is v, listed in position order in workgroup memory a chunk at a time, and adds their gradient rows in that
+// order: no atomics, the same sum every run. It lists them one of two ways, which embedding.py chooses by the
+// vocabulary: at a large one from the (id, position) pairs sorted once beforehand (embedding_sort_main, one
+// workgroup), each row finding its run by a binary search, so that the cost is the sort plus the table and the
+// gradient read once, not V x N; at a small one by scanning every id, which costs V x N id reads but no
+// dispatch of its own. A GPT's input, token plus position rows, has a forward and a backward of its own; the
+// plain embedding's backward is the same kernel without the position table.
 // An id outside [0, V) sets bit ID_ERROR in `errors`, which the runtime raises at the next read-back (the
 // NumPy backend raises the same error at once); its row reads as zeros meanwhile, and the backward drops it.
 // Bindings: weight, idx, out, params, g, positions, g_wpe, g_wte, errors, keys
@@ -16,12 +19,12 @@ struct Params {
     blocks: u32,     // ... the column blocks of a token row, a workgroup each
     block_cols: u32, // ... and their width
     pairs: u32,      // the sorted pairs: N rounded up to a power of two
+    scan: u32,       // backward: 1 to list each row's positions by scanning the ids, 0 from the sorted pairs
 }
 
 @group(0) @binding(0) var<storage, read> weight: array<f32>;
 @group(0) @binding(1) var<storage, read> idx: array<i32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> g: array<f32>;
 @group(0) @binding(5) var<storage, read> positions: array<f32>;  // a GPT's position table (wpe)
 @group(0) @binding(6) var<storage, read_write> g_wpe: array<f32>;  // its position table's gradient
@@ -46,18 +49,16 @@ fn token_row_value(n: u32, col: u32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn embedding_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                          @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn embedding_forward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.total) { return; }
     out[i] = token_row_value(i / params.cols, i % params.cols);
 }
 
 // out = weight[idx] + positions[:T], a GPT's input: ids (..., T), `positions` here T.
 @compute @workgroup_size(256)
-fn embedding_with_positions_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                                         @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn embedding_with_positions_forward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     let cols = params.cols;
     if (i >= params.total) { return; }
     let n = i / cols;
@@ -105,23 +106,14 @@ fn embedding_sort_main(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
-// The backward of both embeddings in one dispatch, after embedding_sort_main. The first rows * blocks
-// workgroups write the token gradient `g_wte`, workgroup (v, block) its row v's columns [block * block_cols, ...):
-// it finds the run of v's positions in the sorted keys, then its threads, HIT_LANES by COL_LANES, add g's rows at
-// those positions, lane h taking every HIT_LANES-th, and the lanes are added in a fixed order. The workgroups
-// after them write the position gradient g_wpe (P, C) (`total` = P * C, `positions` = T), one thread an element:
-// row p < T the sum over the batch of g[b, p] (in a fixed order), rows T onwards 0.
-const COL_LANES: u32 = 32u;
-const HIT_LANES: u32 = 8u;
-
-var<workgroup> lane_sums: array<f32, 256>;
-var<workgroup> run_first: u32;  // the row's run of sorted pairs, found by thread 0
-var<workgroup> run_length: u32;
-
+// The backward of both embeddings in one dispatch, after embedding_sort_main unless params.scan. The first
+// rows * blocks workgroups write the token gradient `g_wte`, workgroup (v, block) its row v's columns
+// [block * block_cols, ...) (token_block). The workgroups after them write the position gradient g_wpe (P, C)
+// (`total` = P * C, `positions` = T), one thread an element: row p < T the sum over the batch of g[b, p] (in a
+// fixed order), rows T onwards 0.
 @compute @workgroup_size(256)
-fn embedding_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                           @builtin(local_invocation_index) lid: u32) {
-    let w = row_index(wg, nwg);
+fn embedding_backward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let w = row_index(grid.wg, grid.nwg);
     let cols = params.cols;
     let token_groups = params.rows * params.blocks;
     if (w < token_groups) {
@@ -143,6 +135,76 @@ fn embedding_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wo
     g_wpe[i] = (acc.x + acc.y) + (acc.z + acc.w);
 }
 
+// Row v's positions, CHUNK at a time: those of the sorted run, or of the ids scanned (all N, in chunks), listed in
+// `hits`; then threads HIT_LANES by COL_LANES add g's rows at the listed positions, lane h taking every
+// HIT_LANES-th, and the lanes are added in a fixed order.
+const COL_LANES: u32 = 32u;
+const HIT_LANES: u32 = 8u;
+const IDS_PER_THREAD: u32 = 8u;
+const CHUNK: u32 = 256u * IDS_PER_THREAD;
+
+var<workgroup> hits: array<u32, CHUNK>;  // the chunk's positions whose id is v, in order
+var<workgroup> hit_ends: array<u32, 256>;  // scanning: thread t's hits end at hit_ends[t] (a prefix sum)
+var<workgroup> lane_sums: array<f32, 256>;
+var<workgroup> run_first: u32;  // the row's run of sorted pairs, found by thread 0
+var<workgroup> run_length: u32;
+
+fn token_block(v: u32, block: u32, lid: u32) {
+    let cols = params.cols;
+    let c_lo = block * params.block_cols;
+    let c_hi = min(c_lo + params.block_cols, cols);
+    var listed = params.batch * params.positions;  // the positions to list: every id when scanning
+    if (params.scan == 0u) {
+        if (lid == 0u) {
+            run_first = run_start(v);
+            run_length = run_start(v + 1u) - run_first;
+        }
+        listed = workgroupUniformLoad(&run_length);  // (its barrier also shows every thread run_first)
+    }
+    if (listed == 0u) {  // most rows of a large vocabulary: zeros, without the lanes' sums
+        for (var c = c_lo + lid; c < c_hi; c = c + 256u) { g_wte[v * cols + c] = 0.0; }
+        return;
+    }
+    for (var base = 0u; base < listed; base = base + CHUNK) {
+        var count: u32;
+        if (params.scan != 0u) {
+            count = scan_hits(v, base, lid, v == 0u && block == 0u);
+        } else {
+            count = min(CHUNK, listed - base);
+            for (var k = lid; k < count; k = k + 256u) { hits[k] = keys[2u * (run_first + base + k) + 1u]; }
+            workgroupBarrier();
+        }
+        add_hits(v, c_lo, c_hi, count, base == 0u, lid);
+    }
+}
+
+// g_wte[v, c_lo:c_hi] = (or += after the first chunk) the sum of g's rows at hits[0:count], in order.
+fn add_hits(v: u32, c_lo: u32, c_hi: u32, count: u32, first_chunk: bool, lid: u32) {
+    let cols = params.cols;
+    let lane = lid / COL_LANES;
+    for (var c0 = c_lo; c0 < c_hi; c0 = c0 + COL_LANES) {
+        let c = c0 + lid % COL_LANES;
+        var acc = vec4<f32>(0.0);  // four hits in flight
+        if (c < c_hi) {
+            var k = lane;
+            for (; k + 3u * HIT_LANES < count; k = k + 4u * HIT_LANES) {
+                acc = acc + vec4<f32>(g[hits[k] * cols + c], g[hits[k + HIT_LANES] * cols + c],
+                                      g[hits[k + 2u * HIT_LANES] * cols + c], g[hits[k + 3u * HIT_LANES] * cols + c]);
+            }
+            for (; k < count; k = k + HIT_LANES) { acc.x = acc.x + g[hits[k] * cols + c]; }
+        }
+        lane_sums[lid] = (acc.x + acc.y) + (acc.z + acc.w);
+        workgroupBarrier();
+        if (lane == 0u && c < c_hi) {
+            var s = 0.0;
+            for (var h = 0u; h < HIT_LANES; h = h + 1u) { s = s + lane_sums[h * COL_LANES + lid]; }
+            let at = v * cols + c;
+            if (first_chunk) { g_wte[at] = s; } else { g_wte[at] = g_wte[at] + s; }
+        }
+        workgroupBarrier();  // lane_sums and hits are read before they are reused
+    }
+}
+
 // The first sorted pair whose id is v or more (params.pairs if none).
 fn run_start(v: u32) -> u32 {
     var lo = 0u;
@@ -154,43 +216,37 @@ fn run_start(v: u32) -> u32 {
     return lo;
 }
 
-fn token_block(v: u32, block: u32, lid: u32) {
-    let cols = params.cols;
-    if (lid == 0u) {
-        run_first = run_start(v);
-        run_length = run_start(v + 1u) - run_first;
-    }
-    let count = workgroupUniformLoad(&run_length);  // (its barrier also shows every thread run_first)
-    let first = run_first;
-    let lane = lid / COL_LANES;
-    let c_lo = block * params.block_cols;
-    let c_hi = min(c_lo + params.block_cols, cols);
-    if (count == 0u) {  // most rows of a large vocabulary: zeros, without the lanes' sums
-        for (var c = c_lo + lid; c < c_hi; c = c + 256u) { g_wte[v * cols + c] = 0.0; }
-        return;
-    }
-    for (var c0 = c_lo; c0 < c_hi; c0 = c0 + COL_LANES) {
-        let c = c0 + lid % COL_LANES;
-        var acc = vec4<f32>(0.0);  // four hits in flight
-        if (c < c_hi) {
-            var k = lane;
-            for (; k + 3u * HIT_LANES < count; k = k + 4u * HIT_LANES) {
-                acc = acc + vec4<f32>(g[hit(first + k) * cols + c], g[hit(first + k + HIT_LANES) * cols + c],
-                                      g[hit(first + k + 2u * HIT_LANES) * cols + c],
-                                      g[hit(first + k + 3u * HIT_LANES) * cols + c]);
-            }
-            for (; k < count; k = k + HIT_LANES) { acc.x = acc.x + g[hit(first + k) * cols + c]; }
+// Lists the positions in [base, base + CHUNK) whose id is v in `hits`, returns how many (after a barrier);
+// `check` flags the ids out of range. Thread t reads ids base + t * IDS_PER_THREAD onwards, so the list comes
+// out in position order.
+fn scan_hits(v: u32, base: u32, lid: u32, check: bool) -> u32 {
+    let n = params.batch * params.positions;
+    let first = base + lid * IDS_PER_THREAD;
+    var mine = 0u;
+    for (var k = 0u; k < IDS_PER_THREAD; k = k + 1u) {
+        if (first + k < n) {
+            let id = idx[first + k];
+            if (check) { _ = in_range(id); }
+            mine = mine + u32(id == i32(v));
         }
-        lane_sums[lid] = (acc.x + acc.y) + (acc.z + acc.w);
+    }
+    hit_ends[lid] = mine;
+    workgroupBarrier();
+    for (var step = 1u; step < 256u; step = step << 1u) {  // an inclusive prefix sum, Hillis-Steele
+        var add = 0u;
+        if (lid >= step) { add = hit_ends[lid - step]; }
         workgroupBarrier();
-        if (lane == 0u && c < c_hi) {
-            var s = 0.0;
-            for (var h = 0u; h < HIT_LANES; h = h + 1u) { s = s + lane_sums[h * COL_LANES + lid]; }
-            g_wte[v * cols + c] = s;
-        }
-        workgroupBarrier();  // lane_sums is read before it is reused
+        hit_ends[lid] = hit_ends[lid] + add;
+        workgroupBarrier();
     }
+    var at = hit_ends[lid] - mine;
+    for (var k = 0u; k < IDS_PER_THREAD; k = k + 1u) {
+        if (first + k < n && idx[first + k] == i32(v)) {
+            hits[at] = first + k;
+            at = at + 1u;
+        }
+    }
+    let count = hit_ends[255];
+    workgroupBarrier();
+    return count;
 }
-
-// the position of sorted pair k
-fn hit(k: u32) -> u32 { return keys[2u * k + 1u]; }

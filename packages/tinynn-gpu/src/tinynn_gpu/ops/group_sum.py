@@ -30,7 +30,7 @@ def fills(subgroups: bool, width: int = 1, step: int = 1) -> dict:
     layernorm.wgsl's Value of `width` floats (4: a vec4, else 1), `step` of them a lane per step of a row loop."""
     if width not in (1, 4):
         raise ValueError(f"a Value is 1 or 4 floats, not {width}")
-    teams = kernel_file(f"row_sum_{'subgroup' if subgroups else 'workgroup'}")
+    teams = kernel_file("row_teams") + kernel_file(f"row_sum_{'subgroup' if subgroups else 'workgroup'}")
     value = ({"VALUE": "vec4<f32>", "TOTAL": "(v.x + v.y) + (v.z + v.w)"} if width == 4
              else {"VALUE": "f32", "TOTAL": "v"})
     return {"GROUP_SUM": snippet(subgroups), "ROW_SUM": teams, "ROWS": TEAM_ROWS, "TEAM_WIDTH": TEAM_WIDTH,

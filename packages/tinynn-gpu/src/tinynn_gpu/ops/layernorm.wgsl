@@ -22,7 +22,6 @@ fn total(v: Value) -> f32 { return {{TOTAL}}; }
 @group(0) @binding(0) var<storage, read> x: array<Value>;
 @group(0) @binding(1) var<storage, read> weight: array<Value>;
 @group(0) @binding(2) var<storage, read> bias: array<Value>;
-@group(0) @binding(3) var<uniform> params: Params;
 
 struct Params {
     rows: u32, cols: u32, eps: f32,  // cols: Values a row
@@ -42,9 +41,8 @@ struct Params {
 
 {{ROW_SUM}}
 
-// The Values of row `row` that `team` holds (lane, lane + width, ...) end below this: 0 for a team with no
-// row (past the workgroup's ROWS or the last row), which still calls row_sum, adding zeros.
-fn team_end(r: u32, row: u32) -> u32 { return select(0u, params.cols, r < ROWS && row < params.rows); }
+// A row's sum as its mean: over the row's floats, every lane of the team getting it.
+fn row_mean(team: Team, partial: vec2<f32>) -> vec2<f32> { return row_sum(team, partial) / f32(params.cols * WIDTH); }
 
 // The row loops take a few of a lane's Values a step (j, j + w, ..., j + (STEP - 1) w: the `_step` functions), and
 // load all of a step's operands before they store anything: the compiler may not move a load above a store to
@@ -84,27 +82,22 @@ fn output_step(base: u32, j: u32, w: u32, end: u32, whole: bool, mu: f32, rs: f3
 
 // out = y; mean, rstd per row.
 @compute @workgroup_size(256)
-fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                          lanes: Lanes) {
+fn layernorm_forward_main(grid: Grid, lanes: Lanes) {
     let team = team_of(lanes);
     let w = team.width;
-    let count = f32(params.cols * WIDTH);
     let rows_each = team_rows(team);
     for (var k = 0u; k < rows_each; k = k + 1u) {
-        let r = team.id + k * team.count;
-        let row = row_index(wg, nwg) * ROWS + r;
-        let end = team_end(r, row);
-        let base = row * params.cols;
-        let mu = row_sum(team, vec2<f32>(moment(base, end, team, 0.0, 1u), 0.0)).x / count;
+        let tr = team_row(team, row_index(grid.wg, grid.nwg) * ROWS, k, params.rows, params.cols);
+        let mu = row_mean(team, vec2<f32>(moment(tr.base, tr.end, team, 0.0, 1u), 0.0)).x;
         // two passes: E[(x - mu)^2] keeps its precision where E[x^2] - mu^2 would not
-        let variance = row_sum(team, vec2<f32>(moment(base, end, team, mu, 2u), 0.0)).x / count;
+        let variance = row_mean(team, vec2<f32>(moment(tr.base, tr.end, team, mu, 2u), 0.0)).x;
         let rs = inverseSqrt(variance + params.eps);
         var j = team.lane;
-        for (; j + (STEP - 1u) * w < end; j = j + STEP * w) { output_step(base, j, w, end, true, mu, rs); }
-        if (j < end) { output_step(base, j, w, end, false, mu, rs); }
-        if (team.lane == 0u && end > 0u) {
-            mean[row] = mu;
-            rstd[row] = rs;
+        for (; j + (STEP - 1u) * w < tr.end; j = j + STEP * w) { output_step(tr.base, j, w, tr.end, true, mu, rs); }
+        if (j < tr.end) { output_step(tr.base, j, w, tr.end, false, mu, rs); }
+        if (team.lane == 0u && tr.end > 0u) {
+            mean[tr.row] = mu;
+            rstd[tr.row] = rs;
         }
     }
 }
@@ -117,32 +110,27 @@ fn layernorm_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
 // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * weight, plus g_add where has_g_add:
 // x's gradient from its other uses (the residual stream's), added here rather than by another kernel.
 @compute @workgroup_size(256)
-fn layernorm_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                           lanes: Lanes) {
-    let group = row_index(wg, nwg);
+fn layernorm_backward_main(grid: Grid, lanes: Lanes) {
+    let group = row_index(grid.wg, grid.nwg);
     if (group < params.param_groups) {
         param_grads(group, lanes.lid);
         return;
     }
     let team = team_of(lanes);
     let w = team.width;
-    let count = f32(params.cols * WIDTH);
     let rows_each = team_rows(team);
     for (var k = 0u; k < rows_each; k = k + 1u) {
-        let r = team.id + k * team.count;
-        let row = (group - params.param_groups) * ROWS + r;
-        let end = team_end(r, row);
-        let base = row * params.cols;
+        let tr = team_row(team, (group - params.param_groups) * ROWS, k, params.rows, params.cols);
         var mu = 0.0;
         var rs = 0.0;
-        if (end > 0u) {
-            mu = mean[row];
-            rs = rstd[row];
+        if (tr.end > 0u) {
+            mu = mean[tr.row];
+            rs = rstd[tr.row];
         }
-        let m = row_sum(team, dx_sums(base, end, team, mu, rs)) / count;
+        let m = row_mean(team, dx_sums(tr.base, tr.end, team, mu, rs));
         var j = team.lane;
-        for (; j + (STEP - 1u) * w < end; j = j + STEP * w) { dx_step(base, j, w, end, true, mu, rs, m); }
-        if (j < end) { dx_step(base, j, w, end, false, mu, rs, m); }
+        for (; j + (STEP - 1u) * w < tr.end; j = j + STEP * w) { dx_step(tr.base, j, w, tr.end, true, mu, rs, m); }
+        if (j < tr.end) { dx_step(tr.base, j, w, tr.end, false, mu, rs, m); }
     }
 }
 
@@ -247,9 +235,8 @@ fn param_grads(w: u32, lid: u32) {
 
 // g_weight and g_bias: the column sums of the splits' partials (2, splits, C), one thread per Value column.
 @compute @workgroup_size(256)
-fn layernorm_param_grads_finish_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                                     @builtin(local_invocation_index) lid: u32) {
-    let c = element_index(wg, nwg, lid);
+fn layernorm_param_grads_finish_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let c = element_index(grid, lid);
     let cols = params.cols;
     if (c >= cols) { return; }
     var sw = Value(0.0);

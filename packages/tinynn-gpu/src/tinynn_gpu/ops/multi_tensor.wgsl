@@ -21,7 +21,6 @@ struct Params {
 @group(0) @binding(0) var<storage, read> step: array<f32>;  // [lr, 1 - beta1^t, 1 - beta2^t]
 @group(0) @binding(1) var<storage, read> scale: array<f32>;  // [gradient-clip coefficient]
 @group(0) @binding(2) var<storage, read_write> partials: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 // table: [w] = workgroup w's slot (w < workgroups), then per slot i: [workgroups + 3i] its first workgroup,
 // [workgroups + 3i + 1] its size, [workgroups + 3i + 2] its weight decay's bits (parameter groups that
 // differ only in weight decay, nanoGPT's two, share a dispatch)
@@ -46,8 +45,8 @@ fn find_work(w: u32) -> Work {
 }
 
 @compute @workgroup_size(256)
-fn adamw_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let w = row_index(wg, nwg);
+fn adamw_main(grid: Grid, lanes: Lanes) {
+    let w = row_index(grid.wg, grid.nwg);
     if (w >= params.workgroups) { return; }
     let work = find_work(w);
     switch work.slot {
@@ -58,8 +57,8 @@ fn adamw_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
 
 // Each workgroup leaves the sum of squares of its chunk in partials[first + workgroup].
 @compute @workgroup_size(256)
-fn sum_squares_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let w = row_index(wg, nwg);
+fn sum_squares_main(grid: Grid, lanes: Lanes) {
+    let w = row_index(grid.wg, grid.nwg);
     var s = 0.0;
     if (w < params.workgroups) {
         let work = find_work(w);

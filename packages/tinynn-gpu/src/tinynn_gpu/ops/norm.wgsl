@@ -5,7 +5,6 @@
 
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(2) var<storage, read_write> norm: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read_write> coefficient: array<f32>;
 
 struct Params { count: u32, clip: u32, max_norm: f32 }

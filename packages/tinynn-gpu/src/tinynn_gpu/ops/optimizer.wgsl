@@ -7,7 +7,6 @@
 @group(0) @binding(0) var<storage, read_write> param_: array<f32>;
 @group(0) @binding(1) var<storage, read> grad: array<f32>;
 @group(0) @binding(2) var<storage, read_write> buf1: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 
 struct Params { n: u32, momentum: f32, weight_decay: f32 }
 @group(0) @binding(5) var<storage, read> step: array<f32>;
@@ -15,9 +14,8 @@ struct Params { n: u32, momentum: f32, weight_decay: f32 }
 
 // SGD with momentum. buf1 = momentum buffer; step = [lr].
 @compute @workgroup_size(256)
-fn sgd_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn sgd_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i >= params.n) { return; }
     let g = grad[i] * scale[0] + params.weight_decay * param_[i];
     let b = params.momentum * buf1[i] + g;

@@ -12,14 +12,12 @@ struct Params {
 }
 
 @group(0) @binding(2) var<storage, {{FLAT_ACCESS}}> flat: array<u32>;
-@group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> ends: array<u32>;
 {{BINDINGS}}
 
 @compute @workgroup_size(256)
-fn {{OP}}_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let e = element_index(wg, nwg, lid);
+fn {{OP}}_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let e = element_index(grid, lid);
     if (e >= params.count) { return; }
     let o = params.first + e;
     var lo = 0u;  // the first slot whose end lies past e (unused slots repeat the last end)

@@ -10,7 +10,6 @@ struct Params { outer: u32, r: u32, inner: u32, op: u32 }  // op: 0 sum, 1 max
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 
 {{GROUP_SUM}}
 
@@ -22,8 +21,8 @@ fn fold(acc: f32, x: f32, is_max: bool) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn reduce_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let row = row_index(wg, nwg);
+fn reduce_rows_main(grid: Grid, lanes: Lanes) {
+    let row = row_index(grid.wg, grid.nwg);
     if (row >= params.outer) { return; }
     let r_len = params.r;
     let base = row * r_len;
@@ -47,11 +46,10 @@ fn reduce_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
 }
 
 @compute @workgroup_size(256)
-fn reduce_columns_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                       @builtin(local_invocation_index) lid: u32) {
+fn reduce_columns_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
     let inner = params.inner;
     let tiles = (inner + COLUMNS - 1u) / COLUMNS;
-    let tile = row_index(wg, nwg);
+    let tile = row_index(grid.wg, grid.nwg);
     if (tile >= params.outer * tiles) { return; }
     let o = tile / tiles;
     let j = (tile % tiles) * COLUMNS + lid % COLUMNS;

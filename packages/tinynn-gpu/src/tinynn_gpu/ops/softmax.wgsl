@@ -1,26 +1,25 @@
-// Softmax and log-softmax over the last axis, forward and backward: one 256-thread workgroup per row.
-// The causal variant masks keys after each query (rows are (..., T_q) queries over L = T_k keys) inside
-// the same pass, so the masked scores are never written.
+// Softmax and log-softmax over the last axis, forward and backward: one 256-thread workgroup per row, the two
+// forms sharing each pass (`log` picks the output). The causal variant masks keys after each query (rows are
+// (..., T_q) queries over L = T_k keys) inside the same pass, so the masked scores are never written.
 // Bindings: a, b, out, params.
 
 struct Params {
     rows: u32,
     len: u32,        // L, the row length
-    causal: u32,     // 0 or 1
+    causal: u32,     // 0 or 1 (softmax only)
     t_q: u32,        // causal: queries per (batch, head)
-    scale: f32,      // softmax of scale * x: attention's 1/sqrt(head size), fused
+    scale: f32,      // softmax of scale * x: attention's 1/sqrt(head size), fused (1 for log-softmax)
+    log: u32,        // 1: log-softmax
 }
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
 
-// a = x: out = softmax(scale * x)
+// a = x: out = softmax(scale * x), or log-softmax(x)
 @compute @workgroup_size(256)
-fn softmax_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                        @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(wg, nwg);
+fn softmax_forward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let row = row_index(grid.wg, grid.nwg);
     if (row >= params.rows) { return; }  // the same for the whole workgroup, so no barrier is split
     let len = params.len;
     var visible = len;
@@ -33,53 +32,33 @@ fn softmax_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     var s = 0.0;
     for (var j = lid; j < visible; j = j + 256u) { s = s + exp(scale * a[base + j] - m); }
     s = workgroup_sum(lid, s);
+    let log_s = log(s);
     for (var j = lid; j < len; j = j + 256u) {
-        out[base + j] = select(0.0, exp(scale * a[base + j] - m) / s, j < visible);
+        let z = scale * a[base + j] - m;
+        if (params.log == 1u) {
+            out[base + j] = z - log_s;
+        } else {
+            out[base + j] = select(0.0, exp(z) / s, j < visible);
+        }
     }
 }
 
-// a = y, b = g: dx = scale * y * (g - sum(g * y))
+// a = y, b = g: softmax's dx = scale * y * (g - sum(g * y)); log-softmax's (y the log-probabilities)
+// dx = g - exp(y) * sum(g)
 @compute @workgroup_size(256)
-fn softmax_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                         @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(wg, nwg);
+fn softmax_backward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let row = row_index(grid.wg, grid.nwg);
     if (row >= params.rows) { return; }
-    let len = params.len;
-    let base = row * len;
+    let base = row * params.len;
+    let log_form = params.log == 1u;
     var dot = 0.0;
-    for (var j = lid; j < len; j = j + 256u) { dot = dot + a[base + j] * b[base + j]; }
+    for (var j = lid; j < params.len; j = j + 256u) { dot = dot + b[base + j] * select(a[base + j], 1.0, log_form); }
     dot = workgroup_sum(lid, dot);
-    let scale = params.scale;
-    for (var j = lid; j < len; j = j + 256u) { out[base + j] = scale * a[base + j] * (b[base + j] - dot); }
-}
-
-// a = x
-@compute @workgroup_size(256)
-fn log_softmax_forward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                            @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(wg, nwg);
-    if (row >= params.rows) { return; }
-    let len = params.len;
-    let base = row * len;
-    var m = neg_inf();
-    for (var j = lid; j < len; j = j + 256u) { m = max(m, a[base + j]); }
-    m = workgroup_max(lid, m);
-    var s = 0.0;
-    for (var j = lid; j < len; j = j + 256u) { s = s + exp(a[base + j] - m); }
-    let log_s = log(workgroup_sum(lid, s));
-    for (var j = lid; j < len; j = j + 256u) { out[base + j] = a[base + j] - m - log_s; }
-}
-
-// a = y (log-probabilities), b = g: dx = g - exp(y) * sum(g)
-@compute @workgroup_size(256)
-fn log_softmax_backward_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                             @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(wg, nwg);
-    if (row >= params.rows) { return; }
-    let len = params.len;
-    let base = row * len;
-    var total = 0.0;
-    for (var j = lid; j < len; j = j + 256u) { total = total + b[base + j]; }
-    total = workgroup_sum(lid, total);
-    for (var j = lid; j < len; j = j + 256u) { out[base + j] = b[base + j] - exp(a[base + j]) * total; }
+    for (var j = lid; j < params.len; j = j + 256u) {
+        if (log_form) {
+            out[base + j] = b[base + j] - exp(a[base + j]) * dot;
+        } else {
+            out[base + j] = params.scale * a[base + j] * (b[base + j] - dot);
+        }
+    }
 }

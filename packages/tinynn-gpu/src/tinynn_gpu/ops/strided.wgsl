@@ -14,7 +14,6 @@ struct Params {
 
 @group(0) @binding(0) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
-@group(0) @binding(3) var<uniform> params: Params;
 
 fn view_offset(i: u32) -> u32 {
     var rest = i;
@@ -29,16 +28,14 @@ fn view_offset(i: u32) -> u32 {
 
 // dst (contiguous) <- the view of src
 @compute @workgroup_size(256)
-fn gather_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn gather_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i < params.n) { dst[i] = src[view_offset(i)]; }
 }
 
 // the view of dst <- src (contiguous); the view never repeats an element, so plain stores suffice
 @compute @workgroup_size(256)
-fn scatter_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(wg, nwg, lid);
+fn scatter_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
     if (i < params.n) { dst[view_offset(i)] = src[i]; }
 }

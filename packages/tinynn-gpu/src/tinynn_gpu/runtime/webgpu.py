@@ -27,6 +27,7 @@ differently is a method or attribute of `Implementation`, written once for each:
 """
 from __future__ import annotations
 
+import importlib
 import re
 
 from tinynn.backends import BackendUnavailable
@@ -66,18 +67,33 @@ class Implementation:
         """The WGSL as this implementation compiles it."""
         return code
 
+    # where the rest lives, by name: wgpu-py's backend module over the native library (its ffi, lib, version
+    # and, in its _api, libf), the API's and the library's names in `versions`, unchecked.py's way of compiling
+    # without runtime checks, and native.py's NativeCalls subclass
+    native_module = ""
+    api_name = native_name = ""
+    unchecked_way = ""
+    calls = ""
+
     def versions(self) -> str:
-        raise NotImplementedError
+        native = importlib.import_module(self.native_module)
+        return f"{self.api_name} {self.api.__version__}, {self.native_name} {native.__version__}"
 
     def unchecked(self, device):
         """(compile(label, code), "") making modules without runtime checks on this device, else (None, why)."""
-        raise NotImplementedError
+        from tinynn_gpu.runtime import unchecked
+        return getattr(unchecked, self.unchecked_way)(device)
 
     def cffi(self):
         """(ffi, lib, libf): webgpu.h's functions through cffi, and wgpu-py's checked wrappers of them."""
-        raise NotImplementedError
+        native = importlib.import_module(self.native_module)
+        return native.ffi, native.lib, importlib.import_module(f"{self.native_module}._api").libf
 
-    Calls = None  # the native.NativeCalls subclass for this implementation
+    @property
+    def Calls(self):
+        """The native.NativeCalls subclass for this implementation."""
+        from tinynn_gpu.runtime import native
+        return getattr(native, self.calls)
 
     def describe(self) -> str:
         return f"{self.name} ({self.versions()}), {self.why}" + "".join(f"; {note}" for note in self.notes)
@@ -86,24 +102,8 @@ class Implementation:
 class WgpuNative(Implementation):
     name, package, subgroups = "wgpu-native", "wgpu", "subgroup"
     features = ("timestamp-query", "timestamp-query-inside-passes", "subgroup")
-
-    def versions(self) -> str:
-        from wgpu.backends import wgpu_native
-        return f"wgpu-py {self.api.__version__}, wgpu-native {wgpu_native.__version__}"
-
-    def unchecked(self, device):
-        from tinynn_gpu.runtime import unchecked
-        return unchecked.trusted_modules(device)
-
-    def cffi(self):
-        from wgpu.backends.wgpu_native import ffi, lib
-        from wgpu.backends.wgpu_native._api import libf
-        return ffi, lib, libf
-
-    @property
-    def Calls(self):
-        from tinynn_gpu.runtime import native
-        return native.WgpuNativeCalls
+    native_module, api_name, native_name = "wgpu.backends.wgpu_native", "wgpu-py", "wgpu-native"
+    unchecked_way, calls = "trusted_modules", "WgpuNativeCalls"
 
 
 class Dawn(Implementation):
@@ -112,6 +112,8 @@ class Dawn(Implementation):
                 "implicit-device-synchronization", "shader-f16", "chromium-experimental-subgroup-matrix")
     no_adapter = ("no Vulkan, Metal or DX12 driver that Dawn accepts? It logs why it refuses one; Mesa's lavapipe "
                   "must be 25 or newer")
+    native_module, api_name, native_name = "wgpudawn.backends.dawn", "wgpudawn", "Dawn"
+    unchecked_way, calls = "robustness_off", "DawnCalls"
     INSTANCE_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
     started = False
 
@@ -139,24 +141,6 @@ class Dawn(Implementation):
                 SUBGROUP_BUILTIN.search(re.sub(r"//[^\n]*", "", code)):
             return "enable subgroups;\n" + code
         return code
-
-    def versions(self) -> str:
-        from wgpudawn.backends import dawn
-        return f"wgpudawn {self.api.__version__}, Dawn {dawn.__version__}"
-
-    def unchecked(self, device):
-        from tinynn_gpu.runtime import unchecked
-        return unchecked.robustness_off(device)
-
-    def cffi(self):
-        from wgpudawn.backends.dawn import ffi, lib
-        from wgpudawn.backends.dawn._api import libf
-        return ffi, lib, libf
-
-    @property
-    def Calls(self):
-        from tinynn_gpu.runtime import native
-        return native.DawnCalls
 
 
 IMPLEMENTATIONS = {cls.name: cls for cls in (WgpuNative, Dawn)}
