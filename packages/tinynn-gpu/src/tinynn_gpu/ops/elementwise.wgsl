@@ -113,38 +113,36 @@ fn broadcast_indices(i: u32) -> vec2<u32> {
     return vec2<u32>(ia, ib);
 }
 
-// Broadcasting binary op: 0 add, 1 sub, 2 mul, 3 div, 4 eq
-@compute @workgroup_size(256)
-fn binary_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
-    let i = element_index(grid, lid);
-    if (i >= params.n) { return; }
-    let at = broadcast_indices(i);
-    let x = a[at.x];
-    let y = b[at.y];
-    switch params.op {
-        case 0u: { out[i] = x + y; }
-        case 1u: { out[i] = x - y; }
-        case 2u: { out[i] = x * y; }
-        case 3u: { out[i] = x / y; }
-        case 4u: { out[i] = select(0.0, 1.0, x == y); }
-        default: { out[i] = nan(); }
+// Broadcasting binary op codes: 0 add, 1 sub, 2 mul, 3 div, 4 eq.
+fn binary_op(op: u32, x: f32, y: f32) -> f32 {
+    switch op {
+        case 0u: { return x + y; }
+        case 1u: { return x - y; }
+        case 2u: { return x * y; }
+        case 3u: { return x / y; }
+        case 4u: { return select(0.0, 1.0, x == y); }
+        default: { return nan(); }
     }
 }
 
-// The same on int32 (wrapping, as WGSL's i32 does): 0 add, 1 sub, 2 mul, 4 eq
+// The same on int32, wrapping as WGSL's i32 does, but for 3: an integer division is not an op here.
+fn binary_int_op(op: u32, x: i32, y: i32) -> i32 {
+    var results = array<i32, 5>(x + y, x - y, x * y, INT_SENTINEL, select(0, 1, x == y));
+    return select(INT_SENTINEL, results[min(op, 4u)], op <= 4u);
+}
+
+@compute @workgroup_size(256)
+fn binary_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let i = element_index(grid, lid);
+    if (i < params.n) { let at = broadcast_indices(i); out[i] = binary_op(params.op, a[at.x], b[at.y]); }
+}
+
 @compute @workgroup_size(256)
 fn binary_int_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
     let i = element_index(grid, lid);
-    if (i >= params.n) { return; }
-    let at = broadcast_indices(i);
-    let x = a_int[at.x];
-    let y = b_int[at.y];
-    switch params.op {
-        case 0u: { out_int[i] = x + y; }
-        case 1u: { out_int[i] = x - y; }
-        case 2u: { out_int[i] = x * y; }
-        case 4u: { out_int[i] = select(0, 1, x == y); }
-        default: { out_int[i] = INT_SENTINEL; }
+    if (i < params.n) {
+        let at = broadcast_indices(i);
+        out_int[i] = binary_int_op(params.op, a_int[at.x], b_int[at.y]);
     }
 }
 
