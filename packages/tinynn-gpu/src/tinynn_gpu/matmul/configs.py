@@ -195,6 +195,5 @@ class TensorConfig(Blocking):
 # K is the batch's tokens.
 TENSOR_CONFIGS = tuple(map(TensorConfig.named, (
     "128x128x32/2x4", "128x128x32/2x4 db", "128x64x32/4x2", "64x128x32/2x4", "64x64x32/2x2", "64x64x32/2x2 db",
-    "128x128x32/2x4 split2", "64x64x32/2x2 split4", "64x64x32/2x2 split8",
-    "64x128x64/2x4", "128x64x64/4x2", "128x128x64/2x4", "128x128x32/2x2")))
+    "128x128x32/2x4 split2", "64x64x32/2x2 split4", "64x64x32/2x2 split8")))
 PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls
