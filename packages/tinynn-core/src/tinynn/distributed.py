@@ -91,8 +91,7 @@ class Summation:
     A persistent Allreduce (MPI 4's Allreduce_init) where the MPI has them: MPICH's plain Allreduce of a
     large array mallocs its work buffer on every call, and glibc maps so large a buffer afresh and unmaps it
     when it is freed, so every call page-faults the memory in again; the persistent one allocates once
-    (43 MB over two ranks on the H200 machine: 23-28 ms plain, 14-17 ms persistent, and 15 ms plain with
-    glibc's mmap turned off by MALLOC_MMAP_MAX_=0). Where `world.threaded`, it may be called from another
+    (measured in BENCHMARKS.md, "A persistent Allreduce"). Where `world.threaded`, it may be called from another
     thread than the main one. Its request is freed by `free`, or at exit before MPI_Finalize (which warns
     of each left)."""
 
