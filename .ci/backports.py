@@ -32,7 +32,8 @@ def stanzas():
                     fields[key] += "\n" + line
                 elif ":" in line:
                     key, value = line.split(":", 1)
-                    fields[key.strip().lower()] = value.strip()
+                    key = key.strip().lower()  # field names are case-insensitive
+                    fields[key] = value.strip()
             if fields:
                 yield path, fields
     one_line = APT / "sources.list"
