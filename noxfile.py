@@ -57,8 +57,8 @@ def tests_gpu(session):
 @nox.session(name="tests-dawn", python=PYTHONS[0])
 def tests_dawn(session):
     """tinynn-gpu's tests on Dawn instead of wgpu-native (TINYNN_WEBGPU=dawn, the [dawn] extra), on a real WebGPU
-    adapter; a missing one fails. Every GPU test; CI leaves out the two matmul variant sweeps by pytest arguments
-    (.ci/run says why), and points the session at a lavapipe Dawn accepts (Mesa 25: it refuses Mesa 22's)."""
+    adapter; a missing one fails. Every GPU test; CI runs only the runtime's and the backend's tests, by pytest
+    arguments (.ci/run says why), and points the session at a lavapipe Dawn accepts (Mesa 25: it refuses Mesa 22's)."""
     session.install(f"{CORE}[plot,mpi,bpe]", f"{GPU}[dawn]", *TEST_TOOLS)
     env = {"TINYNN_WEBGPU": "dawn", "TINYNN_REQUIRE_GPU": "1", "XDG_RUNTIME_DIR": "/tmp", **REQUIRE_MPI}
     session.run("tinynn", "info", "--device", "gpu", env=env)

@@ -9,7 +9,10 @@ import pytest
 SCRIPT = """
 import resource
 import numpy as np
-import tinynn.numpy_backend
+from tinynn import heap, numpy_backend
+if heap.keep_freed_memory() < 40 << 20:
+    print("capped")  # this glibc takes no mmap threshold over 32 MiB
+    raise SystemExit
 faults = []
 for _ in range(3):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -22,5 +25,8 @@ print(faults[-1])
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_a_large_array_allocated_again_takes_no_page_faults():
-    faults = int(subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout)
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout.strip()
+    if out == "capped":
+        pytest.skip("this glibc caps malloc's mmap threshold at 32 MiB, under the test's 40 MiB array")
+    faults = int(out)
     assert faults < 100  # 10,240 pages where the memory went back to the kernel

@@ -443,4 +443,4 @@ def uniform(seed: int, sequence: np.ndarray, n: int) -> np.ndarray:
 
 
 NUMPY = NumpyBackend()
-heap.keep_freed_memory()  # each step's arrays reuse the last step's memory, with no page faults (heap.py)
+heap.keep_freed_memory()  # each step's arrays reuse the last step's memory (heap.py)

@@ -190,7 +190,7 @@ class TensorConfig(Blocking):
 
 
 # The tensor-core candidates, by name (BENCHMARKS.md times each on the step's shapes): 128 x 128 blocks of 8
-# subgroups (the first probe's layout); 8 subgroups on half the block, for 4096^2 outputs (64 x 128) and a linear
+# subgroups for large outputs; 8 subgroups on half the block, for 4096^2 outputs (64 x 128) and a linear
 # layer's forward (128 x 64); 4 subgroups for outputs of a few hundred blocks; split-K for weight gradients, whose
 # K is the batch's tokens.
 TENSOR_CONFIGS = tuple(map(TensorConfig.named, (

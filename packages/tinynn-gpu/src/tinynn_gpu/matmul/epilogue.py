@@ -97,7 +97,8 @@ def finish_launch(rt, module, params: dict, quads: bool):
 
 class GeneratedMatmul:
     """A variant of a generated kernel (blocked.py's, tensor.py's): its modules per layout, and per shape and
-    epilogue parts the dispatches made ready once (`_plan`, given `problem_plan`'s splits, layout and parameters) and the function that records them (`_recorder`)."""
+    epilogue parts the dispatches made ready once (`_plan`, given `problem_plan`'s splits, layout and parameters)
+    and the function that records them (`_recorder`)."""
     prefix = ""  # of the description: the kind of kernel, where the configuration's name does not say it
 
     def __init__(self, runtime, config):
