@@ -139,8 +139,7 @@ class WgpuBackend(Backend):
         def guard():
             if mm.pending and not self.rt.profiling and mm.tune_pending():  # (the profiler times one step)
                 self.matmul_plans.clear()
-            return (mm.generation, precision.current()) if key is None else (key(), mm.generation,
-                                                                             precision.current())
+            return None if key is None else key(), mm.generation, precision.current()
         return guard
 
     @property

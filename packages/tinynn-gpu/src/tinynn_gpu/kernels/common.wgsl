@@ -9,12 +9,12 @@ struct Grid {
 }
 
 fn element_index(grid: Grid, lid: u32) -> u32 {
-    return row_index(grid.wg, grid.nwg) * 256u + lid;
+    return row_index(grid) * 256u + lid;
 }
 
 // One workgroup per row, rows laid over a 2-D grid for the same reason.
-fn row_index(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wg.y * nwg.x + wg.x;
+fn row_index(grid: Grid) -> u32 {
+    return grid.wg.y * grid.nwg.x + grid.wg.x;
 }
 
 // Workgroup-wide reductions for the one-workgroup-per-row kernels (256 threads). Call them from uniform

@@ -28,9 +28,8 @@ var<workgroup> partial: array<f32, 4096>;  // [row][column][slice], MAX_ROWS x 2
 var<workgroup> shares: array<f32, 256>;
 
 @compute @workgroup_size(256)
-fn matmul_rows_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_index) lid: u32) {
-    let first = row_index(wg, nwg) * COLUMNS;
+fn matmul_rows_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
+    let first = row_index(grid) * COLUMNS;
     let col = first + lid / SLICES;
     let slice = lid % SLICES;
     let k4 = params.k / 4u;

@@ -122,7 +122,7 @@ class MatmulSelector:
         self.forced = now.matmul  # one variant for every shape, e.g. "lesson8"
         if self.forced and self.forced not in self.variants:
             raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
-        if isinstance(self.variants.get(self.forced), TensorConfig):  # it takes only some shapes (tensor.fits)
+        if isinstance(self.variants.get(self.forced), TensorConfig):  # it takes only some shapes (uses_vec4)
             raise ValueError(f"TINYNN_MATMUL={self.forced!r} is a tensor-core variant, which cannot run every shape: "
                              "set the matmul precision to 'high' instead")
         self.rows = RowsMatmul(runtime)

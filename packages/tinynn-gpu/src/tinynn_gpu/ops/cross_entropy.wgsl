@@ -48,7 +48,7 @@ fn cross_entropy_forward_rows_main(grid: Grid, lanes: Lanes) {
     let team = team_of(lanes);
     let rows_each = team_rows(team);
     for (var k = 0u; k < rows_each; k = k + 1u) {
-        let tr = team_row(team, row_index(grid.wg, grid.nwg) * ROWS, k, params.n, params.cols);
+        let tr = team_row(team, row_index(grid) * ROWS, k, params.n, params.cols);
         let base = tr.base;
         var m = neg_inf();
         for (var j = team.lane; j < tr.end; j = j + team.width) { m = max(m, logits[base + j]); }
@@ -117,7 +117,7 @@ fn cross_entropy_backward_main(grid: Grid, @builtin(local_invocation_index) lid:
 // in place is safe.
 @compute @workgroup_size(256)
 fn classifier_rows_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(grid.wg, grid.nwg);
+    let row = row_index(grid);
     if (row >= params.n) { return; }
     let base = row * params.cols;
     var m = neg_inf();

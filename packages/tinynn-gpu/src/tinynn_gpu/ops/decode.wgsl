@@ -88,7 +88,7 @@ var<workgroup> cached_rows: u32;
 
 @compute @workgroup_size(256)
 fn attention_decode_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
-    let bh = row_index(grid.wg, grid.nwg);
+    let bh = row_index(grid);
     if (bh >= params.size) { return; }  // the same for the whole workgroup, so no barrier is split
     let hs = params.head_size;
     let cols = params.cols;
@@ -166,7 +166,7 @@ fn order_key(x: f32) -> u32 {
 
 @compute @workgroup_size(256)
 fn sample_tokens_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
-    let seq = row_index(grid.wg, grid.nwg);
+    let seq = row_index(grid);
     if (seq >= params.size) { return; }
     let vocab = params.vocab;
     let base = seq * vocab;

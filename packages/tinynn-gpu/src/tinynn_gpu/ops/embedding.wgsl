@@ -113,7 +113,7 @@ fn embedding_sort_main(@builtin(local_invocation_index) lid: u32) {
 // fixed order), rows T onwards 0.
 @compute @workgroup_size(256)
 fn embedding_backward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
-    let w = row_index(grid.wg, grid.nwg);
+    let w = row_index(grid);
     let cols = params.cols;
     let token_groups = params.rows * params.blocks;
     if (w < token_groups) {

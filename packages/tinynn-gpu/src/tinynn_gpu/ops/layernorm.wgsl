@@ -87,7 +87,7 @@ fn layernorm_forward_main(grid: Grid, lanes: Lanes) {
     let w = team.width;
     let rows_each = team_rows(team);
     for (var k = 0u; k < rows_each; k = k + 1u) {
-        let tr = team_row(team, row_index(grid.wg, grid.nwg) * ROWS, k, params.rows, params.cols);
+        let tr = team_row(team, row_index(grid) * ROWS, k, params.rows, params.cols);
         let mu = row_mean(team, vec2<f32>(moment(tr.base, tr.end, team, 0.0, 1u), 0.0)).x;
         // two passes: E[(x - mu)^2] keeps its precision where E[x^2] - mu^2 would not
         let variance = row_mean(team, vec2<f32>(moment(tr.base, tr.end, team, mu, 2u), 0.0)).x;
@@ -111,7 +111,7 @@ fn layernorm_forward_main(grid: Grid, lanes: Lanes) {
 // x's gradient from its other uses (the residual stream's), added here rather than by another kernel.
 @compute @workgroup_size(256)
 fn layernorm_backward_main(grid: Grid, lanes: Lanes) {
-    let group = row_index(grid.wg, grid.nwg);
+    let group = row_index(grid);
     if (group < params.param_groups) {
         param_grads(group, lanes.lid);
         return;

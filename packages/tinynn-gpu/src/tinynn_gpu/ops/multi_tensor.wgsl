@@ -46,7 +46,7 @@ fn find_work(w: u32) -> Work {
 
 @compute @workgroup_size(256)
 fn adamw_main(grid: Grid, lanes: Lanes) {
-    let w = row_index(grid.wg, grid.nwg);
+    let w = row_index(grid);
     if (w >= params.workgroups) { return; }
     let work = find_work(w);
     switch work.slot {
@@ -58,7 +58,7 @@ fn adamw_main(grid: Grid, lanes: Lanes) {
 // Each workgroup leaves the sum of squares of its chunk in partials[first + workgroup].
 @compute @workgroup_size(256)
 fn sum_squares_main(grid: Grid, lanes: Lanes) {
-    let w = row_index(grid.wg, grid.nwg);
+    let w = row_index(grid);
     var s = 0.0;
     if (w < params.workgroups) {
         let work = find_work(w);

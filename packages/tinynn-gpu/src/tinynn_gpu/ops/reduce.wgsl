@@ -22,7 +22,7 @@ fn fold(acc: f32, x: f32, is_max: bool) -> f32 {
 
 @compute @workgroup_size(256)
 fn reduce_rows_main(grid: Grid, lanes: Lanes) {
-    let row = row_index(grid.wg, grid.nwg);
+    let row = row_index(grid);
     if (row >= params.outer) { return; }
     let r_len = params.r;
     let base = row * r_len;
@@ -49,7 +49,7 @@ fn reduce_rows_main(grid: Grid, lanes: Lanes) {
 fn reduce_columns_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
     let inner = params.inner;
     let tiles = (inner + COLUMNS - 1u) / COLUMNS;
-    let tile = row_index(grid.wg, grid.nwg);
+    let tile = row_index(grid);
     if (tile >= params.outer * tiles) { return; }
     let o = tile / tiles;
     let j = (tile % tiles) * COLUMNS + lid % COLUMNS;

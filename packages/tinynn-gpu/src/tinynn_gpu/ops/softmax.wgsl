@@ -19,7 +19,7 @@ struct Params {
 // a = x: out = softmax(scale * x), or log-softmax(x)
 @compute @workgroup_size(256)
 fn softmax_forward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(grid.wg, grid.nwg);
+    let row = row_index(grid);
     if (row >= params.rows) { return; }  // the same for the whole workgroup, so no barrier is split
     let len = params.len;
     var visible = len;
@@ -47,7 +47,7 @@ fn softmax_forward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
 // dx = g - exp(y) * sum(g)
 @compute @workgroup_size(256)
 fn softmax_backward_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(grid.wg, grid.nwg);
+    let row = row_index(grid);
     if (row >= params.rows) { return; }
     let base = row * params.len;
     let log_form = params.log == 1u;

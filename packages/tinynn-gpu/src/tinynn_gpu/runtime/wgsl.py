@@ -10,7 +10,6 @@ from importlib import resources
 WINGS = ("ops", "matmul", "kernels")  # file names are unique across them
 
 
-@cache
 def kernel_file(name: str) -> str:
     """<folder>/<name>.wgsl as it is."""
     return _located(name)[1]
