@@ -3,7 +3,8 @@ templates filled in and unrolled per head size.
 
 The forward is attention_tiled.py's (attention_tiled.wgsl, a register-blocked matmul-like kernel), with the
 first tile of TILES whose workgroup memory fits the device; where none fits, attention.wgsl's per-row forward
-runs. TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward.
+runs. TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward. In matmul precision "high" on a
+device with tensor cores, attention_tensor.py's forward runs instead, where a tile of it fits.
 
 The backward is attention_backward_tiled.py's (dK, dV and dQ's per-key-block slices, then dQ as the slices' sum)
 with the first tile of BACKWARD_TILES that fits the head size and the device; where none does (head sizes 16 and
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from tinynn.errors import TinynnError
 from tinynn_gpu.ops.attention_backward_tiled import BACKWARD_TILE, backward_tiled_source, choose_backward_tile
+from tinynn_gpu.ops.attention_tensor import TensorAttention
 from tinynn_gpu.ops.attention_tiled import FORWARD_TILE, THREADS, choose_tile, tiled_source
 from tinynn_gpu.runtime import settings
 from tinynn_gpu.runtime.arrays import OnCpu, bindable
@@ -100,6 +102,7 @@ class Attention:
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
         self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
         self.tiled_shaders = {}  # (variable, head size, its setting) -> `_tiled_shader`'s answer
+        self.tensor = TensorAttention(runtime)
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -124,8 +127,11 @@ class Attention:
                 (self.rt.shader(source(head_size, tile), label), tile)
         return found
 
-    def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:
+    def forward(self, qkv, y, lse, n_head: int, scale: float, high: bool = False) -> None:
+        """high: the matmul precision is "high" and the device has tensor cores."""
         batch, seq, c3 = qkv.shape
+        if high and self.tensor.tile(c3 // 3 // n_head) is not None:
+            return self.tensor.forward(qkv, y, lse, n_head, scale)
         shader, tile = self._tiled_shader(c3 // 3 // n_head)
         shader, rows = self._shader(c3 // 3 // n_head) if shader is None else (shader, tile.rows)
         rt, key = self.rt, ("attention_forward", shader, batch, seq, n_head, scale)
@@ -177,7 +183,7 @@ def attention_forward(self, qkv, n_head, scale, for_backward=True):
     operand = bindable(qkv)
     y = self._empty((batch, seq, c3 // 3))
     lse = self._empty((batch, n_head, seq)) if for_backward else self.rt.scratch(0, batch * n_head * seq)
-    self.attention.forward(operand, y, lse, n_head, scale)
+    self.attention.forward(operand, y, lse, n_head, scale, high=self.mm.high())
     return y, (lse if for_backward else None)
 
 

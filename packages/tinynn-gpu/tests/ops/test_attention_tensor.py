@@ -1,0 +1,146 @@
+"""The tensor-core attention forward of matmul precision "high" (ops/attention_tensor.py) against the float64
+NumPy reference, every output poisoned (NaN) first. Where the device has f16 subgroup matrices (an NVIDIA GPU on
+Dawn) the backend's forward runs on them, within f16's rounding, and the float32 backward takes its y and
+logsumexp; elsewhere (lavapipe) "high" attention runs the float32 kernels and these tests check that it does,
+bit for bit. Everywhere, the same kernel with its two matrix products written out in plain WGSL (`emulate`)
+runs with every tile that fits the adapter: its staging, range scales, softmax, masking and stores are the
+tensor-core kernel's own. Magnitudes far outside f16's range (6e-8 to 65504) check the range scales: without
+them the results overflow or lose their digits."""
+import numpy as np
+import pytest
+
+from tinynn import backends, precision
+from tinynn_gpu.ops.attention_tensor import TENSOR_TILES, TensorAttention, TensorTile, choose_tensor_tile
+
+RTOL_Y = 1.5e-3  # relative (Frobenius) error of y; f16's 10-bit mantissa, measured ~3e-4 in the emulation
+RTOL_ROW = 1e-2  # of any one row of y
+ATOL_LSE = 3e-3  # of the logsumexp, relative to max(1, |lse|)
+RTOL_BACKWARD = 5e-3  # g_qkv from the float32 backward over the tensor-core forward's y and lse
+
+# (batch, T, n_head, head size, magnitudes of q, k and v): T off the tile grid, T = 1 and GPT-2's 1024, head
+# sizes padded to whole matrices (20, 48) and not (64, 128); q k^T stays near 1 where q and k lie far out, so that
+# the softmax, not f16, sets how much an error in a score matters
+CASES = [
+    (1, 1, 1, 64, (1, 1, 1)),
+    (2, 17, 2, 64, (1, 1, 1)),
+    (1, 70, 1, 20, (1, 1, 1)),
+    (1, 33, 2, 48, (1, 1, 1)),
+    (1, 40, 1, 128, (1, 1, 1)),
+    (1, 1024, 1, 64, (1, 1, 1)),
+    (1, 50, 1, 64, (1e-3, 1e3, 1e-3)),
+    (1, 50, 1, 64, (1e3, 1e-3, 1e3)),
+    (1, 50, 1, 64, (1e5, 1e-5, 1e-6)),  # f16 overflows q and holds v to a few bits
+    (1, 50, 1, 64, (1e-6, 1e6, 1e5)),
+]
+ids = [f"B{b}-T{t}-nh{n}-hs{hs}-{'x'.join(f'{m:g}' for m in mags)}" for b, t, n, hs, mags in CASES]
+
+
+def make_qkv(batch, seq, n_head, head_size, magnitudes, seed=0):
+    g = np.random.default_rng(seed)
+    qkv = g.standard_normal((batch, seq, 3, n_head * head_size))  # (B, T, 3, C)
+    qkv *= np.array(magnitudes)[:, None]
+    return qkv.reshape(batch, seq, 3 * n_head * head_size).astype(np.float32)
+
+
+def check_forward(y, lse, qkv, n_head, label):
+    """y (B, T, C) and lse (B, nh, T) against the float64 reference: the whole of y, each row of y, and each
+    logsumexp, naming the worst row."""
+    batch, seq, c3 = qkv.shape
+    head_size = c3 // 3 // n_head
+    y_ref, lse_ref = backends.reference().attention_forward(qkv.astype(np.float64), n_head, head_size ** -0.5)
+    assert np.isfinite(y).all(), f"{label}: y has unwritten (NaN) or non-finite elements at " \
+                                 f"{np.argwhere(~np.isfinite(y))[:5].tolist()} (batch, t, column)"
+    assert np.isfinite(lse).all(), f"{label}: lse has unwritten (NaN) or non-finite elements at " \
+                                   f"{np.argwhere(~np.isfinite(lse))[:5].tolist()} (batch, head, t)"
+    err = np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref)
+    assert err <= RTOL_Y, f"{label}: y's relative error {err:.2e} > {RTOL_Y:g}"
+    rows = lambda x: x.reshape(batch, seq, n_head, head_size)  # noqa: E731  (B, T, nh, hs)
+    row_err = np.linalg.norm(rows(y) - rows(y_ref), axis=-1) / np.linalg.norm(rows(y_ref), axis=-1)
+    worst = np.unravel_index(np.argmax(row_err), row_err.shape)
+    assert row_err[worst] <= RTOL_ROW, f"{label}: y's row (batch, t, head) {tuple(map(int, worst))} is off by " \
+                                       f"{row_err[worst]:.2e} relative > {RTOL_ROW:g}"
+    lse_err = np.abs(lse - lse_ref) / np.maximum(1.0, np.abs(lse_ref))
+    worst = np.unravel_index(np.argmax(lse_err), lse_err.shape)
+    assert lse_err[worst] <= ATOL_LSE, f"{label}: lse at (batch, head, t) {tuple(map(int, worst))} is " \
+                                       f"{lse[worst]:.6g}, not {lse_ref[worst]:.6g}"
+    return y_ref, lse_ref
+
+
+@pytest.fixture
+def high(poisoned):
+    """The poisoned backend with matmul precision "high" for the test."""
+    precision.set_matmul_precision("high")
+    yield poisoned
+    precision.set_matmul_precision(None)
+
+
+def emulation_tiles():
+    """Every tile of TENSOR_TILES, and smaller ones that fit lavapipe's 32 KiB of workgroup memory."""
+    return TENSOR_TILES + (TensorTile(32, 32, 64), TensorTile(16, 16, 32))
+
+
+@pytest.mark.parametrize("tile", emulation_tiles(), ids=str)
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_emulated_products(poisoned, tile, case):
+    """The kernel with its products in plain WGSL, each tile at each head size it fits here."""
+    gpu = poisoned
+    batch, seq, n_head, head_size, magnitudes = case
+    kernel = TensorAttention(gpu.rt, emulate=True)
+    why = tile.check(head_size, kernel.max_bytes, 2 if kernel.f16 else 4)
+    if why:
+        pytest.skip(why)
+    qkv = make_qkv(*case)
+    y, lse = gpu.rt.empty((batch, seq, n_head * head_size)), gpu.rt.empty((batch, n_head, seq))
+    kernel.forward(gpu.from_numpy(qkv), y, lse, n_head, head_size ** -0.5, tile)
+    check_forward(gpu.to_numpy(y), gpu.to_numpy(lse), qkv, n_head, f"emulated {tile}")
+
+
+def test_emulation_runs_here(poisoned):
+    """The skips above leave every adapter some tiles: the smallest fits head size 64 in 32 KiB even in f32."""
+    kernel = TensorAttention(poisoned.rt, emulate=True)
+    assert not TensorTile(16, 16, 32).check(64, min(kernel.max_bytes, 32768), 4)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_high_attention(high, case):
+    """With tensor cores, "high" runs the tensor-core forward (its shader compiled for the head size) within f16's
+    rounding, and the float32 backward over its y and logsumexp within a little more; without, "high" attention is
+    the float32 kernels' exactly, and the tensor-core forward is never compiled."""
+    gpu = high
+    batch, seq, n_head, head_size, _ = case
+    qkv = make_qkv(*case)
+    grad = np.random.default_rng(1).standard_normal((batch, seq, n_head * head_size)).astype(np.float32)
+    scale = head_size ** -0.5
+    d_qkv = gpu.from_numpy(qkv)
+    y, lse = gpu.attention_forward(d_qkv, n_head, scale)
+    g_qkv = gpu.to_numpy(gpu.attention_backward(gpu.from_numpy(grad), d_qkv, y, lse, n_head, scale))
+    y, lse = gpu.to_numpy(y), gpu.to_numpy(lse)
+    usable, why = gpu.mm.tensor_cores()
+    compiled = {hs for hs, _ in gpu.attention.tensor.shaders}
+    if not usable:
+        assert why and head_size not in compiled
+        precision.set_matmul_precision("highest")
+        y32, lse32 = gpu.attention_forward(d_qkv, n_head, scale)
+        g32 = gpu.attention_backward(gpu.from_numpy(grad), d_qkv, y32, lse32, n_head, scale)
+        np.testing.assert_array_equal(y, gpu.to_numpy(y32))
+        np.testing.assert_array_equal(lse, gpu.to_numpy(lse32))
+        np.testing.assert_array_equal(g_qkv, gpu.to_numpy(g32))
+        return
+    assert head_size in compiled, f"head size {head_size} did not run on the tensor-core forward"
+    y_ref, lse_ref = check_forward(y, lse, qkv, n_head, "tensor cores")
+    g_ref = backends.reference().attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref,
+                                                    n_head, scale)
+    assert np.isfinite(g_qkv).all(), "g_qkv has unwritten (NaN) or non-finite elements"
+    for part, name in enumerate(("dq", "dk", "dv")):  # (B, T, 3, C): each part's error on its own scale
+        got, want = (x.reshape(batch, seq, 3, -1)[:, :, part] for x in (g_qkv, g_ref))
+        err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+        assert err <= RTOL_BACKWARD, f"{name} after the tensor-core forward: relative error {err:.2e}"
+
+
+def test_tile_choice():
+    """64 queries a workgroup where the head fits 48 KiB, 32 up to head size 128; none where no tile splits the
+    padded head evenly or fits (the float32 forward runs then)."""
+    assert choose_tensor_tile(64, 49152) == TensorTile(64, 32) and choose_tensor_tile(20, 49152) == TensorTile(64, 32)
+    assert choose_tensor_tile(128, 49152) == TensorTile(32, 32)
+    assert choose_tensor_tile(80, 49152) is None  # 5 matrices of head: too wide for 64 queries, odd for 2 x 2
+    assert choose_tensor_tile(128, 32768) is None
