@@ -54,8 +54,8 @@ def check_forward(y, lse, qkv, n_head, label):
                                    f"{np.argwhere(~np.isfinite(lse))[:5].tolist()} (batch, head, t)"
     err = np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref)
     assert err <= RTOL_Y, f"{label}: y's relative error {err:.2e} > {RTOL_Y:g}"
-    rows = lambda x: x.reshape(batch, seq, n_head, head_size)  # noqa: E731  (B, T, nh, hs)
-    row_err = np.linalg.norm(rows(y) - rows(y_ref), axis=-1) / np.linalg.norm(rows(y_ref), axis=-1)
+    y_rows, ref_rows = y.reshape(batch, seq, n_head, head_size), y_ref.reshape(batch, seq, n_head, head_size)
+    row_err = np.linalg.norm(y_rows - ref_rows, axis=-1) / np.linalg.norm(ref_rows, axis=-1)
     worst = np.unravel_index(np.argmax(row_err), row_err.shape)
     assert row_err[worst] <= RTOL_ROW, f"{label}: y's row (batch, t, head) {tuple(map(int, worst))} is off by " \
                                        f"{row_err[worst]:.2e} relative > {RTOL_ROW:g}"
@@ -84,7 +84,7 @@ def emulation_tiles():
 def test_emulated_products(poisoned, tile, case):
     """The kernel with its products in plain WGSL, each tile at each head size it fits here."""
     gpu = poisoned
-    batch, seq, n_head, head_size, magnitudes = case
+    batch, seq, n_head, head_size, _ = case
     kernel = TensorAttention(gpu.rt, emulate=True)
     why = tile.check(head_size, kernel.max_bytes, 2 if kernel.f16 else 4)
     if why:

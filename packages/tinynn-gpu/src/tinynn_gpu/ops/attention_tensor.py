@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tinynn_gpu.ops.attention_tiled import THREADS
-from tinynn_gpu.runtime.wgsl import fill, kernel_file, kernel_source, unroll
+from tinynn_gpu.runtime.wgsl import kernel_file, kernel_source, unroll
 
 S = 16  # a subgroup matrix's side
 PAD = 8  # halves padding each tile row, against bank conflicts (16 bytes: rows stay 16-byte aligned)
@@ -88,8 +88,8 @@ class Products:
         if self.emulate:
             self.loaded[name] = (tile, offset, stride, major)
             return []
-        return [f"        let {name} = subgroupMatrixLoad<subgroup_matrix_{kind}<f16, 16, 16>, {major}>"
-                f"(&{tile}, {offset}, {stride});"]
+        return [(f"        let {name} = subgroupMatrixLoad<subgroup_matrix_{kind}<f16, 16, 16>, {major}>"
+                 f"(&{tile}, {offset}, {stride});")]
 
     def zero(self, name: str) -> list[str]:
         if self.emulate:
@@ -156,14 +156,15 @@ def tensor_source(head_size: int, tile: TensorTile, emulate: bool = False, f16: 
     else:  # subgroups of 32 by index, each invocation 8 neighbouring elements of a 16 x 16 result
         enables, builtins = "enable f16;\n" if f16 else "", ""
         subgroup = "    let sg = lid / 32u;\n    let er = lid % 32u / 2u;\n    let ec = lid % 2u * 8u;"
+    rounded = "unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x"  # f16's nearest value, in an f32
     half = "alias half = f16;\nfn to_half(x: f32) -> f16 { return f16(x); }" if f16 else \
-        "alias half = f32;\nfn to_half(x: f32) -> f32 { return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x; }"
+        f"alias half = f32;\nfn to_half(x: f32) -> f32 {{ return {rounded}; }}"
     hp4 = hp // 4
     text = kernel_source("attention_tensor", {
         "HEAD": kernel_file("attention_head"), "HS4": head_size // 4, "HP4": hp4, "QUERIES": tile.queries,
-        "KEYS": tile.keys, "THREADS": tile.threads, "SG_COLS": cols, "T_STRIDE": hp + PAD, "P_STRIDE": tile.keys + PAD, "S_STRIDE": max(tile.keys, hp) + 4,
-        "HALF": half, "BUILTINS": builtins, "SUBGROUP": subgroup, "SCORES": "\n".join(scores),
-        "VALUES": "\n".join(values)})
+        "KEYS": tile.keys, "THREADS": tile.threads, "SG_COLS": cols, "T_STRIDE": hp + PAD,
+        "P_STRIDE": tile.keys + PAD, "S_STRIDE": max(tile.keys, hp) + 4, "HALF": half, "BUILTINS": builtins,
+        "SUBGROUP": subgroup, "SCORES": "\n".join(scores), "VALUES": "\n".join(values)})
     threads, tpr = tile.threads, tile.threads // tile.queries
     return enables + unroll(text, {"$q": hp4 // tpr, "$k": hp4 // (threads // tile.keys),
                                    "$v": -(-tile.keys // (threads // hp4)), "$w": tile.keys // tpr, "$u": hp4 // tpr})
