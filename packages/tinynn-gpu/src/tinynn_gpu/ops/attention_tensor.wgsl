@@ -1,13 +1,13 @@
 // Fused causal self-attention forward on tensor cores (matmul precision "high"): FlashAttention-2 style, with the
 // products S = Q K^T and O += P V on 16 x 16 x 16 f16 subgroup matrices summing in f32, and the online softmax
 // in f32 by threads. The same outputs and bindings as attention_tiled.wgsl (y and the per-row logsumexp), so
-// the float32 backward takes them. A template: attention_tensor.py fills in one tile (QUERIES, KEYS) and head
-// size, generates the two products (subgroup matrices, or plain WGSL computing the same where a test runs the
-// kernel on an adapter without them), and repeats each line holding $q, $k, $v, $w or $u
-// once for each value of it.
+// the float32 backward takes them. A template: attention_tensor.py fills in one tile (QUERIES, KEYS, THREADS)
+// and head size, generates the two products (subgroup matrices, or plain WGSL computing the same where a test
+// runs the kernel on an adapter without them), and repeats each line holding $q, $k, $v, $w or $u once for each
+// value of it (the vec4s a thread stages of a query, key or value row, its scores, its output vec4s).
 //
 // A workgroup owns QUERIES queries of one (batch, head), TPR threads a query row, and walks over the keys they
-// see, KEYS at a time. Its subgroups of 32 form SG_ROWS x SG_COLS: subgroup (sr, sc) computes the scores of 16
+// see, KEYS at a time. Its subgroups of 32 form QUERIES / 16 rows of SG_COLS: each computes the scores of its 16
 // query rows against its share of the step's keys, then P V for the same rows and its share of the head's
 // columns. WGSL has no access to a matrix's elements, so every product goes through workgroup memory: the
 // scores are stored (`stage`), the threads of each row read them, keep the running maximum and sum, and write
@@ -34,8 +34,8 @@ const SG_COLS: u32 = {{SG_COLS}}u;
 const T_STRIDE: u32 = {{T_STRIDE}}u;  // halves between the rows of the q, k and v tiles: 4 HP4 and a pad of 8
 const P_STRIDE: u32 = {{P_STRIDE}}u;  // halves between P's rows: KEYS and 8
 const S_STRIDE: u32 = {{S_STRIDE}}u;  // floats between the stage's rows: the wider of KEYS and 4 HP4, and 4
-const TK: u32 = THREADS / KEYS;  // threads staging a key row: vec4 columns kc + TK k
-const G: u32 = THREADS / HP4;  // threads staging a value column: keys vg + G v
+const TK: u32 = THREADS / KEYS;  // threads staging a key row: vec4 columns k_col + TK k
+const G: u32 = THREADS / HP4;  // threads staging a value column: keys v_group + G v
 // Masked scores: exp(NEG_BIG - m) is exactly 0 for any finite m; a finite sentinel, because a constant -inf
 // is rejected by Tint.
 const NEG_BIG: f32 = -3.0e38;
