@@ -4,9 +4,10 @@ each precision's error against the float64 NumPy reference, then GPU millisecond
 to back in one pass: Runtime.time_pass) and TFLOP/s of the forward and of the backward (float32 in both: it
 takes the forward's y and logsumexp). FLOPs count the causal half of the products: the forward's two
 4 B nh T^2 hs / 2, the backward's five (S again, dP, dV, dQ, dK) 2.5 times that. The GPU is kept busy first
-(an idle GPU clocks down).
+(an idle GPU clocks down). With tensor cores, the tensor-core forward is then timed with each tile of --tiles that
+fits (QUERIESxKEYSxTHREADS; attention_tensor.TENSOR_TILES' order comes from here).
 
-    TINYNN_WEBGPU=dawn python experiments/attention_tensor.py [--reps 20] [--shapes gpt2,big]
+    TINYNN_WEBGPU=dawn python experiments/attention_tensor.py [--reps 20] [--shapes gpt2,big] [--tiles 64x32x128,...]
 """
 import argparse
 import time
@@ -14,7 +15,9 @@ import time
 import numpy as np
 
 from tinynn import backends, precision, registry
+from tinynn_gpu.ops.attention_tensor import TensorTile
 
+TILES = "64x32x128,32x32x128,64x16x128,32x32x64,32x16x64"
 SHAPES = {"gpt2": (4, 1024, 12, 64), "big": (8, 256, 12, 64),  # (B, T, n_head, head size)
           "tiny": (1, 100, 2, 64)}  # for a try on a software adapter (--shapes tiny)
 
@@ -37,6 +40,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--shapes", default="gpt2,big")
+    parser.add_argument("--tiles", default=TILES, help="tensor-core tiles to time, QUERIESxKEYSxTHREADS")
     parser.add_argument("--heat", type=float, default=2.0, help="seconds of GPU work before each timing")
     args = parser.parse_args()
     gpu, ref = registry.select("gpu"), backends.reference()
@@ -67,7 +71,28 @@ def main():
                   f"{forward_flops / forward / 1e9:.1f} TFLOP/s, backward {backward:.3f} ms "
                   f"{2.5 * forward_flops / backward / 1e9:.1f} TFLOP/s; errors: y {errors[0]:.1e}, "
                   f"lse {errors[1]:.1e} (absolute), g_qkv {errors[2]:.1e}", flush=True)
+        if usable:
+            tile_rows(gpu, args, label, d_qkv, n_head, scale, forward_flops, y_ref)
     precision.set_matmul_precision(None)
+
+
+def tile_rows(gpu, args, label, d_qkv, n_head, scale, flops, y_ref):
+    """The tensor-core forward with each tile of --tiles that fits: error and time."""
+    kernel = gpu.attention.tensor
+    batch, seq, c3 = d_qkv.shape
+    hs = c3 // 3 // n_head
+    for tile in (TensorTile(*(int(n) for n in t.split("x"))) for t in args.tiles.split(",") if t):
+        why = tile.check(hs, kernel.max_bytes)
+        if why:
+            print(f"{label} tile {tile}: {why}")
+            continue
+        y, lse = gpu.rt.empty((batch, seq, n_head * hs)), gpu.rt.empty((batch, n_head, seq))
+        kernel.forward(d_qkv, y, lse, n_head, scale, tile)
+        err = rel_err(gpu.to_numpy(y), y_ref)
+        heat(gpu, args.heat / 2)
+        ms = gpu.rt.time_pass(lambda: kernel.forward(d_qkv, y, lse, n_head, scale, tile), args.reps)
+        print(f"{label} tile {tile}: forward {ms:.3f} ms {flops / ms / 1e9:.1f} TFLOP/s, y error {err:.1e}",
+              flush=True)
 
 
 if __name__ == "__main__":
