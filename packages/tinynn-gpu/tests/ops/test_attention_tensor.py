@@ -1,21 +1,23 @@
-"""The tensor-core attention forward of matmul precision "high" (ops/attention_tensor.py) against the float64
-NumPy reference, every output poisoned (NaN) first. Where the device has f16 subgroup matrices (an NVIDIA GPU on
-Dawn) the backend's forward runs on them, within f16's rounding, and the float32 backward takes its y and
-logsumexp; elsewhere (lavapipe) "high" attention runs the float32 kernels and these tests check that it does,
-bit for bit. Everywhere, the same kernel with its two matrix products written out in plain WGSL (`emulate`)
-runs with every tile that fits the adapter: its staging, range scales, softmax, masking and stores are the
-tensor-core kernel's own. Magnitudes far outside f16's range (6e-8 to 65504) check the range scales: without
-them the results overflow or lose their digits."""
+"""The tensor-core attention forward and backward of matmul precision "high" (ops/attention_tensor.py,
+ops/attention_tensor_backward.py) against the float64 NumPy reference, every output poisoned (NaN) first. Where
+the device has f16 subgroup matrices (an NVIDIA GPU on Dawn) the backend's attention runs on them, within f16's
+rounding (the float32 backward where no backward tile takes the head size); elsewhere (lavapipe) "high" attention
+runs the float32 kernels and these tests check that it does, bit for bit. Everywhere, the same kernels with their
+matrix products written out in plain WGSL (`emulate`) run with every tile that fits the adapter: their staging,
+range scales, softmax, masking and stores are the tensor-core kernels' own. Magnitudes far outside f16's range
+(6e-8 to 65504) check the range scales: without them the results overflow or lose their digits."""
 import numpy as np
 import pytest
 
 from tinynn import backends, precision
 from tinynn_gpu.ops.attention_tensor import TENSOR_TILES, TensorAttention, TensorTile, choose_tensor_tile
+from tinynn_gpu.ops.attention_tensor_backward import (BACKWARD_TENSOR_TILES, BackwardTensorTile, TensorBackward,
+                                                      choose_backward_tensor_tile)
 
 RTOL_Y = 1.5e-3  # relative (Frobenius) error of y; f16's 10-bit mantissa, measured ~3e-4 in the emulation
 RTOL_ROW = 1e-2  # of any one row of y
 ATOL_LSE = 3e-3  # of the logsumexp, relative to max(1, |lse|)
-RTOL_BACKWARD = 5e-3  # g_qkv from the float32 backward over the tensor-core forward's y and lse
+RTOL_BACKWARD = 5e-3  # each of dq, dk and dv after the tensor-core forward; ~6e-4 in the emulated backward
 
 # (batch, T, n_head, head size, magnitudes of q, k and v): T off the tile grid, T = 1 and GPT-2's 1024, head
 # sizes padded to whole matrices (20, 48) and not (64, 128); q k^T stays near 1 where q and k lie far out, so that
@@ -101,11 +103,53 @@ def test_emulation_runs_here(poisoned):
     assert not TensorTile(16, 16, 32).check(64, min(kernel.max_bytes, 32768), 4)
 
 
+def check_backward(g_qkv, g_ref, seq, label):
+    """Each of dq, dk and dv on its own scale (the range tests' differ by many orders); at T = 1, where dq and dk
+    are 0 (a lone key's dS cancels exactly) and have no relative precision, the whole gradient's."""
+    assert np.isfinite(g_qkv).all(), f"{label}: g_qkv has unwritten (NaN) or non-finite elements at " \
+                                     f"{np.argwhere(~np.isfinite(g_qkv))[:5].tolist()} (batch, t, column)"
+    parts = [("g_qkv", g_qkv, g_ref)] if seq == 1 else \
+        [(name, *(x.reshape(*x.shape[:2], 3, -1)[:, :, i] for x in (g_qkv, g_ref))) for i, name in
+         enumerate(("dq", "dk", "dv"))]  # (B, T, 3, C)
+    for name, got, want in parts:
+        err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+        assert err <= RTOL_BACKWARD, f"{label}: {name}'s relative error {err:.2e} > {RTOL_BACKWARD:g}"
+
+
+def backward_emulation_tiles():
+    """Every tile of BACKWARD_TENSOR_TILES, and smaller ones that fit lavapipe's 32 KiB of workgroup memory."""
+    return BACKWARD_TENSOR_TILES + (BackwardTensorTile(16, 32, 64), BackwardTensorTile(16, 16, 32))
+
+
+@pytest.mark.parametrize("tile", backward_emulation_tiles(), ids=str)
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_emulated_backward(poisoned, tile, case):
+    """The backward with its products in plain WGSL, from the reference's y and logsumexp, each tile at each head
+    size it fits here."""
+    gpu = poisoned
+    batch, seq, n_head, head_size, _ = case
+    kernel = TensorBackward(gpu.rt, emulate=True)
+    why = tile.check(head_size, kernel.max_bytes, 2 if kernel.f16 else 4)
+    if why:
+        pytest.skip(why)
+    qkv = make_qkv(*case)
+    grad = np.random.default_rng(1).standard_normal((batch, seq, n_head * head_size))
+    scale = head_size ** -0.5
+    ref = backends.reference()
+    y_ref, lse_ref = ref.attention_forward(qkv.astype(np.float64), n_head, scale)
+    g_ref = ref.attention_backward(grad, qkv.astype(np.float64), y_ref, lse_ref, n_head, scale)
+    g_qkv = gpu.rt.empty(qkv.shape)
+    arrays = (gpu.from_numpy(x.astype(np.float32)) for x in (grad, qkv, y_ref, lse_ref))
+    kernel.backward(*arrays, g_qkv, n_head, scale, tile)
+    check_backward(gpu.to_numpy(g_qkv), g_ref, seq, f"emulated backward {tile}")
+
+
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_high_attention(high, case):
     """With tensor cores, "high" runs the tensor-core forward (its shader compiled for the head size) within f16's
-    rounding, and the float32 backward over its y and logsumexp within a little more; without, "high" attention is
-    the float32 kernels' exactly, and the tensor-core forward is never compiled."""
+    rounding, and the tensor-core backward where a tile takes the head size (else the float32 one) over its y and
+    logsumexp within a little more; without, "high" attention is the float32 kernels' exactly, and no tensor-core
+    kernel is compiled."""
     gpu = high
     batch, seq, n_head, head_size, _ = case
     qkv = make_qkv(*case)
@@ -117,8 +161,9 @@ def test_high_attention(high, case):
     y, lse = gpu.to_numpy(y), gpu.to_numpy(lse)
     usable, why = gpu.mm.tensor_cores()
     compiled = {hs for hs, _ in gpu.attention.tensor.shaders}
+    compiled_backward = {hs for hs, _ in gpu.attention.tensor_backward.shaders}
     if not usable:
-        assert why and head_size not in compiled
+        assert why and head_size not in compiled and head_size not in compiled_backward
         precision.set_matmul_precision("highest")
         y32, lse32 = gpu.attention_forward(d_qkv, n_head, scale)
         g32 = gpu.attention_backward(gpu.from_numpy(grad), d_qkv, y32, lse32, n_head, scale)
@@ -127,14 +172,13 @@ def test_high_attention(high, case):
         np.testing.assert_array_equal(g_qkv, gpu.to_numpy(g32))
         return
     assert head_size in compiled, f"head size {head_size} did not run on the tensor-core forward"
+    backward_runs = gpu.attention.tensor_backward.tile(qkv.shape, n_head) is not None
+    assert (head_size in compiled_backward) == backward_runs, f"head size {head_size}: tensor-core backward " \
+                                                              f"expected {backward_runs}"
     y_ref, lse_ref = check_forward(y, lse, qkv, n_head, "tensor cores")
     g_ref = backends.reference().attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref,
                                                     n_head, scale)
-    assert np.isfinite(g_qkv).all(), "g_qkv has unwritten (NaN) or non-finite elements"
-    for part, name in enumerate(("dq", "dk", "dv")):  # (B, T, 3, C): each part's error on its own scale
-        got, want = (x.reshape(batch, seq, 3, -1)[:, :, part] for x in (g_qkv, g_ref))
-        err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-        assert err <= RTOL_BACKWARD, f"{name} after the tensor-core forward: relative error {err:.2e}"
+    check_backward(g_qkv, g_ref, seq, "tensor cores" if backward_runs else "float32 after the tensor-core forward")
 
 
 def test_tile_choice():
@@ -144,3 +188,11 @@ def test_tile_choice():
     assert choose_tensor_tile(128, 49152) == TensorTile(32, 32)
     assert choose_tensor_tile(80, 49152) is None  # 5 matrices of head: too wide for 64 queries, odd for 2 x 2
     assert choose_tensor_tile(128, 32768) is None
+
+
+def test_backward_tile_choice():
+    """32 keys and 32 queries at head sizes whose padded head splits over 4 subgroups and fits 48 KiB; else none."""
+    assert choose_backward_tensor_tile(64, 49152) == BackwardTensorTile(32, 32)
+    assert choose_backward_tensor_tile(20, 49152) == BackwardTensorTile(32, 32)
+    assert choose_backward_tensor_tile(48, 49152) is None and choose_backward_tensor_tile(128, 49152) is None
+    assert choose_backward_tensor_tile(64, 32768) is None

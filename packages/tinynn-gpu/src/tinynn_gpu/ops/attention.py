@@ -4,7 +4,8 @@ templates filled in and unrolled per head size.
 The forward is attention_tiled.py's (attention_tiled.wgsl, a register-blocked matmul-like kernel), with the
 first tile of TILES whose workgroup memory fits the device; where none fits, attention.wgsl's per-row forward
 runs. TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward. In matmul precision "high" on a
-device with tensor cores, attention_tensor.py's forward runs instead, where a tile of it fits.
+device with tensor cores, attention_tensor.py's forward and attention_tensor_backward.py's backward run instead,
+where a tile of theirs fits.
 
 The backward is attention_backward_tiled.py's (dK, dV and dQ's per-key-block slices, then dQ as the slices' sum)
 with the first tile of BACKWARD_TILES that fits the head size and the device; where none does (head sizes 16 and
@@ -23,6 +24,7 @@ from __future__ import annotations
 from tinynn.errors import TinynnError
 from tinynn_gpu.ops.attention_backward_tiled import BACKWARD_TILE, backward_tiled_source, choose_backward_tile
 from tinynn_gpu.ops.attention_tensor import TensorAttention
+from tinynn_gpu.ops.attention_tensor_backward import TensorBackward
 from tinynn_gpu.ops.attention_tiled import FORWARD_TILE, THREADS, choose_tile, tiled_source
 from tinynn_gpu.runtime import settings
 from tinynn_gpu.runtime.arrays import OnCpu, bindable
@@ -103,6 +105,7 @@ class Attention:
         self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
         self.tiled_shaders = {}  # (variable, head size, its setting) -> `_tiled_shader`'s answer
         self.tensor = TensorAttention(runtime)
+        self.tensor_backward = TensorBackward(runtime)
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -151,11 +154,14 @@ class Attention:
             return None, None
         return shader, tile
 
-    def backward(self, g, qkv, y, lse, g_qkv, n_head: int, scale: float) -> None:
+    def backward(self, g, qkv, y, lse, g_qkv, n_head: int, scale: float, high: bool = False) -> None:
         """g_qkv from g, through a scratch array allocated before any dispatch (too large: TooLarge, and nothing
         recorded). Tiled: dK, dV and dQ's slices, then dQ. Per row: the dQ kernel saves delta = rowsum(g * y) in
-        the scratch for the dK/dV kernel."""
+        the scratch for the dK/dV kernel. high: as `forward`'s (attention_tensor_backward.py)."""
         batch, seq, c3 = qkv.shape
+        tile = self.tensor_backward.tile(qkv.shape, n_head) if high else None
+        if tile is not None:
+            return self.tensor_backward.backward(g, qkv, y, lse, g_qkv, n_head, scale, tile)
         head_size = c3 // 3 // n_head
         params = {"seq": seq, "n_head": n_head, "scale": scale}
         shader, tile = self._backward_plan(qkv.shape, n_head)
@@ -192,5 +198,6 @@ def attention_backward(self, g, qkv, y, lse, n_head, scale):
     if why:
         raise OnCpu(why)
     g_qkv = self._empty(qkv.shape)
-    self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), g_qkv, n_head, scale)
+    self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), g_qkv, n_head, scale,
+                            high=self.mm.high())
     return g_qkv

@@ -123,6 +123,22 @@ def element(offset: str, stride: str, major: str, row: str, col: str) -> str:
         f"{offset} + ({col}) * {stride} + {row}"
 
 
+def kernel_parts(emulate: bool, f16: bool) -> tuple[str, dict]:
+    """(the enables, the fills of HALF, BUILTINS and SUBGROUP) of a tensor-core attention kernel: subgroup matrices,
+    or (emulate) subgroups of 32 by index, each invocation 8 neighbouring elements (er, ec..ec+7) of a 16 x 16
+    result, on f16 tiles or f32 ones rounded to f16's precision."""
+    if not emulate:
+        enables, builtins, subgroup = "enable f16;\nenable chromium_experimental_subgroup_matrix;\n", \
+            ", @builtin(subgroup_id) sg: u32", ""
+    else:
+        enables, builtins = "enable f16;\n" if f16 else "", ""
+        subgroup = "    let sg = lid / 32u;\n    let er = lid % 32u / 2u;\n    let ec = lid % 2u * 8u;"
+    rounded = "unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x"  # f16's nearest value, in an f32
+    half = "alias half = f16;\nfn to_half(x: f32) -> f16 { return f16(x); }" if f16 else \
+        f"alias half = f32;\nfn to_half(x: f32) -> f32 {{ return {rounded}; }}"
+    return enables, {"HALF": half, "BUILTINS": builtins, "SUBGROUP": subgroup}
+
+
 def tensor_source(head_size: int, tile: TensorTile, emulate: bool = False, f16: bool = True) -> str:
     """attention_tensor.wgsl for one head size and tile; emulate: its products in plain WGSL, on f16 tiles or (no
     f16) on f32 ones rounded to f16's precision."""
@@ -150,21 +166,13 @@ def tensor_source(head_size: int, tile: TensorTile, emulate: bool = False, f16: 
                               "row_major")
             values += mm.multiply_add(f"pl_{j}", f"vr_{j}_{d}", f"om_{d}")
         values += mm.store(f"om_{d}", "stage", f"sr * S_STRIDE + sd + {S * d}u", "S_STRIDE")
-    if not emulate:
-        enables, builtins, subgroup = "enable f16;\nenable chromium_experimental_subgroup_matrix;\n", \
-            ", @builtin(subgroup_id) sg: u32", ""
-    else:  # subgroups of 32 by index, each invocation 8 neighbouring elements of a 16 x 16 result
-        enables, builtins = "enable f16;\n" if f16 else "", ""
-        subgroup = "    let sg = lid / 32u;\n    let er = lid % 32u / 2u;\n    let ec = lid % 2u * 8u;"
-    rounded = "unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x"  # f16's nearest value, in an f32
-    half = "alias half = f16;\nfn to_half(x: f32) -> f16 { return f16(x); }" if f16 else \
-        f"alias half = f32;\nfn to_half(x: f32) -> f32 {{ return {rounded}; }}"
+    enables, fills = kernel_parts(emulate, f16)
     hp4 = hp // 4
     text = kernel_source("attention_tensor", {
-        "HEAD": kernel_file("attention_head"), "HS4": head_size // 4, "HP4": hp4, "QUERIES": tile.queries,
+        **fills, "HEAD": kernel_file("attention_head"), "HS4": head_size // 4, "HP4": hp4, "QUERIES": tile.queries,
         "KEYS": tile.keys, "THREADS": tile.threads, "SG_COLS": cols, "T_STRIDE": hp + PAD,
-        "P_STRIDE": tile.keys + PAD, "S_STRIDE": max(tile.keys, hp) + 4, "HALF": half, "BUILTINS": builtins,
-        "SUBGROUP": subgroup, "SCORES": "\n".join(scores), "VALUES": "\n".join(values)})
+        "P_STRIDE": tile.keys + PAD, "S_STRIDE": max(tile.keys, hp) + 4, "SCORES": "\n".join(scores),
+        "VALUES": "\n".join(values)})
     threads, tpr = tile.threads, tile.threads // tile.queries
     return enables + unroll(text, {"$q": hp4 // tpr, "$k": hp4 // (threads // tile.keys),
                                    "$v": -(-tile.keys // (threads // hp4)), "$w": tile.keys // tpr, "$u": hp4 // tpr})
