@@ -133,9 +133,11 @@ def kernel_parts(emulate: bool, f16: bool) -> tuple[str, dict]:
     else:
         enables, builtins = "enable f16;\n" if f16 else "", ""
         subgroup = "    let sg = lid / 32u;\n    let er = lid % 32u / 2u;\n    let ec = lid % 2u * 8u;"
-    rounded = "unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x"  # f16's nearest value, in an f32
+    # f16's nearest value in an f32: its spacing at x is 2^-10 of x's power of two, 2^-24 among the subnormals
+    # (pack2x16float may flush those)
+    rounded = "let step = ldexp(1.0, max(frexp(x).exp - 11, -24));\n    return round(x / step) * step;"
     half = "alias half = f16;\nfn to_half(x: f32) -> f16 { return f16(x); }" if f16 else \
-        f"alias half = f32;\nfn to_half(x: f32) -> f32 {{ return {rounded}; }}"
+        f"alias half = f32;\nfn to_half(x: f32) -> f32 {{\n    {rounded}\n}}"
     return enables, {"HALF": half, "BUILTINS": builtins, "SUBGROUP": subgroup}
 
 

@@ -96,9 +96,12 @@ fn attention_backward_kv_main(grid: Grid, @builtin(local_invocation_index) lid: 
     let h = lid % TQ;
     let key = lid / TK;  // the key row it stages and accumulates dK and dV of
     let kh = lid % TK;
-    // K and V, scaled by their tiles' largest magnitudes (workgroup memory starts at zero)
+    // K and V, scaled by their tiles' largest magnitudes (the maxima cleared first: modules compiled without the
+    // implementation's runtime checks, runtime/unchecked.py, may leave workgroup memory as the last workgroup did)
     let k_$k = qkv_at(hd, k0 + key, 1u, kh + TK * $ku);
     let v_$k = qkv_at(hd, k0 + key, 2u, kh + TK * $ku);
+    if (lid < 3u) { atomicStore(&largest[lid], 0u); }
+    workgroupBarrier();
     atomicMax(&largest[0], bits(k_$k));
     atomicMax(&largest[1], bits(v_$k));
     workgroupBarrier();
