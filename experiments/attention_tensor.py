@@ -1,8 +1,8 @@
 """The attention forward on tensor cores (matmul precision "high", ops/attention_tensor.py) against the float32
 kernels, at GPT-2's attention shape (B 4, nh 12, T 1024, hs 64) and the big config's (B 8, nh 12, T 256, hs 64):
 each precision's error against the float64 NumPy reference, then GPU milliseconds (timestamps, dispatches back
-to back in one pass: Runtime.time_pass) and TFLOP/s of the forward and of the backward (float32 in both: it
-takes the forward's y and logsumexp). FLOPs count the causal half of the products: the forward's two
+to back in one pass: Runtime.time_pass) and TFLOP/s of the forward and of the backward (on tensor cores too in
+"high", where a backward tile takes the head size; else float32). FLOPs count the causal half of the products: the forward's two
 4 B nh T^2 hs / 2, the backward's five (S again, dP, dV, dQ, dK) 2.5 times that. The GPU is kept busy first
 (an idle GPU clocks down). With tensor cores, the tensor-core forward is then timed with each tile of --tiles that
 fits (QUERIESxKEYSxTHREADS; attention_tensor.TENSOR_TILES' order comes from here).
@@ -62,7 +62,9 @@ def main():
             g_qkv = gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
             errors = (rel_err(gpu.to_numpy(y), y_ref), float(np.abs(gpu.to_numpy(lse) - lse_ref).max()),
                       rel_err(gpu.to_numpy(g_qkv), g_ref))
-            ran = f"tensor cores, tile {gpu.attention.tensor.tile(hs)}" if name == "high" and usable else "float32"
+            backward_tile = gpu.attention.tensor_backward.tile(qkv.shape, n_head)
+            ran = f"tensor cores: forward tile {gpu.attention.tensor.tile(hs)}, backward tile {backward_tile}" \
+                if name == "high" and usable else "float32"
             heat(gpu, args.heat)
             forward = gpu.rt.time_pass(lambda: gpu.attention_forward(d_qkv, n_head, scale), args.reps)
             backward = gpu.rt.time_pass(lambda: gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale),

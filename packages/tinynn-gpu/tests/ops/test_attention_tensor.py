@@ -110,7 +110,8 @@ def gradient_terms(qkv, grad, lse, n_head):
     batch, seq, c3 = qkv.shape
     head_size = c3 // 3 // n_head
     scale = head_size ** -0.5
-    q, k, v = qkv.astype(np.float64).reshape(batch, seq, 3, n_head, head_size).transpose(2, 0, 3, 1, 4)  # (B, nh, T, hs)
+    q, k, v = qkv.astype(np.float64).reshape(batch, seq, 3, n_head, head_size).transpose(2, 0, 3, 1, 4)
+    # q, k, v: (B, nh, T, hs)
     g = grad.astype(np.float64).reshape(batch, seq, n_head, head_size).transpose(0, 2, 1, 3)
     p = np.where(np.tril(np.ones((seq, seq), bool)), np.exp(scale * q @ k.swapaxes(-1, -2) - lse[..., None]), 0.0)
     dp = g @ v.swapaxes(-1, -2)  # (B, nh, T, T)
