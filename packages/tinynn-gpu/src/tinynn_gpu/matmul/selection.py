@@ -55,11 +55,7 @@ from tinynn_gpu.runtime import settings
 from tinynn_gpu.runtime.arrays import GpuArray
 from tinynn_gpu.runtime.webgpu import wgpu
 
-# 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
-# 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
-# 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3);
-# 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db); 10: quad stores (every ranking
-# moved), a 128x64 vec4 db candidate
+# raised whenever the candidates or the kernels change: choices timed on other kernels are tuned again
 CACHE_VERSION = 10
 SEPARATE = "separate"  # plan_pair's choice where two matmuls run faster one after the other
 
@@ -149,7 +145,7 @@ class MatmulSelector:
     def default_variant(batch, m, n, k) -> str:
         """The choice without tuning, from a sweep of the benchmark models' shapes (BENCHMARKS.md):
         big blocks for big outputs; a long K over an output too small to fill the GPU split into slices."""
-        blocks = batch * -(-m // 64) * -(-n // 64)  # 64 x 64 output blocks; 264 fill the 132 SMs twice
+        blocks = batch * -(-m // 64) * -(-n // 64)  # 64 x 64 output blocks; 264 fill a 132-SM GPU twice
         if blocks >= 1024:
             return "blocked 128x128x16/8x8"
         if min(m, n) < 64:
@@ -278,9 +274,8 @@ class MatmulSelector:
         """Milliseconds per call of each variant on these operands (`reps` calls back to back in one timed
         pass where the adapter has timestamps): the best of `rounds` rounds over all of them. Every variant
         is compiled first, then all of them run back to back for `heat_seconds` before any is timed: a GPU
-        left idle while the host compiles drops its clock to 345 MHz within a second and needs about a second
-        of load to climb back to 1980 (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be
-        ranked by the clock."""
+        left idle while the host compiles lowers its clock, and variants timed while it climbs back would be
+        ranked by the clock (BENCHMARKS.md, "Kernel tuning notes")."""
         return run_through(self._timing(self._variant_runs(args, names), reps, rounds))
 
     def _variant_runs(self, args: tuple, names=None) -> dict:
