@@ -21,7 +21,8 @@ def test_choices_are_kept_per_adapter_key_and_read_back(tmp_path):
 
 
 @pytest.mark.parametrize("text", [json.dumps({"version": CACHE_VERSION - 1, "choices": {"gpu A": {"m=1": "old"}}}),
-                                  "{not json", json.dumps({"version": CACHE_VERSION})])
+                                  "{not json", json.dumps({"version": CACHE_VERSION}),
+                                  json.dumps(["a list"])])
 def test_an_older_or_unreadable_file_is_an_empty_cache_and_is_replaced(tmp_path, text):
     (tmp_path / FILE_NAME).write_text(text)
     cache = TuningCache(tmp_path, "gpu A")

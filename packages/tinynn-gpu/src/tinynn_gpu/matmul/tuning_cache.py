@@ -36,7 +36,7 @@ class TuningCache:
         try:
             data = json.loads(self.path.read_text())
             return data["choices"] if data.get("version") == CACHE_VERSION else {}
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}  # no cache yet, or an unreadable one: tune again
 
     def _write(self, cache: dict) -> None:
