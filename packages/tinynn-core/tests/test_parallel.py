@@ -65,6 +65,29 @@ def test_run_raises_a_workers_error_and_work_submitted_inside_a_worker_runs_ther
     assert totals == [10] * 8
 
 
+def test_run_waits_for_the_items_taken_never_for_a_busy_thread():
+    """With every pool thread held by another caller's run, a run is done by its caller alone and returns."""
+    parallel.set_num_threads(2)
+    release, holding = threading.Event(), threading.Semaphore(0)
+
+    def hold(item):
+        holding.release()
+        release.wait(10)
+    other = threading.Thread(target=parallel.run, args=(hold, [0, 1]))  # its caller and the pool's thread
+    other.start()
+    try:
+        for _ in range(2):
+            assert holding.acquire(timeout=10)  # both held
+        done = []
+        mine = threading.Thread(target=lambda: done.append(parallel.run(lambda i: None, list(range(10)))))
+        mine.start()
+        mine.join(5)
+        assert done == [None], "run waited for a pool thread that took none of its items"
+    finally:
+        release.set()
+        other.join()
+
+
 def test_num_threads_comes_from_the_environment_or_the_cores(monkeypatch):
     monkeypatch.setenv(parallel.ENV, "3")
     parallel.set_num_threads(None)
