@@ -13,6 +13,7 @@ asleep (the GIL, the pool's barrier), which says whether the threads ran side by
 
     python experiments/cpu_compare.py [--budget 230] [--reps 2]      # or experiments/cpu_compare.sh
     python experiments/cpu_compare.py --generation --reps 3          # generation only, 3 alternating rounds
+                                                                     # and batch 16 with its products in tiles
 """
 from __future__ import annotations
 
@@ -85,14 +86,16 @@ def diagnosis(step, steps=3) -> str:
             f"threads run/queue/sleep ms / cores allowed: {per}")
 
 
-def tinynn_generation(batch: int) -> float:
+def tinynn_generation(batch: int, variant: str = "") -> float:
     sys.path.insert(0, str(ROOT / "apps" / "bench"))
     import generation
     import numpy as np
 
     import tinynn
-    from tinynn import registry
+    from tinynn import parallel, registry
     from tinynn.model import GPT
+    if variant.startswith("tiles-"):  # a decode step's products cut into tiles of at least 2^n multiply-adds
+        parallel.MIN_TILE_WORK = 1 << int(variant.split("-")[1])
     tinynn.manual_seed(0)
     model = GPT(generation.LESSON).to(registry.select("cpu"))
     model.generate(np.repeat(generation.PROMPT[None, :], batch, 0), 140, **generation.SAMPLING)  # warm-up
@@ -100,6 +103,7 @@ def tinynn_generation(batch: int) -> float:
 
 
 VARIANTS = ("blas-threads", "big-blocks")
+GEN_VARIANTS = ("tiles-20", "tiles-18")  # with --generation: MIN_TILE_WORK 2^20 and 2^18 (a decode step's products cut)
 WORKERS = {"tinynn-step": tinynn_step, "tinynn-gen": tinynn_generation}
 
 
@@ -149,7 +153,8 @@ def main() -> None:
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        value = WORKERS[args.worker](args.batch) if args.worker == "tinynn-gen" else WORKERS[args.worker](args.variant)
+        value = WORKERS[args.worker](args.batch, args.variant) if args.worker == "tinynn-gen" else \
+            WORKERS[args.worker](args.variant)
         print(f"RESULT {value}")
         return
     start = time.perf_counter()
@@ -216,6 +221,10 @@ def main() -> None:
                                        r"RESULT " + NUMBER))
         for batch in ours:
             rows[("gen", threads, batch)] = best(ours[batch], higher=True), best(theirs[batch], higher=True)
+        for variant in GEN_VARIANTS if args.generation else ():  # batch 16's products cut into tiles
+            rows[("gen-variant", threads, variant)] = run(
+                f"tinynn generation, batch 16, {variant}", cores, threads,
+                [py, __file__, "--worker", "tinynn-gen", "--batch", "16", "--variant", variant], r"RESULT " + NUMBER)
     print(f"\nsummary ({time.perf_counter() - start:.0f} s; best of {args.reps} runs for the steps"
           f"{' and generation' if args.generation else ''})")
     print("| measurement | cores | tinynn | PyTorch | tinynn / PyTorch | PyTorch (issue's reference) |")
@@ -235,6 +244,12 @@ def main() -> None:
             ours, theirs = rows.get(("gen", threads, batch), (None, None))
             ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
             print(f"| generation batch {batch}, tokens/s | {threads} | {fmt(ours)} | {fmt(theirs)} | {ratio} | |")
+        for variant in GEN_VARIANTS:
+            if rows.get(("gen-variant", threads, variant)) is not None:
+                ours, theirs = rows["gen-variant", threads, variant], rows.get(("gen", threads, 16), (None, None))[1]
+                ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
+                print(f"| generation batch 16, {variant}, tokens/s | {threads} | {fmt(ours)} | {fmt(theirs)} | "
+                      f"{ratio} | |")
 
 
 if __name__ == "__main__":

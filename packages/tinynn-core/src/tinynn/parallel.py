@@ -31,8 +31,9 @@ ENV = "TINYNN_NUM_THREADS"
 # elements of one block: 128 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
 BLOCK_ELEMENTS = 1 << 15
 # a product's tiles: about TILES_PER_THREAD a thread (a thread sharing its core then does fewer), none under
-# MIN_TILE_WORK multiply-adds (tens of microseconds: each BLAS call packs its operands again), at most TILE_COLS wide
-TILES_PER_THREAD, MIN_TILE_WORK, TILE_COLS = 4, 1 << 22, 256
+# MIN_TILE_WORK multiply-adds (tens of microseconds: each BLAS call packs its operands again), TILE_MIN_COLS to
+# TILE_COLS wide
+TILES_PER_THREAD, MIN_TILE_WORK, TILE_COLS, TILE_MIN_COLS = 4, 1 << 22, 256, 64
 
 _threads: list[tuple[threading.Thread, queue.SimpleQueue]] = []  # the pool: started on first use
 _size: int | None = None
@@ -173,6 +174,8 @@ def tiles(m: int, n: int, k: int) -> list[tuple[slice, slice]]:
     if count <= 1:
         return [(slice(0, m), slice(0, n))]
     cols = min(n, TILE_COLS)
+    if m <= 16:  # one block of BLAS's row kernels (a decode step's batch): narrower columns make the tiles
+        cols = min(cols, max(TILE_MIN_COLS, -(-n // count // TILE_MIN_COLS) * TILE_MIN_COLS))
     across = -(-n // cols)  # tiles side by side
     rows = -(-m // max(1, count // across))  # rows per tile, rounded up to whole blocks of BLAS's row kernels
     rows = -(-rows // 16) * 16
