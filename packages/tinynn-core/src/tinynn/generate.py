@@ -191,14 +191,14 @@ def _inference(modules):
     """Dropout off and no graph for one step; the modules' modes are restored after it, so a paused stream
     leaves the model as it found it."""
     training = [m for m in modules if m.training]
-    for m in training:  # a flag, not structure: set past Module.__setattr__'s count (one call a module a step)
-        object.__setattr__(m, "training", False)
+    for m in training:
+        m.training = False
     try:
         with no_grad():
             yield
     finally:
         for m in training:
-            object.__setattr__(m, "training", True)
+            m.training = True
 
 
 def stream(model, idx, max_new_tokens: int, temperature=1.0, top_k=None, seed=0, use_cache=True):

@@ -191,9 +191,6 @@ class NumpyBackend(Backend):
         return g - np.exp(y) * g.sum(axis=-1, keepdims=True)
 
     def layernorm_forward(self, x, weight, bias, eps, for_backward=True):
-        if parallel.small(x):  # one block: the formula on x as it is (a decode step's rows)
-            y, mean, rstd = formulas.layernorm(x, weight, bias, eps)
-            return (y, mean, rstd) if for_backward else (y, None, None)
         rows = len(formulas.rows(x))
 
         def outputs():
@@ -432,23 +429,17 @@ class NumpyBackend(Backend):
         length += 1
 
 
-# PCG's constants and shifts, made once: each decode step hashes a few values, and making them costs as much
-_MULTIPLIER, _INCREMENT, _OUTPUT = np.uint32(747796405), np.uint32(2891336453), np.uint32(277803737)
-_4, _8, _22, _28 = (np.uint32(v) for v in (4, 8, 22, 28))
-_ULP = np.float32(2.0 ** -24)
-
-
 def _pcg(x):
     """PCG's output permutation as a hash of uint32 values (common.wgsl's pcg)."""
-    state = x * _MULTIPLIER + _INCREMENT
-    word = ((state >> ((state >> _28) + _4)) ^ state) * _OUTPUT
-    return (word >> _22) ^ word
+    state = x * np.uint32(747796405) + np.uint32(2891336453)
+    word = ((state >> ((state >> np.uint32(28)) + np.uint32(4))) ^ state) * np.uint32(277803737)
+    return (word >> np.uint32(22)) ^ word
 
 
 def uniform(seed: int, sequence: np.ndarray, n: int) -> np.ndarray:
     """u in [0, 1) (24 bits, float32) for each sequence's draw of token n, a pure function of its inputs."""
     h = _pcg(_pcg(_pcg(np.full(len(sequence), n, np.uint32)) ^ sequence.astype(np.uint32)) ^ np.uint32(seed))
-    return (h >> _8).astype(np.float32) * _ULP
+    return (h >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24)
 
 
 NUMPY = NumpyBackend()

@@ -190,11 +190,7 @@ def matmul(a, b, then=None):
     if a.shape[0] * a.shape[1] * b.shape[1] <= blas.SMALL_PRODUCT or not blas.available():
         # on the calling thread, or (no control of BLAS's threads) threaded by BLAS as it likes
         np.matmul(a, b, out=out)
-        if then is None:
-            pass
-        elif out.size <= BLOCK_ELEMENTS:  # a decode step's rows: one call, no blocks
-            then(out, slice(None), slice(None))
-        else:
+        if then is not None:
             for_rows(lambda lo, hi: then(out[lo:hi], slice(lo, hi), slice(None)), *out.shape)
         return out
 
