@@ -12,6 +12,8 @@ DIAG line: 3 more steps' user and system time, page faults, and each thread's ti
 asleep (the GIL, the pool's barrier), which says whether the threads ran side by side.
 
     python experiments/cpu_compare.py [--budget 230] [--reps 2]      # or experiments/cpu_compare.sh
+    python experiments/cpu_compare.py --generation --reps 3          # generation only, 3 alternating rounds
+                                                                     # and batch 16 with its products in tiles
 """
 from __future__ import annotations
 
@@ -84,14 +86,16 @@ def diagnosis(step, steps=3) -> str:
             f"threads run/queue/sleep ms / cores allowed: {per}")
 
 
-def tinynn_generation(batch: int) -> float:
+def tinynn_generation(batch: int, variant: str = "") -> float:
     sys.path.insert(0, str(ROOT / "apps" / "bench"))
     import generation
     import numpy as np
 
     import tinynn
-    from tinynn import registry
+    from tinynn import parallel, registry
     from tinynn.model import GPT
+    if variant.startswith("tiles-"):  # a decode step's products cut into tiles of at least 2^n multiply-adds
+        parallel.MIN_TILE_WORK = 1 << int(variant.split("-")[1])
     tinynn.manual_seed(0)
     model = GPT(generation.LESSON).to(registry.select("cpu"))
     model.generate(np.repeat(generation.PROMPT[None, :], batch, 0), 140, **generation.SAMPLING)  # warm-up
@@ -99,6 +103,7 @@ def tinynn_generation(batch: int) -> float:
 
 
 VARIANTS = ("blas-threads", "big-blocks")
+GEN_VARIANTS = ("tiles-20", "tiles-18")  # with --generation: MIN_TILE_WORK 2^20 and 2^18 (a decode step's products cut)
 WORKERS = {"tinynn-step": tinynn_step, "tinynn-gen": tinynn_generation}
 
 
@@ -142,12 +147,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budget", type=float, default=230, help="seconds; later measurements are skipped")
     p.add_argument("--reps", type=int, default=2, help="runs of each step measurement (tinynn and PyTorch alternate)")
+    p.add_argument("--generation", action="store_true", help="generation only, --reps rounds of it")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--variant", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        value = WORKERS[args.worker](args.batch) if args.worker == "tinynn-gen" else WORKERS[args.worker](args.variant)
+        value = WORKERS[args.worker](args.batch, args.variant) if args.worker == "tinynn-gen" else \
+            WORKERS[args.worker](args.variant)
         print(f"RESULT {value}")
         return
     start = time.perf_counter()
@@ -173,7 +180,7 @@ def main() -> None:
         return measure(what, cores, threads, command, pattern, min(timeout, left()))
 
     print("lesson training step, ms (lower is better)", flush=True)
-    for cores, threads in settings:
+    for cores, threads in ([] if args.generation else settings):
         ours, theirs, issue = [], [], []
         for rep in range(args.reps):
             ours.append(run(f"tinynn step, {threads} threads", cores, threads,
@@ -192,31 +199,40 @@ def main() -> None:
                                                  r"RESULT " + NUMBER)
     print("generation, tokens/s (higher is better)", flush=True)
     for cores, threads in settings[:2]:
-        torch_rates = {}
-        out = None
-        if left() > 5:
-            t0 = time.perf_counter()
-            try:
-                out = subprocess.run(["taskset", "-c", cores, py, "apps/bench/torch_cpu_generation.py", str(threads)],
-                                     env=environment(cores, threads), cwd=ROOT, capture_output=True, text=True,
-                                     timeout=min(90, left())).stdout
-            except subprocess.TimeoutExpired:
-                out = ""
-            for batch, rate in re.findall(r"batch\s+(\d+),.*?:\s+" + NUMBER + " tokens/s", out):
-                torch_rates[int(batch)] = float(rate.replace(",", ""))
-            print(f"    torch generation, {threads} threads         {torch_rates}   ({time.perf_counter() - t0:.0f} s)",
-                  flush=True)
-        for batch in (1, 16):
-            ours = run(f"tinynn generation, batch {batch}, {threads} thr.", cores, threads,
-                       [py, __file__, "--worker", "tinynn-gen", "--batch", str(batch)], r"RESULT " + NUMBER)
-            rows[("gen", threads, batch)] = ours, torch_rates.get(batch)
-    print(f"\nsummary ({time.perf_counter() - start:.0f} s; best of {args.reps} runs for the steps)")
+        ours, theirs = {1: [], 16: []}, {1: [], 16: []}
+        for rep in range(args.reps if args.generation else 1):  # PyTorch and tinynn alternate
+            if left() > 5:
+                t0 = time.perf_counter()
+                try:
+                    out = subprocess.run(["taskset", "-c", cores, py, "apps/bench/torch_cpu_generation.py",
+                                          str(threads)], env=environment(cores, threads), cwd=ROOT,
+                                         capture_output=True, text=True, timeout=min(90, left())).stdout
+                except subprocess.TimeoutExpired:
+                    out = ""
+                torch_rates = {int(batch): float(rate.replace(",", "")) for batch, rate in
+                               re.findall(r"batch\s+(\d+),.*?:\s+" + NUMBER + " tokens/s", out)}
+                for batch in ours:
+                    theirs[batch].append(torch_rates.get(batch))
+                print(f"    torch generation, {threads} threads         {torch_rates}   "
+                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            for batch in ours:
+                ours[batch].append(run(f"tinynn generation, batch {batch}, {threads} thr.", cores, threads,
+                                       [py, __file__, "--worker", "tinynn-gen", "--batch", str(batch)],
+                                       r"RESULT " + NUMBER))
+        for batch in ours:
+            rows[("gen", threads, batch)] = best(ours[batch], higher=True), best(theirs[batch], higher=True)
+        for variant in GEN_VARIANTS if args.generation else ():  # batch 16's products cut into tiles
+            rows[("gen-variant", threads, variant)] = run(
+                f"tinynn generation, batch 16, {variant}", cores, threads,
+                [py, __file__, "--worker", "tinynn-gen", "--batch", "16", "--variant", variant], r"RESULT " + NUMBER)
+    print(f"\nsummary ({time.perf_counter() - start:.0f} s; best of {args.reps} runs for the steps"
+          f"{' and generation' if args.generation else ''})")
     print("| measurement | cores | tinynn | PyTorch | tinynn / PyTorch | PyTorch (issue's reference) |")
     print("|---|---:|---:|---:|---:|---:|")
 
     def fmt(v, digits=0):
         return "-" if v is None else f"{v:,.{digits}f}"
-    for cores, threads in settings:
+    for cores, threads in ([] if args.generation else settings):
         ours, theirs, issue = rows.get(("step", threads), (None, None, None))
         ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
         print(f"| lesson step, ms | {threads} | {fmt(ours)} | {fmt(theirs)} | {ratio} | {fmt(issue)} |")
@@ -228,6 +244,12 @@ def main() -> None:
             ours, theirs = rows.get(("gen", threads, batch), (None, None))
             ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
             print(f"| generation batch {batch}, tokens/s | {threads} | {fmt(ours)} | {fmt(theirs)} | {ratio} | |")
+        for variant in GEN_VARIANTS:
+            if rows.get(("gen-variant", threads, variant)) is not None:
+                ours, theirs = rows["gen-variant", threads, variant], rows.get(("gen", threads, 16), (None, None))[1]
+                ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
+                print(f"| generation batch 16, {variant}, tokens/s | {threads} | {fmt(ours)} | {fmt(theirs)} | "
+                      f"{ratio} | |")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ Every CUDA figure comes with its peak memory (`torch.cuda.max_memory_allocated`)
 
     python apps/bench/torch_reference.py                       # lesson, mid, big
     python apps/bench/torch_reference.py --configs gpt2 --json out.json
+    python apps/bench/torch_reference.py --configs gpt2 --modes graph_sdpa,graph_sdpa_tf32
     CUDA_VISIBLE_DEVICES= python apps/bench/torch_reference.py --configs lesson   # the CPU, torch's threads
 """
 import argparse
@@ -134,12 +135,20 @@ def main():
     p.add_argument("--configs", default="lesson,mid,big", help="comma-separated config names in apps/bench")
     p.add_argument("--steps", type=int, default=50, help="timed steps per mode (5 on a CPU)")
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--modes", help="only these, comma-separated, named as printed without the config: e.g. "
+                                   "graph_sdpa,graph_sdpa_tf32 (default: all)")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     results = {"torch": torch.__version__,
                "device": torch.cuda.get_device_name() if cuda else f"cpu, {torch.get_num_threads()} threads"}
     modes = [("eager", {}), ("eager_fused", {}), ("graph", {}), ("graph", {"sdpa": True}),
              ("graph", {"sdpa": True, "tf32": True})] if cuda else [("eager", {})]
+    if args.modes:
+        wanted = args.modes.split(",")
+        unknown = set(wanted) - {"_".join([mode, *flags]) for mode, flags in modes}
+        if unknown:
+            p.error(f"--modes: no mode {', '.join(sorted(unknown))} here")
+        modes = [(mode, flags) for mode, flags in modes if "_".join([mode, *flags]) in wanted]
     for name in args.configs.split(","):
         s = shape(name)
         for mode, flags in modes:

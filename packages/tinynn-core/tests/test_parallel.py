@@ -65,6 +65,29 @@ def test_run_raises_a_workers_error_and_work_submitted_inside_a_worker_runs_ther
     assert totals == [10] * 8
 
 
+def test_run_waits_for_the_items_taken_never_for_a_busy_thread():
+    """With every pool thread held by another caller's run, a run is done by its caller alone and returns."""
+    parallel.set_num_threads(2)
+    release, holding = threading.Event(), threading.Semaphore(0)
+
+    def hold(item):
+        holding.release()
+        release.wait(10)
+    other = threading.Thread(target=parallel.run, args=(hold, [0, 1]))  # its caller and the pool's thread
+    other.start()
+    try:
+        for _ in range(2):
+            assert holding.acquire(timeout=10)  # both held
+        done = []
+        mine = threading.Thread(target=lambda: done.append(parallel.run(lambda i: None, list(range(10)))))
+        mine.start()
+        mine.join(5)
+        assert done == [None], "run waited for a pool thread that took none of its items"
+    finally:
+        release.set()
+        other.join()
+
+
 def test_num_threads_comes_from_the_environment_or_the_cores(monkeypatch):
     monkeypatch.setenv(parallel.ENV, "3")
     parallel.set_num_threads(None)
@@ -207,7 +230,8 @@ def test_sums_across_rows_are_the_same_for_every_thread_count(monkeypatch):
 @pytest.mark.parametrize("threads", [1, 2, 3, 16])
 def test_tiles_cover_a_product_once(threads):
     parallel.set_num_threads(threads)
-    for m, n, k in ((2048, 768, 256), (256, 256, 2048), (1000, 65, 300), (37, 1000, 4096), (5, 3, 2), (0, 4, 4)):
+    for m, n, k in ((2048, 768, 256), (256, 256, 2048), (1000, 65, 300), (37, 1000, 4096), (5, 3, 2), (0, 4, 4),
+                    (16, 256, 1 << 14), (16, 100, 1 << 16), (1, 50304, 768)):
         covered = np.zeros((m, n), int)
         tiles = parallel.tiles(m, n, k)
         for rows, cols in tiles:
@@ -215,6 +239,17 @@ def test_tiles_cover_a_product_once(threads):
         assert (covered == 1).all(), (m, n, k, threads)
         assert len(tiles) <= max(1, threads * parallel.TILES_PER_THREAD + n // parallel.TILE_COLS + 1)
         assert threads > 1 or len(tiles) == 1  # one thread: the product whole
+
+
+def test_a_product_of_few_rows_is_cut_into_columns(monkeypatch):
+    """A decode step's product (16 rows, one block of BLAS's row kernels) asked for 4 tiles gets 4 column strips,
+    also where it is only 256 columns wide."""
+    parallel.set_num_threads(2)
+    monkeypatch.setattr(parallel, "MIN_TILE_WORK", 1 << 20)
+    for m, n, k in ((16, 256, 1024), (16, 1024, 256), (8, 256, 2048)):
+        tiles = parallel.tiles(m, n, k)
+        assert len(tiles) == 4 and all(rows == slice(0, m) for rows, _ in tiles), (m, n, k)
+        assert [cols.stop - cols.start for _, cols in tiles] == [n // 4] * 4
 
 
 @pytest.mark.parametrize("threads", [1, 3])

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -31,10 +31,11 @@ ENV = "TINYNN_NUM_THREADS"
 # elements of one block: 128 KiB of float32 per temporary, so an op's few temporaries stay in a core's L2
 BLOCK_ELEMENTS = 1 << 15
 # a product's tiles: about TILES_PER_THREAD a thread (a thread sharing its core then does fewer), none under
-# MIN_TILE_WORK multiply-adds (tens of microseconds: each BLAS call packs its operands again), at most TILE_COLS wide
-TILES_PER_THREAD, MIN_TILE_WORK, TILE_COLS = 4, 1 << 22, 256
+# MIN_TILE_WORK multiply-adds (tens of microseconds: each BLAS call packs its operands again), TILE_MIN_COLS to
+# TILE_COLS wide
+TILES_PER_THREAD, MIN_TILE_WORK, TILE_COLS, TILE_MIN_COLS = 4, 1 << 22, 256, 64
 
-_pool: ThreadPoolExecutor | None = None
+_threads: list[tuple[threading.Thread, queue.SimpleQueue]] = []  # the pool: started on first use
 _size: int | None = None
 _worker = threading.local()  # set in the pool's threads: work they submit runs inline (no deadlock)
 
@@ -92,20 +93,37 @@ def run(fn, items: list) -> None:
         for item in items:
             fn(item)
         return
-    taken = itertools.count()  # next() on it is atomic under the GIL
+    job = _Job(fn, items)
+    for inbox in _inboxes(threads - 1):
+        inbox.put(job)
+    job.work()
+    job.done.acquire()  # every item finished before anyone reads the arrays; not every thread woken
+    if job.error is not None:
+        raise job.error
 
-    def work():
-        for i in iter(taken.__next__, None):
-            if i >= len(items):
+
+class _Job:
+    """One run's items, each taken by the next thread free. The caller waits for the items taken, never for a
+    thread that has not woken yet (it may take tens of microseconds to): a short run on a busy machine then
+    costs what it costs on one thread."""
+
+    def __init__(self, fn, items):
+        self.fn, self.items, self.error = fn, items, None
+        self.taken, self.finished = itertools.count(), itertools.count(1)  # next() on them is atomic under the GIL
+        self.done = threading.Lock()  # released by the thread that finishes the last item
+        self.done.acquire()
+
+    def work(self) -> None:
+        for i in iter(self.taken.__next__, None):
+            if i >= len(self.items):
                 return
-            fn(items[i])
-    futures = [_executor().submit(work) for _ in range(threads - 1)]
-    try:
-        work()
-    finally:
-        wait(futures)  # every thread done with the arrays before anyone reads them, or an error is raised
-    for f in futures:
-        f.result()
+            try:
+                self.fn(self.items[i])
+            except BaseException as error:  # raised by run, in the caller's thread
+                if self.error is None:
+                    self.error = error
+            if next(self.finished) == len(self.items):
+                self.done.release()
 
 
 def for_rows(fn, rows: int, row_size: int) -> None:
@@ -156,6 +174,8 @@ def tiles(m: int, n: int, k: int) -> list[tuple[slice, slice]]:
     if count <= 1:
         return [(slice(0, m), slice(0, n))]
     cols = min(n, TILE_COLS)
+    if m <= 16:  # one block of BLAS's row kernels (a decode step's batch): narrower columns make the tiles
+        cols = min(cols, max(TILE_MIN_COLS, -(-n // count // TILE_MIN_COLS) * TILE_MIN_COLS))
     across = -(-n // cols)  # tiles side by side
     rows = -(-m // max(1, count // across))  # rows per tile, rounded up to whole blocks of BLAS's row kernels
     rows = -(-rows // 16) * 16
@@ -215,28 +235,33 @@ def piece(item, *arrays) -> list:
     return [a[i] if lo is None else a[i].reshape(-1)[lo:hi] for a in arrays]
 
 
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(num_threads() - 1, thread_name_prefix="tinynn", initializer=_mark_worker)
-    return _pool
+def _inboxes(count: int) -> list[queue.SimpleQueue]:
+    """The inboxes of `count` pool threads, started on first use; each thread runs the jobs put in its own."""
+    while len(_threads) < count:
+        inbox = queue.SimpleQueue()
+        thread = threading.Thread(target=_serve, args=(inbox,), name=f"tinynn-{len(_threads)}", daemon=True)
+        thread.start()
+        _threads.append((thread, inbox))
+    return [inbox for _, inbox in _threads[:count]]
 
 
-def _mark_worker() -> None:
+def _serve(inbox: queue.SimpleQueue) -> None:
     _worker.active = True
+    for job in iter(inbox.get, None):
+        job.work()  # a job whose items are all taken returns at once
 
 
 def _shutdown() -> None:
-    global _pool
-    if _pool is not None:
-        _pool.shutdown(wait=True)
-        _pool = None
+    for _, inbox in _threads:
+        inbox.put(None)
+    for thread, _ in _threads:
+        thread.join()
+    _threads.clear()
 
 
 def _forget_after_fork() -> None:
     """A forked child has none of its parent's threads: it starts a pool of its own when it needs one."""
-    global _pool
-    _pool = None
+    _threads.clear()
 
 
 if hasattr(os, "register_at_fork"):

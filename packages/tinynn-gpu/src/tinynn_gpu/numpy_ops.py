@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinynn import registry
+from tinynn_gpu.runtime.arrays import TooLarge
 
 
 def _gpu():
@@ -22,7 +23,6 @@ def _gpu():
 def _on_gpu(gpu_fn, cpu_fn, *arrays):
     gpu = _gpu()
     if gpu is not None:
-        from tinynn_gpu.runtime.arrays import TooLarge  # imports wgpu: only once a GPU backend exists
         try:
             return gpu_fn(gpu, *[gpu.rt.upload(np.ascontiguousarray(a, dtype=np.float32)) for a in arrays])
         except TooLarge:

@@ -143,7 +143,7 @@ def test_aligned_tiles_load_unchecked(poisoned, config, case):
     assert_matmul_result(poisoned, out, epilogue, expected, a, b, ta, tb)
 
 
-# a pair's module shares the row sums among the block's threads (matmul_blocked._row_sums): each form of that code,
+# a pair's module shares the row sums among the block's threads (blocked._row_sums): each form of that code,
 # (THREADS / (BM / 4) groups of k dividing BK, not dividing it, more than BK; unpadded tiles; split-K; the first
 # BM / 4 threads instead), in blocks that lavapipe compiles quickly but the H200's own
 SHARED_ROW_SUMS = (BlockConfig(32, 64, 16, 4, 4), BlockConfig(64, 64, 16, 8, 4),

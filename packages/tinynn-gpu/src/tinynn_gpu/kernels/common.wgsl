@@ -75,12 +75,12 @@ const GELU_C: f32 = 0.7978845608028654;  // sqrt(2 / pi)
 fn safe_tanh(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
 
 // GELU, tanh form (GPT-2's): 0.5 x (1 + tanh(u)), u = GELU_C (x + 0.044715 x^3), computed as the same function
-// x sigmoid(2u): one exp and a division in place of WGSL's tanh, which made big's MLP matmul epilogues several
-// times as costly. Nothing in it overflows, since WGSL lets an implementation assume
+// x sigmoid(2u): one exp and a division in place of WGSL's tanh, which makes a matmul epilogue several times as
+// costly (BENCHMARKS.md, "Kernel tuning notes"). Nothing in it overflows, since WGSL lets an implementation assume
 // no infinities: u from x clamped to +-GELU_EDGE, beyond which sigmoid(2u) is 0 or 1 in f32, and exp of -|2u| <= 0
 // only. One definition for the elementwise op and every matmul epilogue, so the fused and the separate forms
-// round alike. The NumPy reference (numpy_backend.py's _gelu_sigmoid) computes the same sigmoid, from IEEE
-// infinities.
+// round alike. The NumPy reference (tinynn/numpy_formulas.py's gelu_sigmoid) computes the same sigmoid, from
+// IEEE infinities.
 const GELU_EDGE: f32 = 12.0;
 
 fn gelu_sigmoid(x: f32) -> f32 {

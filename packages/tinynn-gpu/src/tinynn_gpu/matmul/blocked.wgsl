@@ -8,12 +8,12 @@
 // Per BK step the block's A (BM x BK) and B (BK x BN) tiles go through workgroup memory as vec4s, so the inner
 // product reads 4 values per load. The tiles are nested arrays indexed [buffer][k][column], not flat ones:
 // with wgpu's runtime checks on (TINYNN_SHADER_CHECKS=1, unchecked.py) naga clamps every dynamic index, and a
-// clamped flat index is a new address per load,
-// while here k is a constant and a thread's column is the same every step, so its clamp is made once and each
-// load is a constant offset from one address. A thread's rows and columns are interleaved with its neighbours' (4-wide groups
-// THREADS_M or THREADS_N apart) so a warp reads consecutive vec4s: no bank conflicts; each tile row (one k) is
-// padded by a vec4 (in configurations that ask for it: A_STRIDE, B_STRIDE), so that threads storing
-// neighbouring k (an operand stored with k contiguous) hit different banks too. Double-buffered variants
+// clamped flat index is a new address per load, while here k is a constant and a thread's column is the same every
+// step, so its clamp is made once and each load is a constant offset from one address. A thread's rows and columns
+// are interleaved with its neighbours' (4-wide groups THREADS_M or THREADS_N apart) so a warp reads consecutive
+// vec4s: no bank conflicts; each tile row (one k) is padded by a vec4 (in configurations that ask for it:
+// A_STRIDE, B_STRIDE), so that threads storing neighbouring k (an operand stored with k contiguous) hit
+// different banks too. Double-buffered variants
 // (BUFFERS = 2) keep two tiles: the next step's global loads go into registers before this step's products and
 // into the other buffer after them, so their latency hides behind the arithmetic, with one barrier per step.
 // The generator can also run those loads two tiles ahead (BlockConfig.ahead, a second set of registers) and
@@ -24,9 +24,8 @@
 // Edges: out-of-range loads read 0 and out-of-range stores are skipped; no thread leaves before a barrier.
 // Aligned variants, for shapes whose every tile lies whole inside the operands (M, N, K multiples of BM, BN,
 // BK, no empty split), load without those checks, whose branch around each load slows the double-buffered
-// kernels; stores stay checked. Workgroups are visited GROUP block-rows
-// at a time so that the A and B panels being read stay in L2 (the raster order would stream all of B once per
-// block-row).
+// kernels; stores stay checked. Workgroups are visited GROUP block-rows at a time so that the A and B panels
+// being read stay in L2 (the raster order would stream all of B once per block-row).
 // Grids above 65535 workgroups in y or z are launched as several dispatches; y_offset and z_offset say
 // where this one starts.
 //

@@ -4,8 +4,8 @@
 // 4 output columns, its 256 threads 4 columns x 64 slices of K read as vec4 (K = 256: one load per thread),
 // neighbouring threads read neighbouring weights (b's rows are K-contiguous) and every row of a shares each
 // weight load. The slices' sums meet in workgroup memory, every row's at once behind one barrier: 4 threads
-// per output each add 16 of them, then one adds the 4. The epilogue is matmul_blocked.wgsl's: bias, then GELU
-// (the value before it kept in `pre` for the backward), then the residual. Launched by matmul_rows.py;
+// per output each add 16 of them, then one adds the 4. The epilogue is the blocked kernel's (epilogue.wgsl), in its
+// order: bias, then GELU (the value before it kept in `pre` for the backward), then the residual. Launched by rows.py;
 // a (M, K), b (N, K), K a multiple of 4; out, pre and residual (M, N), bias (N).
 // Bindings: a, b, out, params, bias, residual, pre
 

@@ -11,9 +11,8 @@ shapes, each worth its own choice (split-K, say, wins on some and loses on their
 TINYNN_MATMUL=<variant> forces one variant everywhere (the lesson's tile exercise: lesson8, lesson16,
 lesson32). With autotuning on (the default on hardware adapters; TINYNN_AUTOTUNE=0/1 overrides) a shape big
 enough to be worth it (`tune_min_macs`) is tuned: every candidate timed, with GPU timestamps where the adapter
-has them, and the winner kept in a JSON file keyed by adapter and wgpu version (TINYNN_CACHE_DIR, default
-~/.cache/tinynn). Without tuning, `default_variant` is a fixed choice from a sweep of the benchmark models' shapes
-(BENCHMARKS.md).
+has them, and the winner kept in a JSON file keyed by adapter and wgpu version (tuning_cache.py). Without
+tuning, `default_variant` is a fixed choice from a sweep of the benchmark models' shapes (BENCHMARKS.md).
 
 Tuning every shape of a model takes tens of seconds on a new machine (compiling hundreds of candidates), so a
 training loop does not wait for it: once a step is captured (`defer`, set by the backend's `capture`), a shape
@@ -31,8 +30,6 @@ they stay apart.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import sys
 import time
 import warnings
@@ -51,16 +48,11 @@ from tinynn_gpu.matmul.paired import PairedMatmul
 from tinynn_gpu.matmul.problem import Epilogue, shape_key
 from tinynn_gpu.matmul.rows import RowsMatmul
 from tinynn_gpu.matmul.tensor import TensorMatmul
+from tinynn_gpu.matmul.tuning_cache import TuningCache
 from tinynn_gpu.runtime import settings
 from tinynn_gpu.runtime.arrays import GpuArray
 from tinynn_gpu.runtime.webgpu import wgpu
 
-# 2: keys are exact shapes; 3: padded tiles, the candidates of the shape sweep; 4: nested tiles, BK 32;
-# 5: aligned tiles load unchecked, double-buffered 128x128 candidates; 6: a candidate loading two tiles ahead;
-# 7: blocks 96 wide; 8: two candidates for the big model's shapes (64x96 vec4 db, 128x128 split3);
-# 9: a candidate for mid's 384x384 weight gradient (64x64 split6 vec4 db); 10: quad stores (every ranking
-# moved), a 128x64 vec4 db candidate
-CACHE_VERSION = 10
 SEPARATE = "separate"  # plan_pair's choice where two matmuls run faster one after the other
 
 
@@ -115,10 +107,11 @@ class MatmulSelector:
         self._built = {}
         self.choices: dict[str, str] = {}  # exact shape key -> variant name
         checks = "unchecked" if runtime.ctx.unchecked else "checked"  # the checks change what is fastest
-        self.cache_key = f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}|{checks}"
-        self.cache_path = now.cache_dir / "matmul-autotune.json"
+        self.cache = TuningCache(
+            now.cache_dir, f"{runtime.ctx.name}|{runtime.ctx.info.get('backend_type')}|wgpu {wgpu.__version__}|{checks}")
+        self.cache_key, self.cache_path = self.cache.key, self.cache.path
         if self.autotune:
-            self.choices.update(self._read_cache().get(self.cache_key, {}))
+            self.choices.update(self.cache.choices())
         self.forced = now.matmul  # one variant for every shape, e.g. "lesson8"
         if self.forced and self.forced not in self.variants:
             raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
@@ -149,7 +142,7 @@ class MatmulSelector:
     def default_variant(batch, m, n, k) -> str:
         """The choice without tuning, from a sweep of the benchmark models' shapes (BENCHMARKS.md):
         big blocks for big outputs; a long K over an output too small to fill the GPU split into slices."""
-        blocks = batch * -(-m // 64) * -(-n // 64)  # 64 x 64 output blocks; 264 fill the 132 SMs twice
+        blocks = batch * -(-m // 64) * -(-n // 64)  # 64 x 64 output blocks; 264 fill a 132-SM GPU twice
         if blocks >= 1024:
             return "blocked 128x128x16/8x8"
         if min(m, n) < 64:
@@ -278,9 +271,8 @@ class MatmulSelector:
         """Milliseconds per call of each variant on these operands (`reps` calls back to back in one timed
         pass where the adapter has timestamps): the best of `rounds` rounds over all of them. Every variant
         is compiled first, then all of them run back to back for `heat_seconds` before any is timed: a GPU
-        left idle while the host compiles drops its clock to 345 MHz within a second and needs about a second
-        of load to climb back to 1980 (nvidia-smi, BENCHMARKS.md), and variants timed on the way up would be
-        ranked by the clock."""
+        left idle while the host compiles lowers its clock, and variants timed while it climbs back would be
+        ranked by the clock (BENCHMARKS.md, "Kernel tuning notes")."""
         return run_through(self._timing(self._variant_runs(args, names), reps, rounds))
 
     def _variant_runs(self, args: tuple, names=None) -> dict:
@@ -339,7 +331,7 @@ class MatmulSelector:
             return default
         progress(f"tuning matmul kernels for {self.rt.ctx.name}, {key} (kept in {self.cache_path})")
         times = run_through(self._timing(runs_of(args), 8, 2))
-        return self._keep(key, min(times, key=times.get))
+        return self.cache.keep(key, min(times, key=times.get))
 
     def tune_pending(self, seconds: float | None = None) -> bool:
         """Deferred tunings (`_tune`) for about `seconds` (default `tune_seconds_per_step`; at least one unit of
@@ -364,7 +356,7 @@ class MatmulSelector:
             if times is not None:
                 del self.pending[key]
                 self.running, self.tuned = None, self.tuned + 1
-                name = self._keep(key, min(times, key=times.get))
+                name = self.cache.keep(key, min(times, key=times.get))
                 self.changed |= name != self.choices.get(key)
                 self.choices[key] = name
             if time.perf_counter() >= until:
@@ -376,29 +368,6 @@ class MatmulSelector:
         changed, self.changed, self.tuned = self.changed, False, 0
         self.generation += changed
         return changed
-
-    def _keep(self, key: str, name: str) -> str:
-        """A tuned choice into the cache file."""
-        cache = self._read_cache()
-        cache.setdefault(self.cache_key, {})[key] = name
-        self._write_cache(cache)
-        return name
-
-    def _read_cache(self) -> dict:
-        try:
-            data = json.loads(self.cache_path.read_text())
-            return data["choices"] if data.get("version") == CACHE_VERSION else {}
-        except (OSError, ValueError, KeyError, TypeError):
-            return {}  # no cache yet, or an unreadable one: tune again
-
-    def _write_cache(self, cache: dict) -> None:
-        try:
-            self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.cache_path.with_name(f"{self.cache_path.name}.tmp-{os.getpid()}")  # ranks tune at once
-            tmp.write_text(json.dumps({"version": CACHE_VERSION, "choices": cache}, indent=1, sort_keys=True))
-            os.replace(tmp, self.cache_path)
-        except OSError:
-            pass  # a read-only home only costs re-tuning in the next process
 
 
 def _planned_once(plan, run):

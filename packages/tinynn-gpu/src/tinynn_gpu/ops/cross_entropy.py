@@ -6,18 +6,9 @@ once, so the logits of all B x T rows never exist together. A target out of rang
 error flags, raised at the next read-back. Methods of the backend (backend.py's table)."""
 from __future__ import annotations
 
-import numpy as np
-
 from tinynn_gpu.ops import group_sum
-from tinynn_gpu.runtime.arrays import OnCpu, TooLarge, bindable, bindable_any
+from tinynn_gpu.runtime.arrays import TooLarge, bindable, bindable_any, check_dtypes
 from tinynn_gpu.runtime.kernels import groups
-
-
-def check_dtypes(name, *arrays):
-    """The (float, index) kernels' operands: float32 values, then one int32 index array."""
-    *values, index = arrays
-    if any(a.dtype != np.float32 for a in values) or index.dtype.kind != "i":
-        raise OnCpu(f"{name} of {', '.join(str(a.dtype) for a in arrays)}")
 
 
 def cross_entropy_forward(self, logits, targets, ignore_index, for_backward=True):

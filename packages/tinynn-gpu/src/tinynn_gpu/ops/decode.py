@@ -4,7 +4,6 @@ all reading the sequence length from a GPU array, so a step records once and rep
 from __future__ import annotations
 
 from tinynn_gpu.runtime.arrays import OnCpu
-
 from tinynn_gpu.runtime.kernels import WG, groups
 
 

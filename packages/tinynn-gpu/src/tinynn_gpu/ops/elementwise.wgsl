@@ -1,7 +1,7 @@
 // Elementwise kernels, named like the NumPy backend's ops (unary, unary_backward, binary, scalar, ...).
 // An op code picks the formula, so one pipeline serves every op of a family; the switch costs far less
-// than the memory traffic. backend.py refuses an unknown code before dispatch; here one writes NaN (or
-// INT_SENTINEL) rather than computing another op.
+// than the memory traffic. elementwise.py refuses an unknown op before dispatch (`code`); here an unknown code
+// writes NaN (or INT_SENTINEL) rather than computing another op.
 // Bindings: a, b, out, params, c, and for the int32 kernels a_int, b_int, out_int.
 
 struct Params {

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinynn_gpu.ops.cross_entropy import check_dtypes
-from tinynn_gpu.runtime.arrays import bindable, bindable_any
+from tinynn_gpu.runtime.arrays import bindable, bindable_any, check_dtypes
 from tinynn_gpu.runtime.kernels import groups
 
 

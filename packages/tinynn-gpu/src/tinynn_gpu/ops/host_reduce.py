@@ -11,8 +11,8 @@ import threading
 
 import numpy as np
 
+from tinynn.backends import Backend
 from tinynn_gpu.runtime.arrays import GpuArray
-
 from tinynn_gpu.runtime.runtime import Runtime
 
 
@@ -57,7 +57,6 @@ def reduce_on_host_(rt: Runtime, src: GpuArray, dst: GpuArray, host: np.ndarray,
 def reduce_on_host_method(self, src, dst, host, parts, in_thread=False):
     """Backend.reduce_on_host_ (a method of the backend: backend.py's table), pipelined where asked and both
     arrays are on the GPU."""
-    from tinynn.backends import Backend
     if not in_thread or src.buffer is None or dst.buffer is None:
         return Backend.reduce_on_host_(self, src, dst, host, parts)
     reduce_on_host_(self.rt, src, dst, host, parts)

@@ -1,7 +1,7 @@
 // LayerNorm over the last axis (C). Each row belongs to one team of threads (a subgroup, or 32 threads
 // adding through workgroup memory: row_sum_*.wgsl, filled in by group_sum.py), ROWS rows per 256-thread
 // workgroup: a row of a few hundred floats is a few loads per thread, and its sums need no barrier where
-// the adapter has subgroups (one workgroup per row waited on eight-round workgroup trees). The backward is
+// the adapter has subgroups (a workgroup per row would wait on eight-round workgroup trees). The backward is
 // one dispatch for the input, weight and bias gradients.
 // A template (group_sum.shader fills it in): a `Value` is 4 neighbouring columns (a vec4) where C is a multiple
 // of 4, else one float, and params.cols counts Values; a row loop's step takes as many Values a lane as cover

@@ -93,8 +93,6 @@ class MultiTensor:
         bindings = limits.get("max-bindings-per-bind-group", 1000) - 5  # the shared ones and the uniform
         self.slots = max(1, min(MAX_SLOTS, (storage - 4) // 4, bindings // 4))  # + step, scale, partials, table
         self.square_slots = max(1, min(MAX_SLOTS, storage - 2, bindings // 4))  # + partials, table
-        # the kernels name every slot's bindings, so a group smaller than `slots` binds these in the gaps
-        # (distinct buffers: two writable bindings may not share one); their tables give them no work
         self._shaders = {}  # uses subgroups -> Shader
         self._tables = {}  # a group's table, uploaded once: a training step reuses the same groups
         kinds = ("param", "grad", "m", "v")  # a slot's bindings, as `generate` names them
@@ -110,7 +108,9 @@ class MultiTensor:
         return self._shaders[subgroups]
 
     def _or_unused(self, tensors, i, k):
-        """Slot i's tensor of kind k (0 param, 1 grad, 2 m, 3 v), or its stand-in when the group is short."""
+        """Slot i's tensor of kind k (0 param, 1 grad, 2 m, 3 v), or its stand-in when the group is short: the
+        kernels name every slot's bindings, so the gaps take distinct stand-ins (two writable bindings may not
+        share a buffer), to which the group's table gives no work."""
         return tensors[i] if i < len(tensors) else self.rt.stand_in(4 * i + k)
 
     def table(self, arrays, chunk, weight_decays=None):
@@ -155,7 +155,6 @@ class MultiTensor:
             bindings = {"partials": partials, "table": table}
             bindings.update({name: self._or_unused(group, i, 1) for i, name in enumerate(self._square_names)})
             self.rt.dispatch(module, "sum_squares_main", workgroups, bindings,
-                             {"chunk": chunk, "workgroups": workgroups,
-                              "first_partial": first})
+                             {"chunk": chunk, "workgroups": workgroups, "first_partial": first})
             first += workgroups
         return partials, first

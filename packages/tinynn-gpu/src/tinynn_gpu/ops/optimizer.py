@@ -4,7 +4,6 @@ references are in tinynn/numpy_backend.py under the same names."""
 from __future__ import annotations
 
 from tinynn_gpu.runtime.arrays import bindable
-
 from tinynn_gpu.runtime.kernels import groups
 
 

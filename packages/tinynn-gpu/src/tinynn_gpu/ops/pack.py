@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 from tinynn_gpu.runtime.arrays import bindable
-
 from tinynn_gpu.runtime.kernels import groups
 from tinynn_gpu.runtime.wgsl import kernel_source
 

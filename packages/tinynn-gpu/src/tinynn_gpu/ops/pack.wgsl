@@ -1,7 +1,7 @@
 // pack and unpack: up to SLOTS arrays copied into one flat array, laid end to end, or back out of it, in
 // one dispatch (data-parallel training reads every gradient back, and writes their sum, as one buffer).
 // Slot i covers flat[first + ends[i-1], first + ends[i]): a binary search over ends finds an element's slot.
-// WGSL cannot index bindings, so packing.py writes one binding and one switch case per slot ({{...}} below; a
+// WGSL cannot index bindings, so pack.py writes one binding and one switch case per slot ({{...}} below; a
 // switch, since Tint refuses an if-else chain longer than 127), and the access of each side: pack reads the
 // slots and writes flat, unpack the reverse. Words are copied as u32, so any 32-bit dtype moves bit for bit.
 // Bindings: flat, params, ends, and slot_i for each slot i.

@@ -1,6 +1,7 @@
 """GPU arrays: `GpuArray` (shape and dtype over a buffer, or a host copy where it is too large to bind),
 `PooledArray` (one that holds a buffer of the pool), the two refusals that send an op to the NumPy reference
-(`TooLarge`, `OnCpu`), and the checks a kernel's operands pass (`bindable`, `bindable_any`)."""
+(`TooLarge`, `OnCpu`), and the checks a kernel's operands pass (`bindable`, `bindable_any`, and `check_dtypes` for
+the kernels that read float32 values by int32 indices)."""
 from __future__ import annotations
 
 import math
@@ -111,3 +112,11 @@ def bindable_any(a: GpuArray) -> GpuArray:
     if a.buffer is None:
         raise TooLarge("array lives on the host") if a.dtype in KERNEL_DTYPES else OnCpu(f"no {a.dtype} kernel")
     return a
+
+
+def check_dtypes(name: str, *arrays: GpuArray) -> None:
+    """The operands of a kernel reading values by index (an embedding, a cross entropy): float32 values, then one
+    integer index array; other dtypes raise OnCpu naming the op."""
+    *values, index = arrays
+    if any(a.dtype != np.float32 for a in values) or index.dtype.kind != "i":
+        raise OnCpu(f"{name} of {', '.join(str(a.dtype) for a in arrays)}")

@@ -28,8 +28,9 @@ WANTED_LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-stor
 TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}
 BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 0, "OpenGL": 1}
 STORAGE_BUFFERS_NEEDED = 10  # the most storage buffers one kernel binds (layernorm_backward_main, matmul_pair_main)
-KERNEL_FILES = ("elementwise", "strided", "softmax", "embedding",
-                "optimizer", "norm", "decode", "rows")
+# the kernel files compiled as they are, at start-up, so that one a driver refuses is a reason and not a failed
+# step; templates are compiled per variant by their launchers (group_sum.py's when the backend starts)
+KERNEL_FILES = ("elementwise", "strided", "softmax", "embedding", "optimizer", "norm", "decode", "rows")
 
 
 @dataclass

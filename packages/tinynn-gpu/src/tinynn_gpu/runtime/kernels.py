@@ -74,7 +74,7 @@ class KernelCache:
         return shader
 
     def kernel(self, name: str) -> Shader:
-        """A kernel file's module (context.py compiled them all at start-up)."""
+        """A kernel file's module, compiled at start-up (context.KERNEL_FILES)."""
         shader = self.files.get(name)
         if shader is None:
             shader = self.files[name] = self.shader(self.ctx.sources[name], name, self.ctx.modules[name])

@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinynn_gpu.runtime import webgpu
+from tinynn_gpu.runtime.bindings import Bindings
 
 PROBE_WGSL = """
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
@@ -238,8 +239,9 @@ def probe(device) -> tuple[NativeCalls | None, str]:
         copy = device.create_buffer(size=4 * n, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         module = device.create_shader_module(label="native probe", code=PROBE_WGSL)
         pipe = device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
+        (slot,) = Bindings.parse(PROBE_WGSL, "native probe").slots("main", ("out",))
         group = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
-            {"binding": 0, "resource": {"buffer": buffer, "offset": 0, "size": 4 * n}}])
+            {"binding": slot, "resource": {"buffer": buffer, "offset": 0, "size": 4 * n}}])
         calls.write(buffer._internal, np.full(n, 10, np.float32))
         encoder, compute_pass = calls.begin()
         calls.record(compute_pass, [(pipe._internal, [(group._internal, n, 1, 1)])])

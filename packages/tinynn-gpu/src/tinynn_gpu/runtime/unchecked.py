@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinynn_gpu.runtime import settings, webgpu
+from tinynn_gpu.runtime.bindings import Bindings
 
 PROBE_WGSL = """
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
@@ -77,8 +78,9 @@ def probe(device):
         buffer = device.create_buffer(size=4 * n, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
         pipe = device.create_compute_pipeline(
             layout="auto", compute={"module": compile("unchecked probe", PROBE_WGSL), "entry_point": "main"})
+        (slot,) = Bindings.parse(PROBE_WGSL, "unchecked probe").slots("main", ("out",))
         group = device.create_bind_group(layout=pipe.get_bind_group_layout(0),
-                                         entries=[{"binding": 0, "resource": {"buffer": buffer}}])
+                                         entries=[{"binding": slot, "resource": {"buffer": buffer}}])
         encoder = device.create_command_encoder()
         compute_pass = encoder.begin_compute_pass()
         compute_pass.set_pipeline(pipe)

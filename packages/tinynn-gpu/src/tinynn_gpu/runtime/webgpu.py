@@ -13,9 +13,9 @@ differently is a method or attribute of `Implementation`, written once for each:
   features) and `vulkan_enable_f16_on_nvidia` (f16 on NVIDIA drivers before 615.71, which Dawn offers only from
   there on);
 - `features` and `request_device`: the features asked for by each one's names (wgpu-native's `subgroup` is
-  Dawn's `subgroups`; Dawn's f16 and subgroup matrices, for the tensor-core matmul), and Dawn's device toggles: `disable_robustness` (shaders without bounds clamps, as
-  unchecked.py does for wgpu-native; not with TINYNN_SHADER_CHECKS=1) and unquantized timestamps (autotuning
-  times kernels);
+  Dawn's `subgroups`; Dawn's f16 and subgroup matrices, for the tensor-core matmul), and Dawn's device toggles:
+  `disable_robustness` (shaders without bounds clamps, as unchecked.py does for wgpu-native; not with
+  TINYNN_SHADER_CHECKS=1) and unquantized timestamps (autotuning times kernels);
 - `threads_may_record`: Dawn's objects may be used from a second thread only on a device opened with
   `implicit-device-synchronization` (asked for where offered); a replay is recorded on a worker thread only then;
 - `wgsl`: the dialect: Tint wants `enable subgroups;` before subgroup builtins, which naga refuses;

@@ -1,4 +1,5 @@
-"""The row-team kernels (softmax, LayerNorm, cross entropy: ops/group_sum.py's teams) at any width, against NumPy."""
+"""The row kernels at any width, against NumPy: softmax (a workgroup a row) and the row teams of LayerNorm and cross
+entropy (ops/group_sum.py), with subgroups and without."""
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -1,0 +1,49 @@
+"""The autotune's choices kept between processes: one JSON file (`TINYNN_CACHE_DIR`, default ~/.cache/tinynn)
+holding, for each adapter key (adapter, graphics backend, wgpu version, runtime checks: what changes which kernel
+is fastest), a variant name per shape key (selection.py's). A choice is written as soon as it is found, so a run
+cut short keeps what it tuned. A missing, unreadable or older file is an empty cache: tuning runs again.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+# raised whenever the candidates or the kernels change: choices timed on other kernels are tuned again
+CACHE_VERSION = 10
+FILE_NAME = "matmul-autotune.json"
+
+
+class TuningCache:
+    """One adapter key's choices in the cache file under `directory`."""
+
+    def __init__(self, directory: Path, key: str):
+        self.path = Path(directory) / FILE_NAME
+        self.key = key
+
+    def choices(self) -> dict[str, str]:
+        """This adapter key's choices: shape key -> variant name."""
+        return self._read().get(self.key, {})
+
+    def keep(self, shape_key: str, name: str) -> str:
+        """Write one choice into the file (the other keys' kept as they are), and return it."""
+        cache = self._read()
+        cache.setdefault(self.key, {})[shape_key] = name
+        self._write(cache)
+        return name
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+            return data["choices"] if data.get("version") == CACHE_VERSION else {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}  # no cache yet, or an unreadable one: tune again
+
+    def _write(self, cache: dict) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")  # ranks tune at once
+            tmp.write_text(json.dumps({"version": CACHE_VERSION, "choices": cache}, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a read-only home only costs re-tuning in the next process
