@@ -66,7 +66,8 @@ class WgpuBackend(Backend):
         return self.rt.counters
 
     def describe(self) -> dict:
-        return {**super().describe(), **self.ctx.describe(), **self.rt.describe(), "matmul": self.mm.describe()}
+        return {**super().describe(), **self.ctx.describe(), **self.rt.describe(), "matmul": self.mm.describe(),
+                "attention": self.attention.describe()}
 
     def matmul_precision(self):
         usable, why = self.mm.tensor_cores()

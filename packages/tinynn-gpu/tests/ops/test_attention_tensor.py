@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from tinynn import backends, precision
+from tinynn.errors import TinynnNotice
+from tinynn_gpu.ops import attention_tensor, attention_tensor_backward
 from tinynn_gpu.ops.attention_tensor import TENSOR_TILES, TensorAttention, TensorTile, choose_tensor_tile
 from tinynn_gpu.ops.attention_tensor_backward import (BACKWARD_TENSOR_TILES, BackwardTensorTile, TensorBackward,
                                                       choose_backward_tensor_tile)
@@ -221,3 +223,79 @@ def test_backward_tile_choice():
     assert choose_backward_tensor_tile(20, 49152) == BackwardTensorTile(32, 32)
     assert choose_backward_tensor_tile(48, 49152) is None and choose_backward_tensor_tile(128, 49152) is None
     assert choose_backward_tensor_tile(64, 32768) is None
+
+
+SMALL_TILES = (TensorTile(16, 16, 32),), (BackwardTensorTile(16, 16, 32),)  # fit lavapipe's 32 KiB in f32
+
+
+@pytest.fixture
+def emulated_high(high, monkeypatch):
+    """"high" attention on the emulated kernels with tiles that fit here, as on a device with tensor cores whose
+    attention is yet to be checked: the backend's matmuls say they have them (no matmul runs in these tests)."""
+    gpu = high
+    monkeypatch.setattr(attention_tensor, "TENSOR_TILES", SMALL_TILES[0])
+    monkeypatch.setattr(attention_tensor_backward, "BACKWARD_TENSOR_TILES", SMALL_TILES[1])
+    monkeypatch.setattr(gpu.mm, "_tensor_cores", (True, ""))
+    monkeypatch.setattr(gpu.attention, "tensor", TensorAttention(gpu.rt, emulate=True))
+    monkeypatch.setattr(gpu.attention, "tensor_backward", TensorBackward(gpu.rt, emulate=True))
+    monkeypatch.setattr(gpu.attention, "checked", None)
+    return gpu
+
+
+def run_attention(gpu, case):
+    """y, lse and g_qkv of the backend's attention on a case, and the case's qkv."""
+    batch, seq, n_head, head_size, _ = case
+    qkv = make_qkv(*case)
+    grad = np.random.default_rng(1).standard_normal((batch, seq, n_head * head_size)).astype(np.float32)
+    d_qkv = gpu.from_numpy(qkv)
+    y, lse = gpu.attention_forward(d_qkv, n_head, head_size ** -0.5)
+    g_qkv = gpu.attention_backward(gpu.from_numpy(grad), d_qkv, y, lse, n_head, head_size ** -0.5)
+    return [gpu.to_numpy(x) for x in (y, lse, g_qkv)], qkv
+
+
+def test_check_passes(emulated_high):
+    """Right kernels pass the first-use check, which runs each tile forward and backward, and then "high"
+    attention runs on them."""
+    gpu = emulated_high
+    assert gpu.attention.tensor_cores() and gpu.attention.checked == (True, "")
+    assert {tile for _, tile in gpu.attention.tensor.shaders} == set(SMALL_TILES[0])
+    assert {tile for _, tile in gpu.attention.tensor_backward.shaders} == set(SMALL_TILES[1])
+    (y, lse, _), qkv = run_attention(gpu, CASES[1])
+    assert (64, SMALL_TILES[0][0]) in gpu.attention.tensor.shaders
+    check_forward(y, lse, qkv, 2, "emulated, checked")
+    assert gpu.describe()["attention"] == "f16 tensor cores in matmul precision 'high'"
+
+
+def no_forward(*args):
+    """A forward that writes nothing."""
+
+
+def no_backward(*args):
+    """A backward that writes nothing."""
+
+
+def no_compile(*args):
+    return "this is not WGSL"
+
+
+@pytest.mark.parametrize("broken", ["forward", "backward", "compile"])
+def test_check_refuses(emulated_high, monkeypatch, broken):
+    """A tensor-core forward or backward that answers wrong, or does not compile, fails the first-use check:
+    "high" attention then gives the float32 kernels' answers, after one notice, and `tinynn info` says why."""
+    gpu = emulated_high
+    if broken == "compile":
+        monkeypatch.setattr(attention_tensor, "tensor_source", no_compile)
+    else:
+        kernel = gpu.attention.tensor if broken == "forward" else gpu.attention.tensor_backward
+        monkeypatch.setattr(kernel, broken, no_forward if broken == "forward" else no_backward)
+    case = (1, 20, 2, 64, (1, 1, 1))
+    with pytest.warns(TinynnNotice, match="attention in matmul precision 'high' runs in float32") as notices:
+        high, _ = run_attention(gpu, case)
+    assert len(notices) == 1
+    why = gpu.describe()["attention"]
+    assert why.startswith("float32 in every precision: the tensor-core attention") and \
+        {"forward": "forward", "backward": "backward", "compile": "failed its test case"}[broken] in why
+    precision.set_matmul_precision("highest")
+    highest, _ = run_attention(gpu, case)
+    for a, b in zip(high, highest):
+        np.testing.assert_array_equal(a, b)

@@ -5,7 +5,8 @@ The forward is attention_tiled.py's (attention_tiled.wgsl, a register-blocked ma
 first tile of TILES whose workgroup memory fits the device; where none fits, attention.wgsl's per-row forward
 runs. TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward. In matmul precision "high" on a
 device with tensor cores, attention_tensor.py's forward and attention_tensor_backward.py's backward run instead,
-where a tile of theirs fits.
+where a tile of theirs fits, once they have answered a test case right on this device (attention_tensor_check.py;
+else the float32 kernels run, with one notice, and `tinynn info` says why).
 
 The backward is attention_backward_tiled.py's (dK, dV and dQ's per-key-block slices, then dQ as the slices' sum)
 with the first tile of BACKWARD_TILES that fits the head size and the device; where none does (head sizes 16 and
@@ -21,9 +22,12 @@ ROWSxSPLITS forces one (experiments/attention_tiles.py times them all, and every
 """
 from __future__ import annotations
 
-from tinynn.errors import TinynnError
+import warnings
+
+from tinynn.errors import TinynnError, TinynnNotice
 from tinynn_gpu.ops.attention_backward_tiled import BACKWARD_TILE, backward_tiled_source, choose_backward_tile
 from tinynn_gpu.ops.attention_tensor import TensorAttention
+from tinynn_gpu.ops.attention_tensor_check import check
 from tinynn_gpu.ops.attention_tensor_backward import TensorBackward
 from tinynn_gpu.ops.attention_tiled import FORWARD_TILE, THREADS, choose_tile, tiled_source
 from tinynn_gpu.runtime import settings
@@ -106,6 +110,24 @@ class Attention:
         self.tiled_shaders = {}  # (variable, head size, its setting) -> `_tiled_shader`'s answer
         self.tensor = TensorAttention(runtime)
         self.tensor_backward = TensorBackward(runtime)
+        self.checked = None  # (usable, why not): the tensor-core kernels' test case, run at their first use
+
+    def tensor_cores(self) -> bool:
+        """Whether the tensor-core kernels answered their test case right here (run once, when "high" first asks
+        for them on a device with tensor cores); the first time not, a notice says why."""
+        if self.checked is None:
+            why = check(self.tensor, self.tensor_backward)
+            self.checked = (not why, why)
+            if why:
+                warnings.warn(f"attention in matmul precision 'high' runs in float32: {why}", TinynnNotice)
+        return self.checked[0]
+
+    def describe(self) -> str:
+        """What "high" attention runs on, for `tinynn info`."""
+        if self.checked is None:
+            return "float32; in matmul precision 'high', f16 tensor cores where they pass a check at first use"
+        usable, why = self.checked
+        return "f16 tensor cores in matmul precision 'high'" if usable else f"float32 in every precision: {why}"
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -189,7 +211,7 @@ def attention_forward(self, qkv, n_head, scale, for_backward=True):
     operand = bindable(qkv)
     y = self._empty((batch, seq, c3 // 3))
     lse = self._empty((batch, n_head, seq)) if for_backward else self.rt.scratch(0, batch * n_head * seq)
-    self.attention.forward(operand, y, lse, n_head, scale, high=self.mm.high())
+    self.attention.forward(operand, y, lse, n_head, scale, high=self.mm.high() and self.attention.tensor_cores())
     return y, (lse if for_backward else None)
 
 
@@ -199,5 +221,5 @@ def attention_backward(self, g, qkv, y, lse, n_head, scale):
         raise OnCpu(why)
     g_qkv = self._empty(qkv.shape)
     self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), g_qkv, n_head, scale,
-                            high=self.mm.high())
+                            high=self.mm.high() and self.attention.tensor_cores())
     return g_qkv
