@@ -22,22 +22,60 @@ ATOL_LSE = 3e-3  # of the logsumexp, relative to max(1, |lse|)
 RTOL_BACKWARD = 5e-3  # each of dq, dk and dv; ~6e-4 in the emulated backward
 RTOL_TERMS = 1e-3  # each of them against the size of its terms
 
-# (batch, T, n_head, head size, magnitudes of q, k and v): T off the tile grid, T = 1 and GPT-2's 1024, head
-# sizes padded to whole matrices (20, 48) and not (64, 128); q k^T stays near 1 where q and k lie far out, so that
-# the softmax, not f16, sets how much an error in a score matters
-CASES = [
-    (1, 1, 1, 64, (1, 1, 1)),
-    (2, 17, 2, 64, (1, 1, 1)),
-    (1, 70, 1, 20, (1, 1, 1)),
-    (1, 33, 2, 48, (1, 1, 1)),
-    (1, 40, 1, 128, (1, 1, 1)),
-    (1, 1024, 1, 64, (1, 1, 1)),
+# (batch, T, n_head, head size, magnitudes of q, k and v): T off the tile grid, head sizes padded to whole matrices
+# (20, 48) and not (64, 128): a head size is a kernel of its own, each run on every tile that takes it
+BASIC = {
+    20: (1, 70, 1, 20, (1, 1, 1)),
+    48: (1, 33, 2, 48, (1, 1, 1)),
+    64: (2, 17, 2, 64, (1, 1, 1)),
+    128: (1, 40, 1, 128, (1, 1, 1)),
+}
+# on one tile each: T = 1, a long T (GPT-2's 1024 where tensor cores run it fast, 256 in the emulation), and
+# magnitudes far out; q k^T stays near 1 where q and k lie far out, so that the softmax, not f16, sets how much an
+# error in a score matters
+RANGE = [
     (1, 50, 1, 64, (1e-3, 1e3, 1e-3)),
     (1, 50, 1, 64, (1e3, 1e-3, 1e3)),
     (1, 50, 1, 64, (1e5, 1e-5, 1e-6)),  # f16 overflows q and holds v to a few bits
     (1, 50, 1, 64, (1e-6, 1e6, 1e5)),
 ]
-ids = [f"B{b}-T{t}-nh{n}-hs{hs}-{'x'.join(f'{m:g}' for m in mags)}" for b, t, n, hs, mags in CASES]
+EXTRA = [(1, 1, 1, 64, (1, 1, 1)), (1, 256, 1, 64, (1, 1, 1))] + RANGE
+CASES = list(BASIC.values()) + [(1, 1, 1, 64, (1, 1, 1)), (1, 1024, 1, 64, (1, 1, 1))] + RANGE
+
+
+def case_id(case) -> str:
+    b, t, n, hs, mags = case
+    return f"B{b}-T{t}-nh{n}-hs{hs}-{'x'.join(f'{m:g}' for m in mags)}"
+
+
+ids = [case_id(case) for case in CASES]
+
+
+PREFERRED = (64, 128, 20, 48)  # a tile on its own runs the first of these head sizes it takes here
+
+
+def emulation_runs(tiles):
+    """(tile, case), one of them None: each tile once, at the first head size of PREFERRED it takes here; each
+    head size's basic case and each extra case on the first tile of `tiles` that takes it here (the one a device
+    with tensor cores chooses, where it fits). So every tile and every head size runs on each adapter, where
+    they fit, and lavapipe compiles a few kernels (minutes each in the emulation), not every pair."""
+    runs = [(tile, None) for tile in tiles] + [(None, case) for case in list(BASIC.values()) + EXTRA]
+    return pytest.mark.parametrize("tile, case", runs, ids=[f"{tile}-preferred" if case is None else
+                                                            f"first-{case_id(case)}" for tile, case in runs])
+
+
+def fitting(kernel, tiles, tile, case):
+    """The (tile, case) to run on this adapter (`emulation_runs`), or skip where none fits."""
+    half = 2 if kernel.f16 else 4
+    if case is None:
+        head_size = next((hs for hs in PREFERRED if not tile.check(hs, kernel.max_bytes, half)), None)
+        if head_size is None:
+            pytest.skip(f"tile {tile} takes none of head sizes {PREFERRED} here")
+        return tile, BASIC[head_size]
+    tile = next((t for t in tiles if not t.check(case[3], kernel.max_bytes, half)), None)
+    if tile is None:
+        pytest.skip(f"no tile takes head size {case[3]} here")
+    return tile, case
 
 
 def make_qkv(batch, seq, n_head, head_size, magnitudes, seed=0):
@@ -84,16 +122,13 @@ def emulation_tiles():
     return TENSOR_TILES + (TensorTile(32, 32, 64), TensorTile(16, 16, 32))
 
 
-@pytest.mark.parametrize("tile", emulation_tiles(), ids=str)
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@emulation_runs(emulation_tiles())
 def test_emulated_products(poisoned, tile, case):
     """The kernel with its products in plain WGSL, each tile at each head size it fits here."""
     gpu = poisoned
-    batch, seq, n_head, head_size, _ = case
     kernel = TensorAttention(gpu.rt, emulate=True)
-    why = tile.check(head_size, kernel.max_bytes, 2 if kernel.f16 else 4)
-    if why:
-        pytest.skip(why)
+    tile, case = fitting(kernel, emulation_tiles(), tile, case)
+    batch, seq, n_head, head_size, _ = case
     qkv = make_qkv(*case)
     y, lse = gpu.rt.empty((batch, seq, n_head * head_size)), gpu.rt.empty((batch, n_head, seq))
     kernel.forward(gpu.from_numpy(qkv), y, lse, n_head, head_size ** -0.5, tile)
@@ -146,17 +181,14 @@ def backward_emulation_tiles():
     return BACKWARD_TENSOR_TILES + (BackwardTensorTile(16, 32, 64), BackwardTensorTile(16, 16, 32))
 
 
-@pytest.mark.parametrize("tile", backward_emulation_tiles(), ids=str)
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@emulation_runs(backward_emulation_tiles())
 def test_emulated_backward(poisoned, tile, case):
     """The backward with its products in plain WGSL, from the reference's y and logsumexp, each tile at each head
     size it fits here."""
     gpu = poisoned
-    batch, seq, n_head, head_size, _ = case
     kernel = TensorBackward(gpu.rt, emulate=True)
-    why = tile.check(head_size, kernel.max_bytes, 2 if kernel.f16 else 4)
-    if why:
-        pytest.skip(why)
+    tile, case = fitting(kernel, backward_emulation_tiles(), tile, case)
+    batch, seq, n_head, head_size, _ = case
     qkv = make_qkv(*case)
     grad = np.random.default_rng(1).standard_normal((batch, seq, n_head * head_size))
     scale = head_size ** -0.5
@@ -260,7 +292,7 @@ def test_check_passes(emulated_high):
     assert gpu.attention.tensor_cores() and gpu.attention.checked == (True, "")
     assert {tile for _, tile in gpu.attention.tensor.shaders} == set(SMALL_TILES[0])
     assert {tile for _, tile in gpu.attention.tensor_backward.shaders} == set(SMALL_TILES[1])
-    (y, lse, _), qkv = run_attention(gpu, CASES[1])
+    (y, lse, _), qkv = run_attention(gpu, BASIC[64])
     assert (64, SMALL_TILES[0][0]) in gpu.attention.tensor.shaders
     check_forward(y, lse, qkv, 2, "emulated, checked")
     assert gpu.describe()["attention"] == "f16 tensor cores in matmul precision 'high'"

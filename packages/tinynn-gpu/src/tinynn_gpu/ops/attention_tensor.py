@@ -141,14 +141,8 @@ def kernel_parts(emulate: bool, f16: bool) -> tuple[str, dict]:
     return enables, {"HALF": half, "BUILTINS": builtins, "SUBGROUP": subgroup}
 
 
-def tensor_source(head_size: int, tile: TensorTile, emulate: bool = False, f16: bool = True) -> str:
-    """attention_tensor.wgsl for one head size and tile; emulate: its products in plain WGSL, on f16 tiles or (no
-    f16) on f32 ones rounded to f16's precision."""
-    hp = padded(head_size)
-    db, kb = hp // S, tile.keys // S  # matrices along the head and along the step's keys
-    cols = tile.sg_cols
-    mm = Products(emulate)
-    # the subgroup's rows sr..sr+15 of Q (row-major) times K^T for its keys sk.. (the key tile read column-major)
+def score_lines(mm: Products, db: int, kb: int, cols: int) -> list[str]:
+    """The subgroup's rows sr..sr+15 of Q (row-major) times K^T for its keys sk.. (the key tile read column-major)."""
     scores = [line for d in range(db) for line in
               mm.load(f"ql_{d}", "left", "q_tile", f"sr * T_STRIDE + {S * d}u", "T_STRIDE", "row_major")]
     for j in range(kb // cols):
@@ -158,7 +152,11 @@ def tensor_source(head_size: int, tile: TensorTile, emulate: bool = False, f16: 
                               "T_STRIDE", "col_major")
             scores += mm.multiply_add(f"ql_{d}", f"kr_{j}_{d}", f"sm_{j}")
         scores += mm.store(f"sm_{j}", "stage", f"sr * S_STRIDE + sk + {S * j}u", "S_STRIDE")
-    # and its rows of P times V for its head columns sd.., both row-major
+    return scores
+
+
+def value_lines(mm: Products, db: int, kb: int, cols: int) -> list[str]:
+    """Its rows of P times V for its head columns sd.., both row-major."""
     values = [line for j in range(kb) for line in
               mm.load(f"pl_{j}", "left", "p_tile", f"sr * P_STRIDE + {S * j}u", "P_STRIDE", "row_major")]
     for d in range(db // cols):
@@ -168,6 +166,37 @@ def tensor_source(head_size: int, tile: TensorTile, emulate: bool = False, f16: 
                               "row_major")
             values += mm.multiply_add(f"pl_{j}", f"vr_{j}_{d}", f"om_{d}")
         values += mm.store(f"om_{d}", "stage", f"sr * S_STRIDE + sd + {S * d}u", "S_STRIDE")
+    return values
+
+
+def emulated_products(db: int, kb: int, cols: int) -> tuple[list[str], list[str]]:
+    """score_lines' and value_lines' products emulated, their matrices and inner steps as WGSL loops, not copies:
+    lavapipe compiled the copies for minutes."""
+    mm = Products(True)
+
+    def product(outer, inner, left, right, store):
+        lines = [f"        for (var o = 0u; o < {outer}u; o = o + 1u) {{"] + mm.zero("acc")
+        lines += [f"        for (var i = 0u; i < {inner}u; i = i + 1u) {{"]
+        lines += mm.load("l", "left", *left) + mm.load("r", "right", *right) + mm.multiply_add("l", "r", "acc")
+        return lines + ["        }"] + mm.store("acc", "stage", store, "S_STRIDE") + ["        }"]
+    scores = product(kb // cols, db, ("q_tile", "sr * T_STRIDE + 16u * i", "T_STRIDE", "row_major"),
+                     ("k_tile", "(sk + 16u * o) * T_STRIDE + 16u * i", "T_STRIDE", "col_major"),
+                     "sr * S_STRIDE + sk + 16u * o")
+    values = product(db // cols, kb, ("p_tile", "sr * P_STRIDE + 16u * i", "P_STRIDE", "row_major"),
+                     ("v_tile", "16u * i * T_STRIDE + sd + 16u * o", "T_STRIDE", "row_major"),
+                     "sr * S_STRIDE + sd + 16u * o")
+    return scores, values
+
+
+def tensor_source(head_size: int, tile: TensorTile, emulate: bool = False, f16: bool = True) -> str:
+    """attention_tensor.wgsl for one head size and tile; emulate: its products in plain WGSL, on f16 tiles or (no
+    f16) on f32 ones rounded to f16's precision."""
+    hp = padded(head_size)
+    db, kb = hp // S, tile.keys // S  # matrices along the head and along the step's keys
+    cols = tile.sg_cols
+    mm = Products(emulate)
+    scores, values = (emulated_products(db, kb, cols) if emulate else
+                      (score_lines(mm, db, kb, cols), value_lines(mm, db, kb, cols)))
     enables, fills = kernel_parts(emulate, f16)
     hp4 = hp // 4
     text = kernel_source("attention_tensor", {

@@ -84,22 +84,29 @@ def offset(stride: str, major: str, rows: str, cols: str) -> str:
 
 def product_lines(mm: Products, name: str, size: tuple, subgroups: int) -> list[str]:
     """One product: its output matrices dealt to the subgroups (matrix c to subgroup c % subgroups), each summed
-    over the inner size and stored to the stage."""
+    over the inner size and stored to the stage. Emulated, the matrices and inner steps are WGSL loops, not
+    copies: lavapipe compiled the copies for minutes."""
     m, n, k = size
     (ltile, lstride, lmajor), (rtile, rstride, rmajor), store = OPERANDS[name]
     lines = []
-    for t in range(m // S * (n // S) // subgroups):
-        r, c = f"{name}_r{t}", f"{name}_c{t}"
-        lines += [f"        let {r} = (sg + {subgroups * t}u) / {n // S}u * 16u;",
-                  f"        let {c} = (sg + {subgroups * t}u) % {n // S}u * 16u;"]
-        acc = f"{name}_acc{t}"
+    loops = mm.emulate
+    for t in range(1 if loops else m // S * (n // S) // subgroups):
+        r, c, acc = f"{name}_r{t}", f"{name}_c{t}", f"{name}_acc{t}"
+        which = f"sg + {subgroups}u * t" if loops else f"sg + {subgroups * t}u"  # the output matrix
+        if loops:
+            lines.append(f"        for (var t = 0u; t < {m // S * (n // S) // subgroups}u; t = t + 1u) {{")
+        lines += [f"        let {r} = ({which}) / {n // S}u * 16u;", f"        let {c} = ({which}) % {n // S}u * 16u;"]
         lines += mm.zero(acc)
-        for j in range(k // S):
-            left, right = f"{name}_l{t}_{j}", f"{name}_x{t}_{j}"
-            lines += mm.load(left, "left", ltile, offset(lstride, lmajor, r, f"{S * j}u"), lstride, lmajor)
-            lines += mm.load(right, "right", rtile, offset(rstride, rmajor, f"{S * j}u", c), rstride, rmajor)
+        if loops:
+            lines.append(f"        for (var j = 0u; j < {k // S}u; j = j + 1u) {{")
+        for j in range(1 if loops else k // S):
+            left, right, at = f"{name}_l{t}_{j}", f"{name}_x{t}_{j}", "16u * j" if loops else f"{S * j}u"
+            lines += mm.load(left, "left", ltile, offset(lstride, lmajor, r, at), lstride, lmajor)
+            lines += mm.load(right, "right", rtile, offset(rstride, rmajor, at, c), rstride, rmajor)
             lines += mm.multiply_add(left, right, acc)
+        lines += ["        }"] * loops
         lines += mm.store(acc, "stage", store.format(r=r, c=c), "S_STRIDE")
+        lines += ["        }"] * loops
     return lines
 
 
