@@ -2,8 +2,8 @@
 kernels, at GPT-2's attention shape (B 4, nh 12, T 1024, hs 64) and the big config's (B 8, nh 12, T 256, hs 64):
 each precision's error against the float64 NumPy reference, then GPU milliseconds (timestamps, dispatches back
 to back in one pass: Runtime.time_pass) and TFLOP/s of the forward and of the backward (on tensor cores too in
-"high", where a backward tile takes the head size; else float32). FLOPs count the causal half of the products: the forward's two
-4 B nh T^2 hs / 2, the backward's five (S again, dP, dV, dQ, dK) 2.5 times that. The GPU is kept busy first
+"high", where a backward tile takes the head size; else float32). FLOPs count the causal half of the products:
+the forward's two 4 B nh T^2 hs / 2, the backward's five (S again, dP, dV, dQ, dK) 2.5 times that. The GPU is kept busy first
 (an idle GPU clocks down). With tensor cores, the tensor-core forward is then timed with each tile of --tiles that
 fits (QUERIESxKEYSxTHREADS; attention_tensor.TENSOR_TILES' order comes from here).
 
