@@ -3,9 +3,11 @@ ops/attention_tensor_backward.py) against the float64 NumPy reference, every out
 the device has f16 subgroup matrices (an NVIDIA GPU on Dawn) the backend's attention runs on them, within f16's
 rounding (the float32 backward where no backward tile takes the head size); elsewhere (lavapipe) "high" attention
 runs the float32 kernels and these tests check that it does, bit for bit. Everywhere, the same kernels with their
-matrix products written out in plain WGSL (`emulate`) run with every tile that fits the adapter: their staging,
-range scales, softmax, masking and stores are the tensor-core kernels' own. Magnitudes far outside f16's range
-(6e-8 to 65504) check the range scales: without them the results overflow or lose their digits."""
+matrix products written out in plain WGSL (`emulate`) run every tile and every head size that fit the adapter
+(`emulation_runs`): their staging, range scales, softmax, masking and stores are the tensor-core kernels' own.
+Magnitudes far outside f16's range (6e-8 to 65504) check the range scales: without them the results overflow or
+lose their digits. The first-use check (ops/attention_tensor_check.py) runs on the emulated kernels, right and
+broken."""
 import numpy as np
 import pytest
 
