@@ -66,7 +66,7 @@ def main() -> None:
         print(f"batch {args.batch}: decode step {wall * 1e6:.0f} us wall, {cpu * 1e6:.0f} us CPU (median of "
               f"{args.times} x {STEPS}); {args.batch / wall:,.0f} tokens/s")
         return
-    from cpu_step_profile import wrap_ops
+    from cpu_step_profile import print_ops, wrap_ops
     totals, counts = collections.Counter(), collections.Counter()
     wrap_ops(totals, counts)
     round_ = decoder(args.batch)
@@ -80,11 +80,8 @@ def main() -> None:
     wall = round_(started=started)
     if profiler:
         profiler.disable()
-    us = 1e6 / STEPS
-    print(f"batch {args.batch}: {wall * us:.0f} us per decode step (timers on)")
-    for name, t in totals.most_common():
-        print(f"  {name:<28} {counts[name] / STEPS:5.1f} calls {t * us:8.1f} us")
-    print(f"  {'outside ops':<28} {'':11} {(wall - sum(totals.values())) * us:8.1f} us")
+    print(f"batch {args.batch}: {wall / STEPS * 1e6:.0f} us per decode step (timers on)")
+    print_ops(totals, counts, wall, STEPS, "us")
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 

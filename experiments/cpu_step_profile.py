@@ -46,6 +46,15 @@ def wrap_ops(totals, counts):
         setattr(NumpyBackend, name, functools.wraps(fn)(timed))
 
 
+def print_ops(totals, counts, seconds, runs, unit="ms"):
+    """wrap_ops' listing: each op's own time and calls per run (a step, a decode step), then the rest of the
+    `seconds` the runs took as "outside ops"."""
+    per = {"ms": 1e3, "us": 1e6}[unit] / runs
+    for name, t in totals.most_common():
+        print(f"  {name:<34} {t * per:8.2f} {unit}  {counts[name] / runs:5.1f} calls")
+    print(f"  {'outside ops':<34} {(seconds - sum(totals.values())) * per:8.2f} {unit}")
+
+
 def tinynn_step(config_path):
     from tinynn import bench, config, registry
     step, x = bench.lesson_step(registry.select("cpu"), config.load(config_path))
@@ -90,11 +99,9 @@ def main():
         step()
         if prof:
             prof.disable()
-    wall = (time.perf_counter() - t0) / args.steps * 1e3
-    print(f"{wall:.1f} ms per step (timers on)")
-    for name, seconds in totals.most_common():
-        print(f"  {name:<34} {seconds / args.steps * 1e3:8.2f} ms  {counts[name] / args.steps:5.0f} calls")
-    print(f"  {'outside ops':<34} {wall - sum(totals.values()) / args.steps * 1e3:8.2f} ms")
+    seconds = time.perf_counter() - t0
+    print(f"{seconds / args.steps * 1e3:.1f} ms per step (timers on)")
+    print_ops(totals, counts, seconds, args.steps)
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 

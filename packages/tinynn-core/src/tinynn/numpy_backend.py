@@ -152,7 +152,7 @@ class NumpyBackend(Backend):
             if activation is not None:
                 if keep:
                     formulas.rows(pre)[rows, cols] = tile
-                tile *= formulas.gelu_sigmoid(tile)  # GELU (the only activation), in place
+                formulas.gelu(tile, out=tile)  # the only activation, in place
             if res is not None:
                 tile += res[rows, cols]
         plain = bias is None and activation is None and residual is None

@@ -26,8 +26,9 @@ def gelu_sigmoid(x):
         return 1 / (1 + np.exp(-2 * GELU_C * (x + 0.044715 * x * x * x)))  # x*x*x: float power is ~20x slower
 
 
-def gelu(x):
-    return x * gelu_sigmoid(x)
+def gelu(x, out=None):
+    """GELU, into `out` where given (x itself: in place)."""
+    return np.multiply(x, gelu_sigmoid(x), out=out)
 
 
 def gelu_grad(x, g):
