@@ -4,8 +4,12 @@ each precision's error against the float64 NumPy reference, then GPU millisecond
 to back in one pass: Runtime.time_pass) and TFLOP/s of the forward and of the backward (on tensor cores too in
 "high", where a backward tile takes the head size; else float32). FLOPs count the causal half of the products:
 the forward's two 4 B nh T^2 hs / 2, the backward's five (S again, dP, dV, dQ, dK) 2.5 times that. The GPU is kept busy first
-(an idle GPU clocks down). With tensor cores, the tensor-core forward is then timed with each tile of --tiles that
-fits (QUERIESxKEYSxTHREADS; attention_tensor.TENSOR_TILES' order comes from here).
+(an idle GPU clocks down). In "high" the tensor-core kernels run as if chosen (ops/attention_choice.py); then,
+with autotuning on (the default on a GPU), the backend's own choice is made afresh, timing both paths each way
+(a "tuning kernels" line on stderr), and the row "chosen" says what it took, timed, and times it: it should
+match the faster of the "highest" and "high" rows, each way. With tensor cores, the tensor-core forward is then
+timed with each tile of --tiles that fits (QUERIESxKEYSxTHREADS; attention_tensor.TENSOR_TILES' order comes from
+here).
 
     TINYNN_WEBGPU=dawn python experiments/attention_tensor.py [--reps 20] [--shapes gpt2,big] [--tiles 64x32x128,...]
 """
@@ -15,6 +19,7 @@ import time
 import numpy as np
 
 from tinynn import backends, precision, registry
+from tinynn_gpu.ops.attention_choice import TENSOR, key
 from tinynn_gpu.ops.attention_tensor import TensorTile
 
 TILES = "64x32x128,32x32x128,64x16x128,32x32x64,32x16x64"
@@ -59,15 +64,21 @@ def main():
         g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head, scale)
         d_qkv, d_grad = gpu.from_numpy(qkv), gpu.from_numpy(grad)
         forward_flops = 2 * batch * n_head * seq * seq * hs
-        for name in ("highest", "high"):
-            precision.set_matmul_precision(name)
+        keys = [key(direction, qkv.shape, n_head) for direction in ("forward", "backward")]
+        for name in ("highest", "high", "chosen"):
+            precision.set_matmul_precision("highest" if name == "highest" else "high")
+            for k in keys:  # "high": the tensor-core kernels; "chosen": the choice made again, timed
+                gpu.mm.choices.pop(k, None)
+                if name == "high":
+                    gpu.mm.choices[k] = TENSOR
             y, lse = gpu.attention_forward(d_qkv, n_head, scale)
             g_qkv = gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
             errors = (rel_err(gpu.to_numpy(y), y_ref), float(np.abs(gpu.to_numpy(lse) - lse_ref).max()),
                       rel_err(gpu.to_numpy(g_qkv), g_ref))
             backward_tile = gpu.attention.tensor_backward.tile(qkv.shape, n_head)
             ran = f"tensor cores: forward tile {gpu.attention.tensor.tile(hs)}, backward tile {backward_tile}" \
-                if name == "high" and usable else "float32"
+                if name == "high" and usable else "float32" if not usable or name == "highest" else \
+                ", ".join(f"{k.split()[2]} {gpu.mm.choices.get(k)}{' timed' * (k in gpu.mm.timed)}" for k in keys)
             heat(gpu, args.heat)
             forward = gpu.rt.time_pass(lambda: gpu.attention_forward(d_qkv, n_head, scale), args.reps)
             backward = gpu.rt.time_pass(lambda: gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale),

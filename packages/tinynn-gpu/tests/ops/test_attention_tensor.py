@@ -2,9 +2,11 @@
 ops/attention_tensor_backward.py) against the float64 NumPy reference, every output poisoned (NaN) first. Where
 the device has f16 subgroup matrices (an NVIDIA GPU on Dawn) the backend's attention runs on them, within f16's
 rounding (the float32 backward where no backward tile takes the head size); elsewhere (lavapipe) "high" attention
-runs the float32 kernels and these tests check that it does, bit for bit. Everywhere, the same kernels with their
-matrix products written out in plain WGSL (`emulate`) run every tile and every head size that fit the adapter
-(`emulation_runs`): their staging, range scales, softmax, masking and stores are the tensor-core kernels' own.
+runs the float32 kernels and these tests check that it does, bit for bit. (Where both can run a shape, which
+one does is timed, test_attention_choice.py; here the tensor-core kernels are chosen.) Everywhere, the same kernels
+with their matrix products written out in plain WGSL (`emulate`) run every tile and every head size that fit the
+adapter (`emulation_runs`): their staging, range scales, softmax, masking and stores are the tensor-core kernels'
+own.
 Magnitudes far outside f16's range (6e-8 to 65504) check the range scales: without them the results overflow or
 lose their digits. The first-use check (ops/attention_tensor_check.py) runs on the emulated kernels, right and
 broken."""
@@ -14,6 +16,7 @@ import pytest
 from tinynn import backends, precision
 from tinynn.errors import TinynnNotice
 from tinynn_gpu.ops import attention_tensor, attention_tensor_backward
+from tinynn_gpu.ops.attention_choice import TENSOR, AttentionChoice, key
 from tinynn_gpu.ops.attention_tensor import TENSOR_TILES, TensorAttention, TensorTile, choose_tensor_tile
 from tinynn_gpu.ops.attention_tensor_backward import (BACKWARD_TENSOR_TILES, BackwardTensorTile, TensorBackward,
                                                       choose_backward_tensor_tile)
@@ -204,8 +207,15 @@ def test_emulated_backward(poisoned, tile, case):
                    f"emulated backward {tile}")
 
 
+def choose(gpu, monkeypatch, case, path=TENSOR):
+    """The case's choice of kernels in "high" (ops/attention_choice.py) made as if timed: `path`, both ways."""
+    batch, seq, n_head, head_size, _ = case
+    for direction in ("forward", "backward"):
+        monkeypatch.setitem(gpu.mm.choices, key(direction, (batch, seq, 3 * n_head * head_size), n_head), path)
+
+
 @pytest.mark.parametrize("case", CASES, ids=ids)
-def test_high_attention(high, case):
+def test_high_attention(high, monkeypatch, case):
     """With tensor cores, "high" runs the tensor-core forward (its shader compiled for the head size) within f16's
     rounding, and the tensor-core backward where a tile takes the head size (else the float32 one) over its y and
     logsumexp within a little more; without, "high" attention is the float32 kernels' exactly, and no tensor-core
@@ -215,6 +225,7 @@ def test_high_attention(high, case):
     qkv = make_qkv(*case)
     grad = np.random.default_rng(1).standard_normal((batch, seq, n_head * head_size)).astype(np.float32)
     scale = head_size ** -0.5
+    choose(gpu, monkeypatch, case)
     d_qkv = gpu.from_numpy(qkv)
     y, lse = gpu.attention_forward(d_qkv, n_head, scale)
     g_qkv = gpu.to_numpy(gpu.attention_backward(gpu.from_numpy(grad), d_qkv, y, lse, n_head, scale))
@@ -273,6 +284,7 @@ def emulated_high(high, monkeypatch):
     monkeypatch.setattr(gpu.attention, "tensor", TensorAttention(gpu.rt, emulate=True))
     monkeypatch.setattr(gpu.attention, "tensor_backward", TensorBackward(gpu.rt, emulate=True))
     monkeypatch.setattr(gpu.attention, "checked", None)
+    monkeypatch.setattr(gpu.attention, "choice", AttentionChoice(gpu.mm))
     return gpu
 
 
@@ -287,17 +299,19 @@ def run_attention(gpu, case):
     return [gpu.to_numpy(x) for x in (y, lse, g_qkv)], qkv
 
 
-def test_check_passes(emulated_high):
+def test_check_passes(emulated_high, monkeypatch):
     """Right kernels pass the first-use check, which runs each tile forward and backward, and then "high"
-    attention runs on them."""
+    attention runs on them where they are chosen."""
     gpu = emulated_high
     assert gpu.attention.tensor_cores() and gpu.attention.checked == (True, "")
     assert {tile for _, tile in gpu.attention.tensor.shaders} == set(SMALL_TILES[0])
     assert {tile for _, tile in gpu.attention.tensor_backward.shaders} == set(SMALL_TILES[1])
+    choose(gpu, monkeypatch, BASIC[64])
     (y, lse, _), qkv = run_attention(gpu, BASIC[64])
     assert (64, SMALL_TILES[0][0]) in gpu.attention.tensor.shaders
     check_forward(y, lse, qkv, 2, "emulated, checked")
-    assert gpu.describe()["attention"] == "f16 tensor cores in matmul precision 'high'"
+    assert gpu.describe()["attention"].endswith("forward B2 T17 nh2 hs64: tensor (untimed); "
+                                                "backward B2 T17 nh2 hs64: tensor (untimed)")
 
 
 def no_forward(*args):

@@ -4,9 +4,10 @@ templates filled in and unrolled per head size.
 The forward is attention_tiled.py's (attention_tiled.wgsl, a register-blocked matmul-like kernel), with the
 first tile of TILES whose workgroup memory fits the device; where none fits, attention.wgsl's per-row forward
 runs. TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward. In matmul precision "high" on a
-device with tensor cores, attention_tensor.py's forward and attention_tensor_backward.py's backward run instead,
-where a tile of theirs fits, once they have answered a test case right on this device (attention_tensor_check.py;
-else the float32 kernels run, with one notice, and `tinynn info` says why).
+device with tensor cores, attention_tensor.py's forward and attention_tensor_backward.py's backward may run
+instead, where a tile of theirs fits, once they have answered a test case right on this device
+(attention_tensor_check.py; else the float32 kernels run, with one notice, and `tinynn info` says why): per shape,
+where they were timed faster than the float32 kernels (attention_choice.py; untimed, float32 runs).
 
 The backward is attention_backward_tiled.py's (dK, dV and dQ's per-key-block slices, then dQ as the slices' sum)
 with the first tile of BACKWARD_TILES that fits the head size and the device; where none does (head sizes 16 and
@@ -26,6 +27,7 @@ import warnings
 
 from tinynn.errors import TinynnError, TinynnNotice
 from tinynn_gpu.ops.attention_backward_tiled import BACKWARD_TILE, backward_tiled_source, choose_backward_tile
+from tinynn_gpu.ops.attention_choice import TENSOR, AttentionChoice
 from tinynn_gpu.ops.attention_tensor import TensorAttention
 from tinynn_gpu.ops.attention_tensor_check import check
 from tinynn_gpu.ops.attention_tensor_backward import TensorBackward
@@ -103,7 +105,7 @@ def source(head_size: int, rows: int, splits: int, lanes: int) -> str:
 class Attention:
     """Compiles a kernel module per (head size, layout) on first use and records the dispatches."""
 
-    def __init__(self, runtime):
+    def __init__(self, runtime, selector):
         self.rt = runtime
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
         self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
@@ -111,6 +113,7 @@ class Attention:
         self.tensor = TensorAttention(runtime)
         self.tensor_backward = TensorBackward(runtime)
         self.checked = None  # (usable, why not): the tensor-core kernels' test case, run at their first use
+        self.choice = AttentionChoice(selector)  # per shape, whether they run (where usable): timed by the selector
 
     def tensor_cores(self) -> bool:
         """Whether the tensor-core kernels answered their test case right here (run once, when "high" first asks
@@ -125,9 +128,10 @@ class Attention:
     def describe(self) -> str:
         """What "high" attention runs on, for `tinynn info`."""
         if self.checked is None:
-            return "float32; in matmul precision 'high', f16 tensor cores where they pass a check at first use"
+            return "float32; in matmul precision 'high', f16 tensor cores where they pass a check at first use " \
+                   "and are timed faster, per shape"
         usable, why = self.checked
-        return "f16 tensor cores in matmul precision 'high'" if usable else f"float32 in every precision: {why}"
+        return self.choice.describe() if usable else f"float32 in every precision: {why}"
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -153,10 +157,16 @@ class Attention:
         return found
 
     def forward(self, qkv, y, lse, n_head: int, scale: float, high: bool = False) -> None:
-        """high: the matmul precision is "high" and the device has tensor cores."""
+        """high: the matmul precision is "high" and the tensor-core kernels passed their check here; they run
+        where a tile of theirs takes the head size and this shape's choice is theirs (attention_choice.py)."""
+        args = (qkv, y, lse, n_head, scale)
+        if high and self.tensor.tile(qkv.shape[2] // 3 // n_head) is not None and \
+                self.choice("forward", qkv.shape, n_head, args, self.tensor.forward, self._forward_float32) == TENSOR:
+            return self.tensor.forward(*args)
+        self._forward_float32(*args)
+
+    def _forward_float32(self, qkv, y, lse, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
-        if high and self.tensor.tile(c3 // 3 // n_head) is not None:
-            return self.tensor.forward(qkv, y, lse, n_head, scale)
         shader, tile = self._tiled_shader(c3 // 3 // n_head)
         shader, rows = self._shader(c3 // 3 // n_head) if shader is None else (shader, tile.rows)
         rt, key = self.rt, ("attention_forward", shader, batch, seq, n_head, scale)
@@ -180,10 +190,14 @@ class Attention:
         """g_qkv from g, through a scratch array allocated before any dispatch (too large: TooLarge, and nothing
         recorded). Tiled: dK, dV and dQ's slices, then dQ. Per row: the dQ kernel saves delta = rowsum(g * y) in
         the scratch for the dK/dV kernel. high: as `forward`'s (attention_tensor_backward.py)."""
+        args = (g, qkv, y, lse, g_qkv, n_head, scale)
+        if high and self.tensor_backward.tile(qkv.shape, n_head) is not None and self.choice(
+                "backward", qkv.shape, n_head, args, self.tensor_backward.backward, self._backward_float32) == TENSOR:
+            return self.tensor_backward.backward(*args)
+        self._backward_float32(*args)
+
+    def _backward_float32(self, g, qkv, y, lse, g_qkv, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
-        tile = self.tensor_backward.tile(qkv.shape, n_head) if high else None
-        if tile is not None:
-            return self.tensor_backward.backward(g, qkv, y, lse, g_qkv, n_head, scale, tile)
         head_size = c3 // 3 // n_head
         params = {"seq": seq, "n_head": n_head, "scale": scale}
         shader, tile = self._backward_plan(qkv.shape, n_head)
