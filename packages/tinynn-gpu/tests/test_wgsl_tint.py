@@ -16,7 +16,8 @@ from tinynn_gpu.matmul import blocked as matmul_blocked
 from tinynn_gpu.matmul import tensor
 from tinynn_gpu.matmul.configs import BLOCK_CONFIGS, LESSON_TILES, TENSOR_CONFIGS, BlockConfig
 from tinynn_gpu.matmul.lesson import lesson_source
-from tinynn_gpu.ops import attention, attention_backward_tiled, attention_tiled, group_sum, multi_tensor
+from tinynn_gpu.ops import (attention, attention_backward_tiled, attention_tensor, attention_tensor_backward,
+                            attention_tiled, group_sum, multi_tensor)
 from tinynn_gpu.ops import pack as packing
 from tinynn_gpu.runtime.context import KERNEL_FILES
 from tinynn_gpu.runtime.webgpu import Dawn
@@ -92,6 +93,28 @@ def every_kernel():
                 for hs in (32, 64, 128) for tile in backward.BACKWARD_TILES + (backward.BackwardTile(32, 16, 2),
                                                                                backward.BackwardTile(16, 8, 1))
                 if not tile.check(hs, 1 << 20))
+    # the tensor-core attention forward at head sizes padded to whole matrices and not, each tile that splits them,
+    # on subgroup matrices (workgroups of 128: Dawn asks for a multiple of the largest subgroup, the Null device's
+    # 128) and with its products written out (f16 tiles, or f32 ones rounded to f16) on the smaller tiles too
+    tensor_tiles = attention_tensor.TENSOR_TILES + (attention_tensor.TensorTile(32, 32, 64),
+                                                    attention_tensor.TensorTile(16, 16, 32))
+    for hs in (16, 20, 48, 64, 128):
+        for tile in (t for t in tensor_tiles if not t.check(hs, 1 << 20)):
+            if tile.threads == 128:
+                yield f"attention tensor hs{hs} {tile}", attention_tensor.tensor_source(hs, tile)
+            for f16 in (True, False):
+                yield (f"attention tensor hs{hs} {tile} emulated f16={f16}",
+                       attention_tensor.tensor_source(hs, tile, emulate=True, f16=f16))
+    tensor_backward = attention_tensor_backward
+    backward_tiles = tensor_backward.BACKWARD_TENSOR_TILES + (tensor_backward.BackwardTensorTile(16, 32, 64),
+                                                              tensor_backward.BackwardTensorTile(16, 16, 32))
+    for hs in (20, 64, 128):
+        for tile in (t for t in backward_tiles if not t.check(hs, 1 << 20)):
+            if tile.threads == 128:
+                yield f"attention tensor backward hs{hs} {tile}", tensor_backward.backward_tensor_source(hs, tile)
+            for f16 in (True, False):
+                yield (f"attention tensor backward hs{hs} {tile} emulated f16={f16}",
+                       tensor_backward.backward_tensor_source(hs, tile, emulate=True, f16=f16))
 
 
 def test_every_kernel_compiles_on_tint(tint):

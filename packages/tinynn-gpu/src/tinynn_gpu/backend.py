@@ -50,7 +50,7 @@ class WgpuBackend(Backend):
         self.is_software = ctx.is_software
         self.mm = MatmulSelector(self.rt)
         self.multi = MultiTensor(self.rt)
-        self.attention = Attention(self.rt)
+        self.attention = Attention(self.rt, self.mm)
         self.packing = Packing(self.rt)
         self._constants = {}
         self._empty = self.rt.pool.empty  # an uninitialised array (shape, dtype=float32): ~2 per eager dispatch
@@ -66,7 +66,8 @@ class WgpuBackend(Backend):
         return self.rt.counters
 
     def describe(self) -> dict:
-        return {**super().describe(), **self.ctx.describe(), **self.rt.describe(), "matmul": self.mm.describe()}
+        return {**super().describe(), **self.ctx.describe(), **self.rt.describe(), "matmul": self.mm.describe(),
+                "attention": self.attention.describe()}
 
     def matmul_precision(self):
         usable, why = self.mm.tensor_cores()
@@ -126,14 +127,15 @@ class WgpuBackend(Backend):
             self.rt.write(dst, np.asarray(src))
 
     def capture(self, fn, key=None, copy_result=True):
-        self.mm.defer = True  # a training loop: matmul tuning waits for the moments between its steps
+        self.mm.defer = True  # a training loop: tuning (matmuls', attention's) waits for the moments between steps
         return CapturedStep(self, fn, self._between_steps(key), copy_result)
 
     def _between_steps(self, key):
         """The step's guard key, the matmul choices' generation and the matmul precision (every capture's, keyed or
         not: a generator's recorded steps too). CapturedStep asks for it at the start of every call, the moment
-        between two steps: deferred matmul tuning runs a bounded piece there, and once its tuned choices are in,
-        the plans made before go and the step is recorded again with them (matmul/selection.py)."""
+        between two steps: deferred tuning runs a bounded piece there, and once its tuned choices are in, the plans
+        made before go and the step is recorded again with them (matmul/selection.py; attention asks for its
+        choice at every call, ops/attention_choice.py)."""
         mm = self.mm
 
         def guard():
@@ -144,7 +146,8 @@ class WgpuBackend(Backend):
 
     @property
     def tuning_pending(self) -> int:
-        """Matmul shapes still to tune between steps: a benchmark times steps once this is 0."""
+        """Shapes (matmuls', "high" attention's) still to tune between steps: a benchmark times steps once this is
+        0."""
         return len(self.mm.pending)
 
     def _for_backward(self, shape: tuple, for_backward: bool, slot: int = 0):

@@ -68,9 +68,9 @@ def test_the_first_step_runs_before_tuning_and_the_tuned_kernels_run_after(gpu, 
     while mm.pending and len(losses) < 300:
         losses.append(run())
         if len(losses) == 2:
-            assert "tuning matmul kernels" in capsys.readouterr().err  # whenever it runs, a line says so
+            assert "tuning kernels" in capsys.readouterr().err  # whenever it runs, a line says so
     assert not mm.pending and mm.generation == 1
-    assert "matmul shape(s)" in capsys.readouterr().err
+    assert "shape(s) in" in capsys.readouterr().err
     tuned_at = len(losses)
     # one piece a step: each candidate's first run (its compile), then the timing of them all, shape after shape
     assert tuned_at - 1 == sum(len(names) + 1 for names in timed)
@@ -98,7 +98,7 @@ def test_tuning_outside_a_training_loop_says_so(gpu, setting, tmp_path, monkeypa
     a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 33)).astype(np.float32)
     got = gpu.to_numpy(gpu.matmul(gpu.from_numpy(a), gpu.from_numpy(b)))
     np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
-    assert "tuning matmul kernels" in capsys.readouterr().err
+    assert "tuning kernels" in capsys.readouterr().err
     assert not mm.pending and len(mm.choices) == 1
 
 

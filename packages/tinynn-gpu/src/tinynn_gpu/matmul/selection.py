@@ -20,7 +20,8 @@ seen first runs its default variant, and its tuning waits for the moments betwee
 the captured step's guard key calls), `tune_seconds_per_step` at a time, on arrays of its own. When every
 pending shape is tuned, `generation` goes up: the backend plans its matmuls again and the step is recorded again
 with the tuned kernels. Outside a training loop (a matmul benchmark) the first matmul of a shape is tuned at
-once. Either way a line on stderr says that tuning runs.
+once. Either way a line on stderr says that tuning runs. Attention in "high" chooses between its tensor-core and
+float32 kernels through the same machinery (`choose`; ops/attention_choice.py).
 
 Two independent matmuls (a linear layer's input and weight gradients) can also run as one dispatch
 (`plan_pair`, paired.py): tuning times every block configuration with a split count each against the two
@@ -112,6 +113,7 @@ class MatmulSelector:
         self.cache_key, self.cache_path = self.cache.key, self.cache.path
         if self.autotune:
             self.choices.update(self.cache.choices())
+        self.timed = set(self.choices)  # the keys whose choice was timed, here or by an earlier process
         self.forced = now.matmul  # one variant for every shape, e.g. "lesson8"
         if self.forced and self.forced not in self.variants:
             raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
@@ -255,17 +257,26 @@ class MatmulSelector:
             high = not self.forced and self.high() and TensorConfig.uses_vec4(m, n, k, transpose_a, transpose_b)
             if high:  # tuned among the tensor-core and the float32 kernels alike, under a key of its own
                 key = f"high {key}"
-            name = self.forced or self.choices.get(key)
-            if name not in self.variants:
-                worth_tuning = batch * m * n * k >= self.tune_min_macs
-                name = self.default_tensor_variant(batch, m, n, k) if high else self.default_variant(batch, m, n, k)
-                if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:  # (the profiler)
-                    names = self.tensor_candidates + self.candidates if high else None
-                    name = self._tune(key, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b),
-                                      lambda args: self._variant_runs(args, names), name)
-                self.choices[key] = name
+            default = self.default_tensor_variant(batch, m, n, k) if high else self.default_variant(batch, m, n, k)
+            names = self.tensor_candidates + self.candidates if high else None
+            name = self.forced or self.choose(
+                key, self.variants, default, (a, b, out, batch, m, n, k, transpose_a, transpose_b, shared_b),
+                lambda args: self._variant_runs(args, names), batch * m * n * k >= self.tune_min_macs)
             variant = self.variant(name)
         return variant.plan(batch, m, n, k, transpose_a, transpose_b, shared_b, epilogue), variant.describe()
+
+    def choose(self, key: str, names, default: str, args: tuple, runs_of, worth_tuning: bool) -> str:
+        """key's choice among `names`: the one kept (tuned before, or this cache file's); else `default`, tuned
+        first where worth it and autotuning is on (`_tune`: now, or between a training loop's steps, timing the
+        functions runs_of(args) returns by name). Kernels other than the matmuls' (ops/attention_choice.py)
+        choose through it too, under keys of their own."""
+        name = self.choices.get(key)
+        if name not in names:
+            name = default
+            if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:  # (the profiler)
+                name = self._tune(key, args, runs_of, default)
+            self.choices[key] = name
+        return name
 
     def time_variants(self, args, names=None, reps=8, rounds=2) -> dict[str, float]:
         """Milliseconds per call of each variant on these operands (`reps` calls back to back in one timed
@@ -329,8 +340,9 @@ class MatmulSelector:
                 self.tuning_since = time.perf_counter()
             self.pending[key] = (runs_of, _like(args))
             return default
-        progress(f"tuning matmul kernels for {self.rt.ctx.name}, {key} (kept in {self.cache_path})")
+        progress(f"tuning kernels for {self.rt.ctx.name}, {key} (kept in {self.cache_path})")
         times = run_through(self._timing(runs_of(args), 8, 2))
+        self.timed.add(key)
         return self.cache.keep(key, min(times, key=times.get))
 
     def tune_pending(self, seconds: float | None = None) -> bool:
@@ -341,7 +353,7 @@ class MatmulSelector:
         while self.pending:
             key, (runs_of, like) = next(iter(self.pending.items()))
             if self.running is None:
-                progress(f"tuning matmul kernels for {self.rt.ctx.name} between training steps, shape "
+                progress(f"tuning kernels for {self.rt.ctx.name} between training steps, shape "
                          f"{self.tuned + 1} of {self.tuned + len(self.pending)} (kept in {self.cache_path})")
                 self.running = self._timing(runs_of(_arrays(self.rt, like)), 8, 2)
             times = None
@@ -356,6 +368,7 @@ class MatmulSelector:
             if times is not None:
                 del self.pending[key]
                 self.running, self.tuned = None, self.tuned + 1
+                self.timed.add(key)
                 name = self.cache.keep(key, min(times, key=times.get))
                 self.changed |= name != self.choices.get(key)
                 self.choices[key] = name
@@ -363,7 +376,7 @@ class MatmulSelector:
                 break
         if self.pending or not self.tuned:
             return False
-        progress(f"tuned {self.tuned} matmul shape(s) in {time.perf_counter() - self.tuning_since:.0f} s"
+        progress(f"tuned {self.tuned} shape(s) in {time.perf_counter() - self.tuning_since:.0f} s"
                  + (": the step is recorded again with them" if self.changed else ""))
         changed, self.changed, self.tuned = self.changed, False, 0
         self.generation += changed

@@ -1,7 +1,8 @@
 """The autotune's choices kept between processes: one JSON file (`TINYNN_CACHE_DIR`, default ~/.cache/tinynn)
 holding, for each adapter key (adapter, graphics backend, wgpu version, runtime checks: what changes which kernel
-is fastest), a variant name per shape key (selection.py's). A choice is written as soon as it is found, so a run
-cut short keeps what it tuned. A missing, unreadable or older file is an empty cache: tuning runs again.
+is fastest), a variant name per shape key (selection.py's; ops/attention_choice.py's "high attention ..." keys).
+A choice is written as soon as it is found, so a run cut short keeps what it tuned. A missing, unreadable or
+older file is an empty cache: tuning runs again.
 """
 from __future__ import annotations
 

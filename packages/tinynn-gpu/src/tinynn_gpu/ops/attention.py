@@ -3,7 +3,11 @@ templates filled in and unrolled per head size.
 
 The forward is attention_tiled.py's (attention_tiled.wgsl, a register-blocked matmul-like kernel), with the
 first tile of TILES whose workgroup memory fits the device; where none fits, attention.wgsl's per-row forward
-runs. TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward.
+runs. TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward. In matmul precision "high" on a
+device with tensor cores, attention_tensor.py's forward and attention_tensor_backward.py's backward may run
+instead, where a tile of theirs fits, once they have answered a test case right on this device
+(attention_tensor_check.py; else the float32 kernels run, with one notice, and `tinynn info` says why): per shape,
+where they were timed faster than the float32 kernels (attention_choice.py; untimed, float32 runs).
 
 The backward is attention_backward_tiled.py's (dK, dV and dQ's per-key-block slices, then dQ as the slices' sum)
 with the first tile of BACKWARD_TILES that fits the head size and the device; where none does (head sizes 16 and
@@ -19,8 +23,14 @@ ROWSxSPLITS forces one (experiments/attention_tiles.py times them all, and every
 """
 from __future__ import annotations
 
-from tinynn.errors import TinynnError
+import warnings
+
+from tinynn.errors import TinynnError, TinynnNotice
 from tinynn_gpu.ops.attention_backward_tiled import BACKWARD_TILE, backward_tiled_source, choose_backward_tile
+from tinynn_gpu.ops.attention_choice import TENSOR, AttentionChoice
+from tinynn_gpu.ops.attention_tensor import TensorAttention
+from tinynn_gpu.ops.attention_tensor_check import check
+from tinynn_gpu.ops.attention_tensor_backward import TensorBackward
 from tinynn_gpu.ops.attention_tiled import FORWARD_TILE, THREADS, choose_tile, tiled_source
 from tinynn_gpu.runtime import settings
 from tinynn_gpu.runtime.arrays import OnCpu, bindable
@@ -95,11 +105,33 @@ def source(head_size: int, rows: int, splits: int, lanes: int) -> str:
 class Attention:
     """Compiles a kernel module per (head size, layout) on first use and records the dispatches."""
 
-    def __init__(self, runtime):
+    def __init__(self, runtime, selector):
         self.rt = runtime
         self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
         self.shaders = {}  # (head size, rows, splits, lanes) -> Shader
         self.tiled_shaders = {}  # (variable, head size, its setting) -> `_tiled_shader`'s answer
+        self.tensor = TensorAttention(runtime)
+        self.tensor_backward = TensorBackward(runtime)
+        self.checked = None  # (usable, why not): the tensor-core kernels' test case, run at their first use
+        self.choice = AttentionChoice(selector)  # per shape, whether they run (where usable): timed by the selector
+
+    def tensor_cores(self) -> bool:
+        """Whether the tensor-core kernels answered their test case right here (run once, when "high" first asks
+        for them on a device with tensor cores); the first time not, a notice says why."""
+        if self.checked is None:
+            why = check(self.tensor, self.tensor_backward)
+            self.checked = (not why, why)
+            if why:
+                warnings.warn(f"attention in matmul precision 'high' runs in float32: {why}", TinynnNotice)
+        return self.checked[0]
+
+    def describe(self) -> str:
+        """What "high" attention runs on, for `tinynn info`."""
+        if self.checked is None:
+            return "float32; in matmul precision 'high', f16 tensor cores where they pass a check at first use " \
+                   "and are timed faster, per shape"
+        usable, why = self.checked
+        return self.choice.describe() if usable else f"float32 in every precision: {why}"
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -124,7 +156,16 @@ class Attention:
                 (self.rt.shader(source(head_size, tile), label), tile)
         return found
 
-    def forward(self, qkv, y, lse, n_head: int, scale: float) -> None:
+    def forward(self, qkv, y, lse, n_head: int, scale: float, high: bool = False) -> None:
+        """high: the matmul precision is "high" and the tensor-core kernels passed their check here; they run
+        where a tile of theirs takes the head size and this shape's choice is theirs (attention_choice.py)."""
+        args = (qkv, y, lse, n_head, scale)
+        if high and self.tensor.tile(qkv.shape[2] // 3 // n_head) is not None and \
+                self.choice("forward", qkv.shape, n_head, args, self.tensor.forward, self._forward_float32) == TENSOR:
+            return self.tensor.forward(*args)
+        self._forward_float32(*args)
+
+    def _forward_float32(self, qkv, y, lse, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
         shader, tile = self._tiled_shader(c3 // 3 // n_head)
         shader, rows = self._shader(c3 // 3 // n_head) if shader is None else (shader, tile.rows)
@@ -145,10 +186,17 @@ class Attention:
             return None, None
         return shader, tile
 
-    def backward(self, g, qkv, y, lse, g_qkv, n_head: int, scale: float) -> None:
+    def backward(self, g, qkv, y, lse, g_qkv, n_head: int, scale: float, high: bool = False) -> None:
         """g_qkv from g, through a scratch array allocated before any dispatch (too large: TooLarge, and nothing
         recorded). Tiled: dK, dV and dQ's slices, then dQ. Per row: the dQ kernel saves delta = rowsum(g * y) in
-        the scratch for the dK/dV kernel."""
+        the scratch for the dK/dV kernel. high: as `forward`'s (attention_tensor_backward.py)."""
+        args = (g, qkv, y, lse, g_qkv, n_head, scale)
+        if high and self.tensor_backward.tile(qkv.shape, n_head) is not None and self.choice(
+                "backward", qkv.shape, n_head, args, self.tensor_backward.backward, self._backward_float32) == TENSOR:
+            return self.tensor_backward.backward(*args)
+        self._backward_float32(*args)
+
+    def _backward_float32(self, g, qkv, y, lse, g_qkv, n_head: int, scale: float) -> None:
         batch, seq, c3 = qkv.shape
         head_size = c3 // 3 // n_head
         params = {"seq": seq, "n_head": n_head, "scale": scale}
@@ -177,7 +225,7 @@ def attention_forward(self, qkv, n_head, scale, for_backward=True):
     operand = bindable(qkv)
     y = self._empty((batch, seq, c3 // 3))
     lse = self._empty((batch, n_head, seq)) if for_backward else self.rt.scratch(0, batch * n_head * seq)
-    self.attention.forward(operand, y, lse, n_head, scale)
+    self.attention.forward(operand, y, lse, n_head, scale, high=self.mm.high() and self.attention.tensor_cores())
     return y, (lse if for_backward else None)
 
 
@@ -186,5 +234,6 @@ def attention_backward(self, g, qkv, y, lse, n_head, scale):
     if why:
         raise OnCpu(why)
     g_qkv = self._empty(qkv.shape)
-    self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), g_qkv, n_head, scale)
+    self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), g_qkv, n_head, scale,
+                            high=self.mm.high() and self.attention.tensor_cores())
     return g_qkv
