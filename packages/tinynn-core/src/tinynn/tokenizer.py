@@ -173,6 +173,11 @@ class BPETokenizer:
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
             raise TinynnError(f"{source} is not a tokenizer.json that tokenizers reads "
                               f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        vocab = tokenizer.get_vocab(with_added_tokens=False)
+        missing = [b for b, ch in _bytes_to_unicode().items() if ch not in vocab]
+        if missing:  # tokenizers drops a byte it has no token for, silently: the text would lose characters
+            raise TinynnError(f"{source} lacks {len(missing)} of the 256 byte tokens (byte {missing[0]} first): "
+                              "byte-level BPE must be able to encode any text")
         return cls(tokenizer, source)
 
     @property
