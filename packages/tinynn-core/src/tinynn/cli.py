@@ -72,6 +72,7 @@ def cmd_generate(args):
         vocab_size = checkpoint.vocab_size(saved) or tokenizer.vocab_size
         model = GPT(cfg.model_config(vocab_size))  # a fine-tuned GPT-2's may exceed its tokenizer's
         model.load_state_dict(saved["model"])
+    model = generate.for_tokenizer(model, tokenizer.vocab_size, args.checkpoint)
     start_id = getattr(tokenizer, "eot_id", None) or 0  # no prompt: BPE starts a document, char its first character
     prompt = tokenizer.encode(args.prompt) if args.prompt else np.array([start_id], dtype=np.int64)
     prompts = np.repeat(prompt[None, :], args.num_samples, axis=0)  # (N, T): the samples decode as one batch

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from tinynn import checkpoint, distributed, hf, memory, precision, registry, rng
+from tinynn import checkpoint, distributed, generate, hf, memory, precision, registry, rng
 from tinynn import tokenizer as tokenizers
 from tinynn.config import TrainConfig, to_dict
 from tinynn.data import Batches, training_data
@@ -119,7 +119,8 @@ def _train(cfg: TrainConfig, device, resume: bool, overwrite: bool, progress: bo
     if not world.is_root:  # rank 0 alone samples and plots
         return TrainResult(model, tokenizer, history, "", ckpt_path)
     try:
-        tokens = model.stream(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
+        sampler = generate.for_tokenizer(model, tokenizer.vocab_size, "the sample")
+        tokens = sampler.stream(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
         drawn = list(tqdm(tokens, total=cfg.sample_tokens, desc="sample", unit="token", leave=False,
                           disable=not progress, dynamic_ncols=True))  # minutes on a software adapter
         out = np.concatenate([prompt[None, :], *(t[:, None] for t in drawn)], axis=1)
