@@ -106,10 +106,11 @@ class TokenFolder:
                     raise TinynnError(f"{meta}: {key!r} is missing or not {kind.__name__}")
             if raw["dtype"] not in DTYPES:
                 raise TinynnError(f"{meta}: dtype must be uint16 or uint32, got {raw['dtype']!r}")
-            spec = dict(raw["tokenizer"])
+            spec, source = dict(raw["tokenizer"]), str(meta)
             if spec.get("type") == "bpe" and isinstance(spec.get("file"), str):  # written beside the meta
+                source = str(self.path / spec["file"])  # a fault is that file's
                 spec = {"type": "bpe", "json": self._read(self.path / spec["file"])}
-            tok = tokenizers.from_spec(spec, str(meta))
+            tok = tokenizers.from_spec(spec, source)
             return tok, DTYPES[raw["dtype"]], raw
         if pkl.is_file():
             return _nanogpt_char_meta(pkl), np.uint16, {}
