@@ -157,6 +157,8 @@ def test_bad_input_is_one_line_exit_2(case, workdir, capsys):
     assert captured.err.startswith("tinynn: error: ") and captured.err.count("\n") == 1, captured.err
     assert "Traceback" not in captured.err
     assert (ckpt.read_bytes() if ckpt.exists() else None) == before
+    if case == "unknown_char":  # the flag and the checkpoint whose tokenizer lacks them
+        assert captured.err.startswith("tinynn: error: --prompt: ") and str(ckpt) in captured.err, captured.err
 
 
 def test_info_json(workdir, capsys):

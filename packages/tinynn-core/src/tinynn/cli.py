@@ -74,7 +74,10 @@ def cmd_generate(args):
         model.load_state_dict(saved["model"])
     model = generate.for_tokenizer(model, tokenizer.vocab_size, args.checkpoint)
     start_id = getattr(tokenizer, "eot_id", None) or 0  # no prompt: BPE starts a document, char its first character
-    prompt = tokenizer.encode(args.prompt) if args.prompt else np.array([start_id], dtype=np.int64)
+    try:
+        prompt = tokenizer.encode(args.prompt) if args.prompt else np.array([start_id], dtype=np.int64)
+    except TinynnError as e:
+        raise TinynnError(f"--prompt: {e} (the tokenizer of {args.checkpoint})") from None
     prompts = np.repeat(prompt[None, :], args.num_samples, axis=0)  # (N, T): the samples decode as one batch
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed,
                 "use_cache": not args.no_cache}
