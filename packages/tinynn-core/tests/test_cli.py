@@ -161,6 +161,19 @@ def test_bad_input_is_one_line_exit_2(case, workdir, capsys):
         assert captured.err.startswith("tinynn: error: --prompt: ") and str(ckpt) in captured.err, captured.err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--config", "folder"], "config file folder is a folder, not a file"),
+    (["train", "--config", "d.json"], "data file folder is a folder with no train.bin: not a token folder"),
+    (["generate", "--checkpoint", "folder"], "checkpoint folder is a folder with no config.json: neither"),
+])
+def test_a_folder_where_a_file_belongs_is_called_one(argv, message, workdir, capsys):
+    """An error saying "not found" sent the user looking for a path that is there."""
+    (workdir / "folder").mkdir()
+    write_config(workdir / "d.json", data="folder")
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"tinynn: error: {message}")
+
+
 def test_info_json(workdir, capsys):
     assert main(["info", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -26,7 +26,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as serialize
 
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, not_found
 
 FORMAT = "tinynn-checkpoint-1"
 CHECKSUM = "sha256"  # the metadata entry of the checksum; a checkpoint written before it has none, and loads
@@ -95,7 +95,8 @@ def load(path) -> dict:
     """The checkpoint's parts; a missing, corrupt or foreign file is a TinynnError naming it."""
     path = Path(path)
     if not path.is_file():
-        raise TinynnError(f"checkpoint not found: {path}")
+        raise not_found("checkpoint", path, "a folder with no config.json: neither a checkpoint file nor a Hugging "
+                                            "Face GPT-2 folder")
     if not os.access(path, os.R_OK):
         raise TinynnError(f"checkpoint {path} is not readable (permission denied)")
     try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinynn import precision
-from tinynn.errors import TinynnError, TinynnNotice
+from tinynn.errors import TinynnError, TinynnNotice, not_found
 from tinynn.model import Architecture, GPTConfig
 
 
@@ -190,7 +190,7 @@ def load(path: str | Path, overrides: dict | None = None) -> TrainConfig:
     """The config in a JSON file, with command-line overrides applied (see `from_dict`)."""
     path = Path(path)
     if not path.is_file():
-        raise TinynnError(f"config file not found: {path}")
+        raise not_found("config file", path)
     try:  # utf-8-sig: a byte-order mark some editors write is not JSON
         raw = json.loads(path.read_text(encoding="utf-8-sig"), object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:

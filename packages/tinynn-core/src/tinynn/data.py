@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tinynn import tokenizer as tokenizers
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, not_found
 from tinynn.tokenizer import BPETokenizer, CharTokenizer, describe, from_json_file, pieces
 
 META = "meta.json"
@@ -58,7 +58,8 @@ def load_text(path: str | None) -> str:
     else:
         p = Path(path)
         if not p.is_file():
-            raise TinynnError(f"data file not found: {path}")
+            raise not_found("data file", path, "a folder with no train.bin: not a token folder (tinynn prepare "
+                                               "writes one)")
         try:
             text = p.read_text(encoding="utf-8-sig")  # a byte-order mark some editors write is not text
         except UnicodeDecodeError as e:
@@ -119,7 +120,7 @@ class TokenFolder:
     @staticmethod
     def _read(path: Path) -> str:
         if not path.is_file():
-            raise TinynnError(f"tokenizer file not found: {path}")
+            raise not_found("tokenizer file", path)
         return path.read_text(encoding="utf-8")
 
     def _map(self, name: str, expected: int | None) -> np.ndarray:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, not_found
 
 EOT = "<|endoftext|>"  # GPT-2's end-of-text token, kept as a special token by trained BPEs too
 MIN_BPE_VOCAB = 257  # the 256 byte tokens and EOT
@@ -305,7 +305,7 @@ def from_json(text: str, source: str):
 def from_json_file(path):
     path = Path(path)
     if not path.is_file():
-        raise TinynnError(f"tokenizer file not found: {path}")
+        raise not_found("tokenizer file", path)
     try:
         return from_json(path.read_text(encoding="utf-8"), str(path))
     except UnicodeDecodeError:
