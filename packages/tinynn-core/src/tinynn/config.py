@@ -101,6 +101,9 @@ class TrainConfig(Architecture):
                                     f"{self.matmul_precision!r}")
         if not self.out_dir.strip():
             bad("out_dir", "must not be empty")
+        for key in ("data", "init_from", "loss_plot"):  # "" would read as the current folder, or as null
+            if getattr(self, key) is not None and not getattr(self, key).strip():
+                bad(key, "must be a path or null, got an empty string")
         if self.tokenizer is not None and self.tokenizer not in ("char", "bpe") and \
                 not self.tokenizer.endswith(".json"):
             bad("tokenizer", f"must be char, bpe or the path of a tokenizer.json, got {self.tokenizer!r}")
