@@ -273,7 +273,7 @@ def test_a_full_disk_keeps_training_and_rescues_the_weights(workdir, monkeypatch
     assert sum("(No space left on device); training goes on" in line for line in err) == 3  # steps 2, 4, 6
     assert "No space left on device" in err[-1] and "was saved to" in err[-1]
     rescued = err[-1].split("was saved to ")[1].split(" instead")[0]
-    assert checkpoint.load(rescued)["step"] == 6
+    assert checkpoint.load(rescued)["step"] == 6 and rescued.startswith(str(workdir))  # not left in /tmp
     assert not (workdir / "run" / "ckpt.safetensors").exists()
 
 

@@ -141,7 +141,7 @@ def test_ctrl_c_rescues_a_good_state_whose_save_failed(workdir, monkeypatch, cap
     _, last = notices_and_error(capsys)
     assert last.startswith("tinynn: interrupted") and "was saved to" in last, last
     rescued = last.split("was saved to ")[1].split(" instead")[0]
-    assert checkpoint.load(rescued)["step"] == 4
+    assert checkpoint.load(rescued)["step"] == 4 and rescued.startswith(str(workdir))  # not left in /tmp
 
 
 # --- resume ---
