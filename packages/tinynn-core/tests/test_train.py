@@ -3,6 +3,9 @@ resume's edge cases, the loss plot checked before training, and what the run pri
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -107,6 +110,25 @@ def test_ctrl_c_finishes_the_step_saves_it_and_says_how_to_resume(workdir, monke
     assert b["history"] == a["history"]
     for name in a["model"]:
         np.testing.assert_array_equal(b["model"][name], a["model"][name])
+
+
+def test_sigterm_finishes_the_step_and_saves_it_as_ctrl_c_does(workdir):
+    """`kill` or a job scheduler's stop ended the process at once: the steps since the last checkpoint were lost."""
+    cfg = write_config(workdir / "c.json", max_steps=100_000, checkpoint_interval=50, eval_interval=100_000)
+    run = subprocess.Popen([sys.executable, "-m", "tinynn.cli", "train", "--config", cfg, "--quiet"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    saved = workdir / "run" / "ckpt.safetensors"
+    deadline = time.monotonic() + 60
+    while not saved.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert "stopping after this step (SIGTERM again to stop at once)" in err
+    step = int(last.split("at step ")[1].split(":")[0])
+    assert last.endswith("continue it with --resume") and checkpoint.load(saved)["step"] == step > 50, last
+    assert not (workdir / "run" / "tinynn.lock").exists()
 
 
 def test_an_interrupt_inside_a_step_keeps_the_checkpoint_before_it(workdir, monkeypatch, capsys):

@@ -169,7 +169,7 @@ def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pret
     done, running = start, start  # the step whose state the model holds (None inside a step, where an update
     # may be half made), and the step under way
     try:
-        with _Interrupts(world.is_root) as interrupts:
+        with _Interrupts(world.is_root, terminate=world.size == 1) as interrupts:
             for step in bar:
                 done, running = None, step + 1
                 lr = cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
@@ -216,40 +216,53 @@ def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pret
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C ended the run; the message says which checkpoint is on disk, and how to go on."""
+    """Ctrl-C (or SIGTERM) ended the run; the message says which checkpoint is on disk, and how to go on."""
 
 
 class _Interrupts:
-    """Ctrl-C during training takes effect at the end of the step under way (`check`), whose state is then
-    saved: an interrupt inside a step could leave the weights half updated, and those are never saved. A second
-    Ctrl-C takes effect at once. The handler it defers is the one in place (Python's, or distributed.py's, which
-    also ends an MPI job); the main thread alone receives signals, so elsewhere nothing is deferred."""
+    """Ctrl-C (SIGINT), and in a run of one process SIGTERM (`kill`, a job scheduler stopping the job), take
+    effect at the end of the step under way (`check`), whose state is then saved: an interrupt inside a step
+    could leave the weights half updated, and those are never saved. A second one takes effect at once. Ctrl-C's
+    deferred handler is the one in place (Python's, or distributed.py's, which also ends an MPI job); SIGTERM is
+    taken over only from the default, which ends the process with nothing saved since the last checkpoint (under
+    MPI the launcher ends the job its own way). The main thread alone receives signals, so elsewhere nothing is
+    deferred."""
 
-    def __init__(self, enabled: bool):
-        self.enabled, self.previous, self.pending = enabled, None, None
+    def __init__(self, enabled: bool, terminate: bool = False):
+        self.enabled, self.terminate, self.previous, self.pending = enabled, terminate, {}, None
 
     def __enter__(self):
-        handler = signal.getsignal(signal.SIGINT)
-        if self.enabled and callable(handler) and threading.current_thread() is threading.main_thread():
-            self.previous = handler
-            signal.signal(signal.SIGINT, self._defer)
+        if not self.enabled or threading.current_thread() is not threading.main_thread():
+            return self
+        if callable(signal.getsignal(signal.SIGINT)):
+            self.previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)
+        if self.terminate and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self.previous[signal.SIGTERM] = signal.SIG_DFL
+        for signum in self.previous:
+            signal.signal(signum, self._defer)
         return self
 
     def _defer(self, signum, frame):
         if self.pending is not None:
-            self.previous(signum, frame)
+            self._stop(signum, frame)
         self.pending = (signum, frame)
-        distributed.say("tinynn: stopping after this step (Ctrl-C again to stop at once)")
+        again = "Ctrl-C again" if signum == signal.SIGINT else "SIGTERM again"
+        distributed.say(f"tinynn: stopping after this step ({again} to stop at once)")
+
+    def _stop(self, signum, frame):
+        if signum == signal.SIGTERM:
+            raise KeyboardInterrupt  # then ends as Ctrl-C does
+        self.previous[signum](signum, frame)  # Python's raises KeyboardInterrupt, as distributed.py's does on rank 0
 
     def check(self) -> None:
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            self.previous(*pending)  # Python's raises KeyboardInterrupt, as distributed.py's does on rank 0
+            self._stop(*pending)
 
     def __exit__(self, kind, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-        if kind is None:  # a Ctrl-C after the last step's check
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        if kind is None:  # an interrupt after the last step's check
             self.check()
 
 
