@@ -131,6 +131,28 @@ def test_sigterm_finishes_the_step_and_saves_it_as_ctrl_c_does(workdir):
     assert not (workdir / "run" / "tinynn.lock").exists()
 
 
+@pytest.mark.parametrize("damage, message", [
+    ({"optimizer_state": {}}, "it holds no optimizer state"),
+    ({"rng_state": {}}, "it holds no random generator state"),
+    ({"history": {"step": [1]}}, "its loss history is not one a run writes"),
+    ({"step": -3}, "its step is -3"),
+])
+def test_resuming_a_checkpoint_without_training_state_is_one_line(damage, message, workdir, capsys):
+    """A checkpoint written for sampling alone (weights, config, tokenizer; as the generate tests write one) raised
+    KeyError or ValueError on --resume, and a negative step trained from it."""
+    cfg = write_config(workdir / "c.json", max_steps=4)
+    assert main(["train", "--config", cfg, "--quiet"]) == 0
+    path = workdir / "run" / "ckpt.safetensors"
+    saved = checkpoint.load(path)
+    checkpoint.save(path, **{"model_state": saved["model"], "optimizer_state": saved["optimizer"],
+                             "config": saved["config"], "step": saved["step"], "rng_state": saved["rng_state"],
+                             "history": saved["history"], "tokenizer": saved["tokenizer"], **damage})
+    capsys.readouterr()
+    assert main(["train", "--config", cfg, "--quiet", "--resume", "--max-steps", "8"]) == 2
+    assert capsys.readouterr().err == f"tinynn: error: cannot resume from {os.path.join('run', 'ckpt.safetensors')}: " \
+        f"{message} (a checkpoint written for sampling alone, or damaged); train afresh with --overwrite\n"
+
+
 def test_an_interrupt_inside_a_step_keeps_the_checkpoint_before_it(workdir, monkeypatch, capsys):
     """A second Ctrl-C stops at once, maybe inside the optimizer's update: those weights are never saved."""
     cfg = write_config(workdir / "c.json", checkpoint_interval=5)

@@ -316,6 +316,7 @@ TRAJECTORY = ("batch_size", "grad_accum_steps", "learning_rate", "min_lr", "warm
 def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
     """The checkpoint's model must be the config's; steps must be left to train; settings that change the
     updates are named in a notice (a lower learning rate on resume is a real choice, not a mistake)."""
+    checkpoint.check_resumable(saved, path)
     saved_config = saved["config"]
     for field in dataclasses.fields(Architecture):
         before = saved_config.get(field.name, field.default)  # a field the checkpoint predates: its default
