@@ -176,6 +176,15 @@ def test_a_model_predicting_more_tokens_than_its_tokenizer_samples_only_the_toke
         assert np.allclose(narrowed(np.array([[1, 2]]))[0].numpy(), logits[..., :len(chars)])
 
 
+def test_running_out_of_memory_names_the_flag_that_asks_for_it(saved_model, monkeypatch, capsys):
+    """Each sample keeps its own keys and values: --num-samples is what a user sets too high."""
+    def too_many(*args, **kwargs):
+        raise MemoryError
+    monkeypatch.setattr(GPT, "generate", too_many)
+    assert main(["generate", "--checkpoint", saved_model[0], "--num-samples", "100000000"]) == 2
+    assert capsys.readouterr().err == "tinynn: error: out of memory: ask for fewer --num-samples\n"
+
+
 @pytest.mark.parametrize("flag, value", [("--max-new-tokens", "-1"), ("--top-k", "0"), ("--temperature", "nan"),
                                          ("--temperature", "-1"), ("--seed", "-3"), ("--num-samples", "0")])
 def test_cli_bad_values_are_one_line_exit_2(saved_model, capsys, flag, value):

@@ -277,7 +277,9 @@ def main(argv=None) -> int:
     except TinynnError as e:
         return distributed.fail(str(e), 2)  # prints `tinynn: error: ...`; under MPI it ends every rank
     except MemoryError:  # a backstop: train checks its estimate first (memory.py)
-        return distributed.fail("out of memory: make the model, the batch or the vocabulary smaller", 2)
+        smaller = "ask for fewer --num-samples" if args.command == "generate" else \
+            "make the model, the batch or the vocabulary smaller"
+        return distributed.fail(f"out of memory: {smaller}", 2)
     except KeyboardInterrupt as e:  # train's says where its checkpoint is (train.Interrupted)
         distributed.say(f"tinynn: interrupted {e}" if str(e) else "tinynn: interrupted")
         return distributed.INTERRUPTED
