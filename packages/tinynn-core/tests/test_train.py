@@ -163,6 +163,24 @@ def test_an_interrupt_inside_a_step_keeps_the_checkpoint_before_it(workdir, monk
     assert checkpoint.load(workdir / "run" / "ckpt.safetensors")["step"] == 5
 
 
+def test_a_second_ctrl_c_while_saving_says_which_checkpoint_stands(workdir, monkeypatch, capsys):
+    """It said only "tinynn: interrupted"."""
+    cfg = write_config(workdir / "c.json", checkpoint_interval=5)
+    _interrupt_during_step(monkeypatch, 7, "signal")
+    real_save = checkpoint.save
+
+    def save(path, **state):
+        if state["step"] == 7:  # the save the first Ctrl-C asked for
+            raise KeyboardInterrupt
+        real_save(path, **state)
+    monkeypatch.setattr(checkpoint, "save", save)
+    assert main(["train", "--config", cfg, "--quiet"]) == 130
+    _, last = notices_and_error(capsys)
+    assert last == f"tinynn: interrupted while saving: step 5's checkpoint is in " \
+        f"{os.path.join('run', 'ckpt.safetensors')}; continue it with --resume", last
+    assert checkpoint.load(workdir / "run" / "ckpt.safetensors")["step"] == 5
+
+
 def test_ctrl_c_with_nothing_saved_says_so(workdir, monkeypatch, capsys):
     cfg = write_config(workdir / "c.json", checkpoint_interval=0)
     _interrupt_during_step(monkeypatch, 3, "raise")

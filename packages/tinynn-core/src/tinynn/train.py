@@ -210,7 +210,12 @@ def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pret
         bar.close()
         if not world.is_root:
             raise
-        raise Interrupted(_save_on_interrupt(keeper, done, running, start, state, model, batches, cfg)) from None
+        try:
+            said = _save_on_interrupt(keeper, done, running, start, state, model, batches, cfg)
+        except KeyboardInterrupt:  # a second Ctrl-C while saving: the file before stands (saves are atomic)
+            said = f"while saving: step {keeper.saved_step}'s checkpoint is in {keeper.path}; continue it with " \
+                "--resume" if keeper.saved_step else "while saving: no checkpoint was saved"
+        raise Interrupted(said) from None
     bar.close()
     return model, history, keeper.finish()
 
