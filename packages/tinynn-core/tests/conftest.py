@@ -1,6 +1,7 @@
 """Shared fixtures: `backend` runs a test once per available backend (the CPU reference always; the GPU
 backend too when tinynn-gpu is installed; TINYNN_REQUIRE_GPU=1 makes a missing GPU a failure, not a skip)."""
 import os
+import tempfile
 
 # One BLAS thread unless the caller chose: the tests multiply small matrices, where BLAS's threads cost more
 # than they give (the more so on a shared machine), and the MPI tests' ranks, which inherit it, would otherwise
@@ -50,8 +51,10 @@ def rng(request):
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch, request):
-    """A fresh working folder holding data.txt (the test module's TEXT, else a short sentence repeated), on the CPU."""
+    """A fresh working folder holding data.txt (the test module's TEXT, else a short sentence repeated), on the CPU.
+    It is the temporary folder too: a checkpoint rescued from a full disk goes there, not into the machine's /tmp."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("TINYNN_DEVICE", "cpu")
     text = getattr(request.module, "TEXT", "The quick brown fox jumps over the lazy dog. " * 40)
     (tmp_path / "data.txt").write_text(text)

@@ -157,6 +157,21 @@ def test_bad_input_is_one_line_exit_2(case, workdir, capsys):
     assert captured.err.startswith("tinynn: error: ") and captured.err.count("\n") == 1, captured.err
     assert "Traceback" not in captured.err
     assert (ckpt.read_bytes() if ckpt.exists() else None) == before
+    if case == "unknown_char":  # the flag and the checkpoint whose tokenizer lacks them
+        assert captured.err.startswith("tinynn: error: --prompt: ") and str(ckpt) in captured.err, captured.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--config", "folder"], "config file folder is a folder, not a file"),
+    (["train", "--config", "d.json"], "data file folder is a folder with no train.bin: not a token folder"),
+    (["generate", "--checkpoint", "folder"], "checkpoint folder is a folder with no config.json: neither"),
+])
+def test_a_folder_where_a_file_belongs_is_called_one(argv, message, workdir, capsys):
+    """An error saying "not found" sent the user looking for a path that is there."""
+    (workdir / "folder").mkdir()
+    write_config(workdir / "d.json", data="folder")
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"tinynn: error: {message}")
 
 
 def test_info_json(workdir, capsys):
@@ -258,7 +273,7 @@ def test_a_full_disk_keeps_training_and_rescues_the_weights(workdir, monkeypatch
     assert sum("(No space left on device); training goes on" in line for line in err) == 3  # steps 2, 4, 6
     assert "No space left on device" in err[-1] and "was saved to" in err[-1]
     rescued = err[-1].split("was saved to ")[1].split(" instead")[0]
-    assert checkpoint.load(rescued)["step"] == 6
+    assert checkpoint.load(rescued)["step"] == 6 and rescued.startswith(str(workdir))  # not left in /tmp
     assert not (workdir / "run" / "ckpt.safetensors").exists()
 
 

@@ -66,6 +66,9 @@ def test_data_file_errors(tmp_path):
     ({"learning_rate": float("nan")}, "'learning_rate' must be a finite number"),
     ({"seed": -1}, "'seed' must not be negative"),
     ({"out_dir": " "}, "'out_dir' must not be empty"),
+    ({"data": ""}, "'data' must be a path or null, got an empty string"),
+    ({"init_from": " "}, "'init_from' must be a path or null"),
+    ({"loss_plot": ""}, "'loss_plot' must be a path or null"),
 ])
 def test_config_errors_name_the_key(raw, message, tmp_path):
     path = tmp_path / "c.json"

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 import tinynn
-from tinynn import backends, checkpoint, config
+from tinynn import backends, checkpoint, config, generate
 from tinynn.cli import main
 from tinynn.data import CharTokenizer
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, TinynnNotice
 from tinynn.model import GPT, GPTConfig
 from tinynn.numpy_backend import uniform
 from tinynn.tensor import no_grad
@@ -147,6 +147,42 @@ def test_cli_streams_and_matches_no_cache(saved_model, capsys):
     assert main(args[:-2] + ["--num-samples", "3", "--seed", "5"]) == 0
     samples = capsys.readouterr()
     assert samples.out.count("\n---\n") == 2 and "120 tokens in" in samples.err
+
+
+def test_a_model_predicting_more_tokens_than_its_tokenizer_samples_only_the_tokenizers(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """A GPT-2 folder may pad its 50257 tokens to 50304 (nanoGPT's do): ids past the tokenizer have no text, so
+    they are never drawn, however likely the model makes them."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TINYNN_DEVICE", "cpu")
+    chars = "abcdefghijklmno"  # 15 of the model's 20 tokens
+    model = chaotic_gpt(backends.reference())
+    state = model.state_dict()
+    state["lm_head.bias"][len(chars):] = 50.0  # the ids with no text: by far the likeliest
+    cfg = config.TrainConfig(block_size=16, n_layer=2, n_head=2, n_embd=16)
+    checkpoint.save(tmp_path / "ckpt.safetensors", model_state=state, optimizer_state={}, config=config.to_dict(cfg),
+                    chars=list(chars), step=0, rng_state={}, history={}, vocab_size=20)
+    for extra in ([], ["--num-samples", "2"]):
+        assert main(["generate", "--checkpoint", "ckpt.safetensors", "--prompt", "abc", "--max-new-tokens", "30",
+                     "--seed", "1", *extra]) == 0
+        out, err = capsys.readouterr()
+        assert set(out.strip().replace("\n---\n", "")) <= set(chars) and len(out.strip()) >= 33
+        assert "ids 15 to 19 have no text and are never sampled" in err
+    model.load_state_dict(state)
+    with pytest.warns(TinynnNotice, match="^here: the model predicts 20 tokens, its tokenizer has 15"):
+        narrowed = generate.for_tokenizer(model, len(chars), "here")
+    with no_grad():
+        logits = model(np.array([[1, 2]]))[0].numpy()
+        assert np.allclose(narrowed(np.array([[1, 2]]))[0].numpy(), logits[..., :len(chars)])
+
+
+def test_running_out_of_memory_names_the_flag_that_asks_for_it(saved_model, monkeypatch, capsys):
+    """Each sample keeps its own keys and values: --num-samples is what a user sets too high."""
+    def too_many(*args, **kwargs):
+        raise MemoryError
+    monkeypatch.setattr(GPT, "generate", too_many)
+    assert main(["generate", "--checkpoint", saved_model[0], "--num-samples", "100000000"]) == 2
+    assert capsys.readouterr().err == "tinynn: error: out of memory: ask for fewer --num-samples\n"
 
 
 @pytest.mark.parametrize("flag, value", [("--max-new-tokens", "-1"), ("--top-k", "0"), ("--temperature", "nan"),

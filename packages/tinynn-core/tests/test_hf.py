@@ -123,6 +123,19 @@ def test_weight_files_that_do_not_fit_are_one_line_errors(tmp_path):
         hf.load(folder)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path, tied):
+    """A NaN in a layer made every logit NaN: generate printed one token over and over, and fine-tuning blamed
+    the learning rate."""
+    folder, _ = _folder(tmp_path, tied=tied)
+    key = "transformer.h.1.mlp.c_fc.weight" if tied else "lm_head.weight"
+    stored = load_file(folder / "model.safetensors")
+    stored[key][0, 0] = np.nan if tied else np.inf
+    save_file(stored, folder / "model.safetensors")
+    with pytest.raises(TinynnError, match=f"model.safetensors: {key.removeprefix('transformer.')} holds non-finite"):
+        hf.load(folder)
+
+
 def test_checkpoint_carries_a_bpe_tokenizer_and_reads_old_char_ones(tmp_path):
     tok = BPETokenizer.train(["hello there, general text " * 10], vocab_size=270)
     common = dict(model_state={"w": np.ones(2, np.float32)}, optimizer_state={}, config={}, step=1,

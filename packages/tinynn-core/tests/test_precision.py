@@ -6,6 +6,7 @@ import pytest
 
 import tinynn
 from tinynn import config, precision, registry
+from tinynn.cli import main
 from tinynn.errors import TinynnError
 from tinynn.train import train
 
@@ -35,6 +36,17 @@ def test_bad_values_name_their_source(monkeypatch, value):
     precision.set_matmul_precision(None)
     with pytest.raises(TinynnError, match=rf"^{precision.ENV} must be one of highest, high, got '{value}'$"):
         precision.current()
+
+
+def test_junk_in_the_environment_is_refused_on_the_cpu_too(workdir, monkeypatch, capsys):
+    """The NumPy backend never plans a matmul, so nothing there read the variable: train and generate ran."""
+    monkeypatch.setenv(precision.ENV, "bogus")
+    precision.set_matmul_precision(None)
+    with pytest.raises(TinynnError, match=rf"^{precision.ENV} must be one of highest, high, got 'bogus'$"):
+        registry.select("cpu")
+    (workdir / "c.json").write_text(json.dumps({"data": "data.txt", "max_steps": 1, "matmul_precision": "high"}))
+    assert main(["train", "--config", "c.json", "--device", "cpu", "--quiet"]) == 2  # the config's key does not hide it
+    assert capsys.readouterr().err == f"tinynn: error: {precision.ENV} must be one of highest, high, got 'bogus'\n"
 
 
 def test_config_key_is_checked(tmp_path):

@@ -2,6 +2,7 @@
 memory-mapped seeded batches, and one-line errors for corrupt or foreign files."""
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -64,6 +65,10 @@ def test_bpe_folder_of_files_streams_to_the_ids_of_each_file(tmp_path):
     expected = np.concatenate([tok.encode(TEXT[:900]), [tok.eot_id], tok.encode(TEXT[300:])])
     np.testing.assert_array_equal(folder.train, expected)
     assert len(folder.val) == 0 and tok.decode(folder.train).count("skipped") == 0
+
+    (tmp_path / "out" / "tokenizer.json").write_text('{"vocab": {}}')  # a fault in it names it, not meta.json
+    with pytest.raises(TinynnError, match=rf"^{re.escape(str(tmp_path / 'out' / 'tokenizer.json'))} is not a "):
+        TokenFolder(tmp_path / "out")
 
 
 def test_prepare_with_a_tokenizer_json_and_a_vocabulary_past_uint16(tmp_path):

@@ -93,6 +93,17 @@ def test_tokenizer_json_round_trip_and_refusals(bpe, tmp_path):
         tk.from_json_file(tmp_path / "missing.json")
 
 
+def test_a_tokenizer_json_without_every_byte_is_refused(bpe, tmp_path):
+    """tokenizers drops a byte its vocabulary lacks without a word: training text would lose characters."""
+    raw = json.loads(bpe.to_json())
+    del raw["model"]["vocab"]["h"]
+    raw["model"]["merges"] = [m for m in raw["model"]["merges"] if "h" not in (m if isinstance(m, list) else m.split())]
+    bad = tmp_path / "no-h.json"
+    bad.write_text(json.dumps(raw))
+    with pytest.raises(TinynnError, match=rf"^{re.escape(str(bad))} lacks 1 of the 256 byte tokens \(byte 104"):
+        tk.from_json_file(bad)
+
+
 def test_char_tokenizer_as_tokenizer_json(tmp_path):
     """char_json is a file Hugging Face's tokenizers reads with the same ids, and that tinynn reads back as char."""
     tok = CharTokenizer("hello world\n日")

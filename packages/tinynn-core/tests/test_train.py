@@ -3,6 +3,9 @@ resume's edge cases, the loss plot checked before training, and what the run pri
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -109,6 +112,47 @@ def test_ctrl_c_finishes_the_step_saves_it_and_says_how_to_resume(workdir, monke
         np.testing.assert_array_equal(b["model"][name], a["model"][name])
 
 
+def test_sigterm_finishes_the_step_and_saves_it_as_ctrl_c_does(workdir):
+    """`kill` or a job scheduler's stop ended the process at once: the steps since the last checkpoint were lost."""
+    cfg = write_config(workdir / "c.json", max_steps=100_000, checkpoint_interval=50, eval_interval=100_000)
+    run = subprocess.Popen([sys.executable, "-m", "tinynn.cli", "train", "--config", cfg, "--quiet"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    saved = workdir / "run" / "ckpt.safetensors"
+    deadline = time.monotonic() + 60
+    while not saved.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert "stopping after this step (SIGTERM again to stop at once)" in err
+    step = int(last.split("at step ")[1].split(":")[0])
+    assert last.endswith("continue it with --resume") and checkpoint.load(saved)["step"] == step > 50, last
+    assert not (workdir / "run" / "tinynn.lock").exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    ({"optimizer_state": {}}, "it holds no optimizer state"),
+    ({"rng_state": {}}, "it holds no random generator state"),
+    ({"history": {"step": [1]}}, "its loss history is not one a run writes"),
+    ({"step": -3}, "its step is -3"),
+])
+def test_resuming_a_checkpoint_without_training_state_is_one_line(damage, message, workdir, capsys):
+    """A checkpoint written for sampling alone (weights, config, tokenizer; as the generate tests write one) raised
+    KeyError or ValueError on --resume, and a negative step trained from it."""
+    cfg = write_config(workdir / "c.json", max_steps=4)
+    assert main(["train", "--config", cfg, "--quiet"]) == 0
+    path = workdir / "run" / "ckpt.safetensors"
+    saved = checkpoint.load(path)
+    checkpoint.save(path, **{"model_state": saved["model"], "optimizer_state": saved["optimizer"],
+                             "config": saved["config"], "step": saved["step"], "rng_state": saved["rng_state"],
+                             "history": saved["history"], "tokenizer": saved["tokenizer"], **damage})
+    capsys.readouterr()
+    assert main(["train", "--config", cfg, "--quiet", "--resume", "--max-steps", "8"]) == 2
+    assert capsys.readouterr().err == f"tinynn: error: cannot resume from {os.path.join('run', 'ckpt.safetensors')}: " \
+        f"{message} (a checkpoint written for sampling alone, or damaged); train afresh with --overwrite\n"
+
+
 def test_an_interrupt_inside_a_step_keeps_the_checkpoint_before_it(workdir, monkeypatch, capsys):
     """A second Ctrl-C stops at once, maybe inside the optimizer's update: those weights are never saved."""
     cfg = write_config(workdir / "c.json", checkpoint_interval=5)
@@ -116,6 +160,24 @@ def test_an_interrupt_inside_a_step_keeps_the_checkpoint_before_it(workdir, monk
     assert main(["train", "--config", cfg, "--quiet"]) == 130
     _, last = notices_and_error(capsys)
     assert last.startswith("tinynn: interrupted") and "step 5" in last and "--resume" in last, last
+    assert checkpoint.load(workdir / "run" / "ckpt.safetensors")["step"] == 5
+
+
+def test_a_second_ctrl_c_while_saving_says_which_checkpoint_stands(workdir, monkeypatch, capsys):
+    """It said only "tinynn: interrupted"."""
+    cfg = write_config(workdir / "c.json", checkpoint_interval=5)
+    _interrupt_during_step(monkeypatch, 7, "signal")
+    real_save = checkpoint.save
+
+    def save(path, **state):
+        if state["step"] == 7:  # the save the first Ctrl-C asked for
+            raise KeyboardInterrupt
+        real_save(path, **state)
+    monkeypatch.setattr(checkpoint, "save", save)
+    assert main(["train", "--config", cfg, "--quiet"]) == 130
+    _, last = notices_and_error(capsys)
+    assert last == f"tinynn: interrupted while saving: step 5's checkpoint is in " \
+        f"{os.path.join('run', 'ckpt.safetensors')}; continue it with --resume", last
     assert checkpoint.load(workdir / "run" / "ckpt.safetensors")["step"] == 5
 
 
@@ -141,7 +203,7 @@ def test_ctrl_c_rescues_a_good_state_whose_save_failed(workdir, monkeypatch, cap
     _, last = notices_and_error(capsys)
     assert last.startswith("tinynn: interrupted") and "was saved to" in last, last
     rescued = last.split("was saved to ")[1].split(" instead")[0]
-    assert checkpoint.load(rescued)["step"] == 4
+    assert checkpoint.load(rescued)["step"] == 4 and rescued.startswith(str(workdir))  # not left in /tmp
 
 
 # --- resume ---

@@ -26,9 +26,10 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as serialize
 
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, not_found
 
 FORMAT = "tinynn-checkpoint-1"
+HISTORY = ("step", "train_loss", "val_step", "val_loss")  # the loss history's lists, by the step they were taken
 CHECKSUM = "sha256"  # the metadata entry of the checksum; a checkpoint written before it has none, and loads
 
 
@@ -95,7 +96,8 @@ def load(path) -> dict:
     """The checkpoint's parts; a missing, corrupt or foreign file is a TinynnError naming it."""
     path = Path(path)
     if not path.is_file():
-        raise TinynnError(f"checkpoint not found: {path}")
+        raise not_found("checkpoint", path, "a folder with no config.json: neither a checkpoint file nor a Hugging "
+                                            "Face GPT-2 folder")
     if not os.access(path, os.R_OK):
         raise TinynnError(f"checkpoint {path} is not readable (permission denied)")
     try:
@@ -127,6 +129,30 @@ def load(path) -> dict:
         if weights.dtype.kind == "f" and not np.isfinite(weights).all():
             raise TinynnError(f"checkpoint {path} has non-finite weights in {name!r}: its run diverged")
     return saved
+
+
+def check_resumable(saved: dict, path) -> None:
+    """A run resumed from `saved` needs what training leaves in a checkpoint besides the weights: its step, the
+    optimizer's state, the generator's state and the loss history. A checkpoint written for sampling alone, or
+    damaged before the checksum existed, lacks one: a TinynnError names it (training would raise on it)."""
+    history = saved["history"]
+    try:
+        np.random.Generator(np.random.PCG64()).bit_generator.state = saved["rng_state"]  # rng.py's generator
+        rng_ok = True
+    except (TypeError, ValueError, KeyError):
+        rng_ok = False
+    problems = [
+        (saved["step"] < 0, f"its step is {saved['step']}"),
+        (np.asarray(saved["optimizer"].get("steps", [])).size != 1, "it holds no optimizer state"),
+        (not rng_ok, "it holds no random generator state"),
+        (not isinstance(history, dict) or any(not isinstance(history.get(k), list) for k in HISTORY) or
+         len(history["step"]) != len(history["train_loss"]) or len(history["val_step"]) != len(history["val_loss"]),
+         "its loss history is not one a run writes"),
+    ]
+    for bad, why in problems:
+        if bad:
+            raise TinynnError(f"cannot resume from {path}: {why} (a checkpoint written for sampling alone, or "
+                              "damaged); train afresh with --overwrite")
 
 
 def vocab_size(saved: dict) -> int | None:

@@ -72,8 +72,12 @@ def cmd_generate(args):
         vocab_size = checkpoint.vocab_size(saved) or tokenizer.vocab_size
         model = GPT(cfg.model_config(vocab_size))  # a fine-tuned GPT-2's may exceed its tokenizer's
         model.load_state_dict(saved["model"])
+    model = generate.for_tokenizer(model, tokenizer.vocab_size, args.checkpoint)
     start_id = getattr(tokenizer, "eot_id", None) or 0  # no prompt: BPE starts a document, char its first character
-    prompt = tokenizer.encode(args.prompt) if args.prompt else np.array([start_id], dtype=np.int64)
+    try:
+        prompt = tokenizer.encode(args.prompt) if args.prompt else np.array([start_id], dtype=np.int64)
+    except TinynnError as e:
+        raise TinynnError(f"--prompt: {e} (the tokenizer of {args.checkpoint})") from None
     prompts = np.repeat(prompt[None, :], args.num_samples, axis=0)  # (N, T): the samples decode as one batch
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "seed": args.seed,
                 "use_cache": not args.no_cache}
@@ -273,7 +277,9 @@ def main(argv=None) -> int:
     except TinynnError as e:
         return distributed.fail(str(e), 2)  # prints `tinynn: error: ...`; under MPI it ends every rank
     except MemoryError:  # a backstop: train checks its estimate first (memory.py)
-        return distributed.fail("out of memory: make the model, the batch or the vocabulary smaller", 2)
+        smaller = "ask for fewer --num-samples" if args.command == "generate" else \
+            "make the model, the batch or the vocabulary smaller"
+        return distributed.fail(f"out of memory: {smaller}", 2)
     except KeyboardInterrupt as e:  # train's says where its checkpoint is (train.Interrupted)
         distributed.say(f"tinynn: interrupted {e}" if str(e) else "tinynn: interrupted")
         return distributed.INTERRUPTED

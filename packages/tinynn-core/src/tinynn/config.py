@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinynn import precision
-from tinynn.errors import TinynnError, TinynnNotice
+from tinynn.errors import TinynnError, TinynnNotice, not_found
 from tinynn.model import Architecture, GPTConfig
 
 
@@ -101,6 +101,9 @@ class TrainConfig(Architecture):
                                     f"{self.matmul_precision!r}")
         if not self.out_dir.strip():
             bad("out_dir", "must not be empty")
+        for key in ("data", "init_from", "loss_plot"):  # "" would read as the current folder, or as null
+            if getattr(self, key) is not None and not getattr(self, key).strip():
+                bad(key, "must be a path or null, got an empty string")
         if self.tokenizer is not None and self.tokenizer not in ("char", "bpe") and \
                 not self.tokenizer.endswith(".json"):
             bad("tokenizer", f"must be char, bpe or the path of a tokenizer.json, got {self.tokenizer!r}")
@@ -190,7 +193,7 @@ def load(path: str | Path, overrides: dict | None = None) -> TrainConfig:
     """The config in a JSON file, with command-line overrides applied (see `from_dict`)."""
     path = Path(path)
     if not path.is_file():
-        raise TinynnError(f"config file not found: {path}")
+        raise not_found("config file", path)
     try:  # utf-8-sig: a byte-order mark some editors write is not JSON
         raw = json.loads(path.read_text(encoding="utf-8-sig"), object_pairs_hook=_no_repeats)
     except json.JSONDecodeError as e:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tinynn import tokenizer as tokenizers
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, not_found
 from tinynn.tokenizer import BPETokenizer, CharTokenizer, describe, from_json_file, pieces
 
 META = "meta.json"
@@ -58,7 +58,8 @@ def load_text(path: str | None) -> str:
     else:
         p = Path(path)
         if not p.is_file():
-            raise TinynnError(f"data file not found: {path}")
+            raise not_found("data file", path, "a folder with no train.bin: not a token folder (tinynn prepare "
+                                               "writes one)")
         try:
             text = p.read_text(encoding="utf-8-sig")  # a byte-order mark some editors write is not text
         except UnicodeDecodeError as e:
@@ -106,10 +107,11 @@ class TokenFolder:
                     raise TinynnError(f"{meta}: {key!r} is missing or not {kind.__name__}")
             if raw["dtype"] not in DTYPES:
                 raise TinynnError(f"{meta}: dtype must be uint16 or uint32, got {raw['dtype']!r}")
-            spec = dict(raw["tokenizer"])
+            spec, source = dict(raw["tokenizer"]), str(meta)
             if spec.get("type") == "bpe" and isinstance(spec.get("file"), str):  # written beside the meta
+                source = str(self.path / spec["file"])  # a fault is that file's
                 spec = {"type": "bpe", "json": self._read(self.path / spec["file"])}
-            tok = tokenizers.from_spec(spec, str(meta))
+            tok = tokenizers.from_spec(spec, source)
             return tok, DTYPES[raw["dtype"]], raw
         if pkl.is_file():
             return _nanogpt_char_meta(pkl), np.uint16, {}
@@ -118,7 +120,7 @@ class TokenFolder:
     @staticmethod
     def _read(path: Path) -> str:
         if not path.is_file():
-            raise TinynnError(f"tokenizer file not found: {path}")
+            raise not_found("tokenizer file", path)
         return path.read_text(encoding="utf-8")
 
     def _map(self, name: str, expected: int | None) -> np.ndarray:

@@ -24,13 +24,15 @@ during training, pays the eager warm-up and the recording once).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import numbers
 import time
+import warnings
 
 import numpy as np
 
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, TinynnNotice
 from tinynn.tensor import Tensor, no_grad
 
 READ_EVERY = 256  # tokens drawn between read-backs when nobody streams them (the ring holds them meanwhile)
@@ -50,6 +52,25 @@ def check(max_new_tokens, temperature, top_k, seed, names: dict | None = None) -
         raise TinynnError(f"{names['top_k']} must be an integer >= 1, got {top_k!r}")
     if not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
         raise TinynnError(f"{names['seed']} must be an integer from 0 to {MAX_SEED}, got {seed!r}")
+
+
+def for_tokenizer(model, vocab: int, source: str):
+    """The model, or where it predicts more tokens than its tokenizer's `vocab` (a GPT-2 folder whose
+    config.json pads 50257 tokens to 50304, as nanoGPT's do), a copy that predicts those alone: an id past the
+    tokenizer has no text to print. The copy's tables lose the rows past them, as vocab_multiple's padding is
+    never sampled, so the tokenizer's tokens keep their relative odds."""
+    config = model.config
+    if config.vocab_size <= vocab:
+        return model
+    narrowed = dataclasses.replace(config, vocab_size=vocab)
+    rows = narrowed.padded_vocab_size  # (V', C): the tokenizer's rows, padded as the model's were
+    state = {name: array[:rows] if name in ("wte.weight", "lm_head.weight", "lm_head.bias") else array
+             for name, array in model.state_dict().items()}
+    copy = type(model)(narrowed).to(model.wte.weight.backend)
+    copy.load_state_dict(state)
+    warnings.warn(f"{source}: the model predicts {config.vocab_size:,} tokens, its tokenizer has {vocab:,}; "
+                  f"ids {vocab} to {config.vocab_size - 1} have no text and are never sampled", TinynnNotice)
+    return copy
 
 
 class LayerCache:

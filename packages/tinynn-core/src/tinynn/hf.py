@@ -202,6 +202,9 @@ def load(folder, vocab_multiple: int = 1) -> Pretrained:
             raise TinynnError(f"{where}: lm_head.weight has shape {tuple(head.shape)}, the config.json says "
                               f"{shapes['lm_head.weight']}")
         state["lm_head.weight"] = np.asarray(head, dtype=np.float32)
+    for hf, ours, _ in [*wanted, ("lm_head.weight", "lm_head.weight", False)]:
+        if ours in state and not np.isfinite(state[ours]).all():  # as checkpoint.load refuses them
+            raise TinynnError(f"{where}: {hf} holds non-finite values (NaN or infinity): the weights are damaged")
     padding = padded_rows(config) - config["vocab_size"]  # vocab_multiple's rows, zeros
     for name in ("wte.weight", "lm_head.weight"):
         if name in state and padding:

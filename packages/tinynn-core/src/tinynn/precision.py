@@ -41,9 +41,14 @@ def chosen() -> str | None:
 
 def current() -> str:
     """The precision in force: set_matmul_precision's, else TINYNN_MATMUL_PRECISION's, else "highest"."""
+    return _set if _set is not None else environment()
+
+
+def environment() -> str:
+    """TINYNN_MATMUL_PRECISION's precision, "highest" where it is unset; junk in it is a TinynnError naming it,
+    whatever else sets the precision (the registry asks when it chooses a backend, so a run on the CPU, which
+    never plans a matmul, refuses it too)."""
     global _environment
-    if _set is not None:
-        return _set
     if _environment is None:
         value = os.environ.get(ENV, "").strip()
         _environment = check(value, ENV) if value else "highest"

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
+from tinynn import precision
 from tinynn.backends import INTERFACE_VERSION, Backend, BackendUnavailable, reference
 from tinynn.errors import TinynnError
 from tinynn.settings import DEVICES, Settings
@@ -87,6 +88,7 @@ def select(device: str | None = None) -> Backend:
     An error names where the device was asked for: the flag, or TINYNN_DEVICE."""
     asked = f"--device {device}" if device else None
     device = (device or Settings.from_environment().device).lower()
+    precision.environment()  # junk there is an error on every device, before any work
     if device not in DEVICES:
         raise TinynnError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if device == "cpu":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tinynn.errors import TinynnError
+from tinynn.errors import TinynnError, not_found
 
 EOT = "<|endoftext|>"  # GPT-2's end-of-text token, kept as a special token by trained BPEs too
 MIN_BPE_VOCAB = 257  # the 256 byte tokens and EOT
@@ -173,6 +173,11 @@ class BPETokenizer:
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
             raise TinynnError(f"{source} is not a tokenizer.json that tokenizers reads "
                               f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        vocab = tokenizer.get_vocab(with_added_tokens=False)
+        missing = [b for b, ch in _bytes_to_unicode().items() if ch not in vocab]
+        if missing:  # tokenizers drops a byte it has no token for, silently: the text would lose characters
+            raise TinynnError(f"{source} lacks {len(missing)} of the 256 byte tokens (byte {missing[0]} first): "
+                              "byte-level BPE must be able to encode any text")
         return cls(tokenizer, source)
 
     @property
@@ -300,7 +305,7 @@ def from_json(text: str, source: str):
 def from_json_file(path):
     path = Path(path)
     if not path.is_file():
-        raise TinynnError(f"tokenizer file not found: {path}")
+        raise not_found("tokenizer file", path)
     try:
         return from_json(path.read_text(encoding="utf-8"), str(path))
     except UnicodeDecodeError:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from tinynn import checkpoint, distributed, hf, memory, precision, registry, rng
+from tinynn import checkpoint, distributed, generate, hf, memory, precision, registry, rng
 from tinynn import tokenizer as tokenizers
 from tinynn.config import TrainConfig, to_dict
 from tinynn.data import Batches, training_data
@@ -119,7 +119,8 @@ def _train(cfg: TrainConfig, device, resume: bool, overwrite: bool, progress: bo
     if not world.is_root:  # rank 0 alone samples and plots
         return TrainResult(model, tokenizer, history, "", ckpt_path)
     try:
-        tokens = model.stream(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
+        sampler = generate.for_tokenizer(model, tokenizer.vocab_size, "the sample")
+        tokens = sampler.stream(prompt[None, :], cfg.sample_tokens, temperature=0.8, seed=cfg.seed % 2**32)  # 32-bit
         drawn = list(tqdm(tokens, total=cfg.sample_tokens, desc="sample", unit="token", leave=False,
                           disable=not progress, dynamic_ncols=True))  # minutes on a software adapter
         out = np.concatenate([prompt[None, :], *(t[:, None] for t in drawn)], axis=1)
@@ -168,7 +169,7 @@ def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pret
     done, running = start, start  # the step whose state the model holds (None inside a step, where an update
     # may be half made), and the step under way
     try:
-        with _Interrupts(world.is_root) as interrupts:
+        with _Interrupts(world.is_root, terminate=world.size == 1) as interrupts:
             for step in bar:
                 done, running = None, step + 1
                 lr = cosine_lr(step, cfg.learning_rate, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
@@ -209,46 +210,64 @@ def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pret
         bar.close()
         if not world.is_root:
             raise
-        raise Interrupted(_save_on_interrupt(keeper, done, running, start, state, model, batches, cfg)) from None
+        try:
+            said = _save_on_interrupt(keeper, done, running, start, state, model, batches, cfg)
+        except KeyboardInterrupt:  # a second Ctrl-C while saving: the file before stands (saves are atomic)
+            said = f"while saving: step {keeper.saved_step}'s checkpoint is in {keeper.path}; continue it with " \
+                "--resume" if keeper.saved_step else "while saving: no checkpoint was saved"
+        raise Interrupted(said) from None
     bar.close()
     return model, history, keeper.finish()
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C ended the run; the message says which checkpoint is on disk, and how to go on."""
+    """Ctrl-C (or SIGTERM) ended the run; the message says which checkpoint is on disk, and how to go on."""
 
 
 class _Interrupts:
-    """Ctrl-C during training takes effect at the end of the step under way (`check`), whose state is then
-    saved: an interrupt inside a step could leave the weights half updated, and those are never saved. A second
-    Ctrl-C takes effect at once. The handler it defers is the one in place (Python's, or distributed.py's, which
-    also ends an MPI job); the main thread alone receives signals, so elsewhere nothing is deferred."""
+    """Ctrl-C (SIGINT), and in a run of one process SIGTERM (`kill`, a job scheduler stopping the job), take
+    effect at the end of the step under way (`check`), whose state is then saved: an interrupt inside a step
+    could leave the weights half updated, and those are never saved. A second one takes effect at once. Ctrl-C's
+    deferred handler is the one in place (Python's, or distributed.py's, which also ends an MPI job); SIGTERM is
+    taken over only from the default, which ends the process with nothing saved since the last checkpoint (under
+    MPI the launcher ends the job its own way). The main thread alone receives signals, so elsewhere nothing is
+    deferred."""
 
-    def __init__(self, enabled: bool):
-        self.enabled, self.previous, self.pending = enabled, None, None
+    def __init__(self, enabled: bool, terminate: bool = False):
+        self.enabled, self.terminate, self.previous, self.pending = enabled, terminate, {}, None
 
     def __enter__(self):
-        handler = signal.getsignal(signal.SIGINT)
-        if self.enabled and callable(handler) and threading.current_thread() is threading.main_thread():
-            self.previous = handler
-            signal.signal(signal.SIGINT, self._defer)
+        if not self.enabled or threading.current_thread() is not threading.main_thread():
+            return self
+        if callable(signal.getsignal(signal.SIGINT)):
+            self.previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)
+        if self.terminate and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            self.previous[signal.SIGTERM] = signal.SIG_DFL
+        for signum in self.previous:
+            signal.signal(signum, self._defer)
         return self
 
     def _defer(self, signum, frame):
         if self.pending is not None:
-            self.previous(signum, frame)
+            self._stop(signum, frame)
         self.pending = (signum, frame)
-        distributed.say("tinynn: stopping after this step (Ctrl-C again to stop at once)")
+        again = "Ctrl-C again" if signum == signal.SIGINT else "SIGTERM again"
+        distributed.say(f"tinynn: stopping after this step ({again} to stop at once)")
+
+    def _stop(self, signum, frame):
+        if signum == signal.SIGTERM:
+            raise KeyboardInterrupt  # then ends as Ctrl-C does
+        self.previous[signum](signum, frame)  # Python's raises KeyboardInterrupt, as distributed.py's does on rank 0
 
     def check(self) -> None:
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            self.previous(*pending)  # Python's raises KeyboardInterrupt, as distributed.py's does on rank 0
+            self._stop(*pending)
 
     def __exit__(self, kind, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-        if kind is None:  # a Ctrl-C after the last step's check
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        if kind is None:  # an interrupt after the last step's check
             self.check()
 
 
@@ -302,6 +321,7 @@ TRAJECTORY = ("batch_size", "grad_accum_steps", "learning_rate", "min_lr", "warm
 def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
     """The checkpoint's model must be the config's; steps must be left to train; settings that change the
     updates are named in a notice (a lower learning rate on resume is a real choice, not a mistake)."""
+    checkpoint.check_resumable(saved, path)
     saved_config = saved["config"]
     for field in dataclasses.fields(Architecture):
         before = saved_config.get(field.name, field.default)  # a field the checkpoint predates: its default

@@ -2,6 +2,9 @@
 import re
 from pathlib import Path
 
+import pytest
+from tinynn.errors import TinynnError
+
 from tinynn_gpu.runtime import settings
 from tinynn_gpu.runtime.settings import Settings
 
@@ -20,6 +23,15 @@ def test_every_variable_is_read_into_the_settings():
     unset = Settings.read({})
     assert unset.webgpu == "" and unset.subgroups and not unset.shader_checks and unset.autotune is None
     assert unset.attention_tile is None
+
+
+@pytest.mark.parametrize("name", ["TINYNN_SHADER_CHECKS", "TINYNN_SUBGROUPS", "TINYNN_AUTOTUNE"])
+@pytest.mark.parametrize("value", ["true", "yes", "2", "maybe"])
+def test_a_switch_set_to_junk_is_named(name, value):
+    """TINYNN_SHADER_CHECKS=true left the checks off, TINYNN_SUBGROUPS=false left subgroups on, without a word."""
+    with pytest.raises(TinynnError, match=f"^{name} must be 0 or 1, got '{value}'$"):
+        Settings.read({name: value})
+    assert Settings.read({name: " 1 "}) == Settings.read({name: "1"}) != Settings.read({name: "0"})
 
 
 def test_only_the_settings_module_reads_the_environment():

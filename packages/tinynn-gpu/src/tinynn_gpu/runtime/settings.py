@@ -13,13 +13,17 @@
     TINYNN_CACHE_DIR                where the autotune choices are kept (default ~/.cache/tinynn)
 
 `current()` is the object the package reads; `reload()` reads the environment again, for a test or a tool that
-changes a variable while the process runs (what was compiled or chosen under the old value stays).
+changes a variable while the process runs (what was compiled or chosen under the old value stays). A switch
+(0 or 1) set to anything else is a TinynnError naming it: `TINYNN_SHADER_CHECKS=true` must not leave the checks
+off without a word.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from tinynn.errors import TinynnError
 
 
 @dataclass(frozen=True)
@@ -38,26 +42,33 @@ class Settings:
 
     @classmethod
     def read(cls, environ=os.environ) -> Settings:
-        autotune = environ.get("TINYNN_AUTOTUNE")
         return cls(
             webgpu=environ.get("TINYNN_WEBGPU", "").strip().lower(),
             adapter=environ.get("TINYNN_ADAPTER", "").strip().lower(),
             adapter_index=environ.get("TINYNN_ADAPTER_INDEX", "").strip() or "0",  # unset or empty: the first
-            shader_checks=environ.get("TINYNN_SHADER_CHECKS", "").strip() == "1",
-            subgroups=environ.get("TINYNN_SUBGROUPS") != "0",
+            shader_checks=_switch(environ, "TINYNN_SHADER_CHECKS", False),
+            subgroups=_switch(environ, "TINYNN_SUBGROUPS", True),
             attention_tile=environ.get("TINYNN_ATTENTION_TILE") or None,
             attention_backward_tile=environ.get("TINYNN_ATTENTION_BACKWARD_TILE") or None,
             attention_layout=environ.get("TINYNN_ATTENTION_LAYOUT") or None,
             matmul=environ.get("TINYNN_MATMUL") or None,
-            autotune=(autotune == "1") if autotune in ("0", "1") else None,
+            autotune=_switch(environ, "TINYNN_AUTOTUNE", None),
             cache_dir=Path(environ.get("TINYNN_CACHE_DIR") or Path.home() / ".cache" / "tinynn"))
 
 
-_current = Settings.read()
+def _switch(environ, name: str, default: bool | None) -> bool | None:
+    """A 0|1 variable; unset or empty: the default."""
+    value = environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise TinynnError(f"{name} must be 0 or 1, got {environ[name]!r}")
+    return default if not value else value == "1"
+
+
+_current: Settings | None = None  # read on first use: junk in a variable is then an error of opening the backend
 
 
 def current() -> Settings:
-    return _current
+    return _current or reload()
 
 
 def reload() -> Settings:
