@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from test_blocked import rel_err
+from tinynn.errors import TinynnError
 from tinynn_gpu.matmul.selection import MatmulSelector
 
 RTOL = 1e-5
@@ -46,10 +47,10 @@ def test_a_variant_can_be_forced(setting, gpu, monkeypatch):
     setting("TINYNN_MATMUL", "lesson8")
     assert MatmulSelector(gpu.rt).variant("lesson8").describe() == "lesson tiled 8x8"
     setting("TINYNN_MATMUL", "nope")
-    with pytest.raises(ValueError, match="not a variant"):
+    with pytest.raises(TinynnError, match="not a variant"):  # the user's setting: one line, not a failed backend
         MatmulSelector(gpu.rt)
     setting("TINYNN_MATMUL", "tensor 64x64x32/2x2")  # its vec4 loads would misread K = 3, say
-    with pytest.raises(ValueError, match="tensor-core variant"):
+    with pytest.raises(TinynnError, match="tensor-core variant"):
         MatmulSelector(gpu.rt)
 
 

@@ -34,6 +34,20 @@ def test_a_switch_set_to_junk_is_named(name, value):
     assert Settings.read({name: " 1 "}) == Settings.read({name: "1"}) != Settings.read({name: "0"})
 
 
+@pytest.mark.parametrize("name, good, bad", [
+    ("TINYNN_ATTENTION_TILE", ["64x32x2", "0", " 16X16X1 "], ["bogus", "64x32", "64x0x2", "x32x2", "-1x32x2"]),
+    ("TINYNN_ATTENTION_BACKWARD_TILE", ["32x32x2", "0"], ["32x32", "32x32x2x1", "32 x 32 x 2"]),
+    ("TINYNN_ATTENTION_LAYOUT", ["16x4"], ["0", "16", "16x4x1", "ax4"])])
+def test_a_misspelt_tile_is_named(name, good, bad):
+    """The tiles were read at their kernel's first use only: a misspelt one went unnoticed by a run that never
+    reached that kernel (generation with the backward's tile, say)."""
+    for value in good:
+        assert Settings.read({name: value}) != Settings.read({})
+    for value in bad:
+        with pytest.raises(TinynnError, match=f"^{name} must look like "):
+            Settings.read({name: value})
+
+
 def test_only_the_settings_module_reads_the_environment():
     """No module reads a TINYNN_ variable from os.environ itself (settings.py reads the mapping it is given): a
     variable read anywhere else would not follow `reload`."""

@@ -38,7 +38,7 @@ import warnings
 from tqdm.auto import tqdm
 
 from tinynn import precision
-from tinynn.errors import TinynnNotice
+from tinynn.errors import TinynnError, TinynnNotice
 
 from tinynn_gpu.matmul import tensor
 from tinynn_gpu.matmul.blocked import BlockedMatmul
@@ -116,9 +116,11 @@ class MatmulSelector:
         self.timed = set(self.choices)  # the keys whose choice was timed, here or by an earlier process
         self.forced = now.matmul  # one variant for every shape, e.g. "lesson8"
         if self.forced and self.forced not in self.variants:
-            raise ValueError(f"TINYNN_MATMUL={self.forced!r} is not a variant ({', '.join(self.variants)})")
+            names = list(self.variants)
+            raise TinynnError(f"TINYNN_MATMUL={self.forced!r} is not a variant: {', '.join(names[:4])}, ... "
+                              f"({len(names)} in all: tinynn_gpu.matmul.configs names them)")
         if isinstance(self.variants.get(self.forced), TensorConfig):  # it takes only some shapes (uses_vec4)
-            raise ValueError(f"TINYNN_MATMUL={self.forced!r} is a tensor-core variant, which cannot run every shape: "
+            raise TinynnError(f"TINYNN_MATMUL={self.forced!r} is a tensor-core variant, which cannot run every shape: "
                              "set the matmul precision to 'high' instead")
         self.rows = RowsMatmul(runtime)
         self.last = None

@@ -48,9 +48,9 @@ class Settings:
             adapter_index=environ.get("TINYNN_ADAPTER_INDEX", "").strip() or "0",  # unset or empty: the first
             shader_checks=_switch(environ, "TINYNN_SHADER_CHECKS", False),
             subgroups=_switch(environ, "TINYNN_SUBGROUPS", True),
-            attention_tile=environ.get("TINYNN_ATTENTION_TILE") or None,
-            attention_backward_tile=environ.get("TINYNN_ATTENTION_BACKWARD_TILE") or None,
-            attention_layout=environ.get("TINYNN_ATTENTION_LAYOUT") or None,
+            attention_tile=_tile(environ, "TINYNN_ATTENTION_TILE", "64x32x2", zero=True),
+            attention_backward_tile=_tile(environ, "TINYNN_ATTENTION_BACKWARD_TILE", "32x32x2", zero=True),
+            attention_layout=_tile(environ, "TINYNN_ATTENTION_LAYOUT", "16x4", zero=False),
             matmul=environ.get("TINYNN_MATMUL") or None,
             autotune=_switch(environ, "TINYNN_AUTOTUNE", None),
             cache_dir=Path(environ.get("TINYNN_CACHE_DIR") or Path.home() / ".cache" / "tinynn"))
@@ -62,6 +62,18 @@ def _switch(environ, name: str, default: bool | None) -> bool | None:
     if value not in ("", "0", "1"):
         raise TinynnError(f"{name} must be 0 or 1, got {environ[name]!r}")
     return default if not value else value == "1"
+
+
+def _tile(environ, name: str, example: str, zero: bool) -> str | None:
+    """A tile written like `example` (or 0 where `zero`); unset or empty: None. Whether it fits the device and
+    the head size is the kernel's to say, at its first use; a misspelt one is refused here, before a run that
+    never reaches that kernel (generation, say) ignores it."""
+    value = environ.get(name, "").strip().lower()
+    parts = value.split("x")
+    if value and not (zero and value == "0") and not (len(parts) == example.count("x") + 1 and
+                                                      all(part.isdigit() and int(part) > 0 for part in parts)):
+        raise TinynnError(f"{name} must look like {example}{' or 0' if zero else ''}, got {environ[name]!r}")
+    return value or None
 
 
 _current: Settings | None = None  # read on first use: junk in a variable is then an error of opening the backend
