@@ -9,6 +9,7 @@ single-column stores, a batch with b of its own and b shared, M, N and K off the
 split-K. Operands of magnitude 1e-6 and 3e4 check the range scales."""
 import dataclasses
 import difflib
+import re
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from test_blocked import assert_matmul_result, epilogue_for, operands
 from tinynn_gpu.matmul.configs import TENSOR_CONFIGS, TensorConfig
 from tinynn_gpu.matmul.tensor import TensorMatmul, generate
+from tinynn_gpu.runtime.subgroup_matrices import TO_HALF_F32
 
 HIGH_RTOL = 1e-3  # f16's 10-bit mantissa, relative to the size of the terms
 
@@ -92,19 +94,38 @@ def test_emulated_range(poisoned, rng, scale_a, scale_b):
     assert np.linalg.norm(got - want) <= HIGH_RTOL * np.linalg.norm(want)
 
 
+# what the emulation writes in place of the subgroup matrices, and only there: the entry point without their
+# builtins, the subgroup and invocation from the local index, the results' array, the products' loops and lines,
+# and the stores into the subgroups' result slots
+EMULATION = re.compile("|".join((
+    r"fn matmul_main\(.*lid: u32\) \{", r"    let (sg|er|ec|lane) = lid [%/] [\du %/*]+;",
+    r"    var acc: array<vec4<f32>, \d+u>;", r" *for \(var (ks|i|j|kk) = 0u; .*\) \{", r" *}",
+    r" *let a = f32\(a_tile\[.*\]\);", r" *acc\[[^]]*\] = acc\[[^]]*\] \+ a \* vec4<f32>\(f32\(b_tile\[.*\]\)\);",
+    r"    results\[slot \+ \(er\) \* 16u \+ ec \+ \du\] = acc\[\d+u( \+ 1u)?\]\.[xyzw];")))
+
+
+def changed(before: list[str], after: list[str]) -> list[tuple[list[str], list[str]]]:
+    """Each run of lines of `before` that `after` replaces, drops or inserts, with what it has there instead."""
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    return [(before[i1:i2], after[j1:j2]) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+
+
 @pytest.mark.parametrize("config", [TENSOR_CONFIGS[0], TENSOR_CONFIGS[5]], ids=lambda c: c.name)
 def test_emulation_changes_only_the_subgroup_matrices(config):
-    """The emulated kernel is the real one but for the lines of subgroup matrices (their enable, builtins (the
-    entry point's line before them ends otherwise), results, loads, products and stores), on every layout and
-    form; and its f32 tiles differ from its f16 ones only in their type and the rounding to f16."""
+    """The emulated kernel is the real one but where the real one has subgroup matrices (their enable, builtins,
+    results, loads, products and stores), which it replaces with `EMULATION`'s lines and no others, on every
+    layout and form; and its f32 tiles differ from its f16 ones only in the tiles' type and the rounding to f16."""
     for ta, tb, aligned, quads in np.ndindex(2, 2, 2, 2):
         forms = bool(ta), bool(tb), bool(aligned), bool(quads)
         real = generate(config, *forms).splitlines()
         emulated = generate(config, *forms, emulate=True).splitlines()
-        removed = [line for line in difflib.ndiff(real, emulated) if line.startswith("- ")]
-        odd = [line for line in removed if "subgroup" not in line and not line.startswith("- fn matmul_main(")]
-        assert removed and not odd, odd
-        assert not any("subgroupMatrix" in line or "@builtin(subgroup" in line for line in emulated)
+        runs = changed(real, emulated)
+        assert runs
+        for before, after in runs:
+            assert before and all("subgroup" in line or line.startswith("fn matmul_main(") for line in before), before
+            assert all(EMULATION.fullmatch(line) for line in after), [a for a in after if not EMULATION.fullmatch(a)]
         f32 = generate(config, *forms, emulate=True, f16=False).splitlines()
-        removed = [line for line in difflib.ndiff(emulated, f32) if line.startswith("- ")]
-        assert removed and all("f16" in line for line in removed), [r for r in removed if "f16" not in r]
+        runs = changed(emulated, f32)
+        assert runs[0] == (["enable f16;"], TO_HALF_F32.splitlines())
+        for before, after in runs[1:]:
+            assert [line.replace("to_half(", "f16(").replace("array<f32,", "array<f16,") for line in after] == before
