@@ -34,15 +34,20 @@ CASES = {
     "128x128x32/2x4 split2": (False, False, 1, 130, 132, 100, True, 15),  # the last split's K ragged
     "64x64x32/2x2 split4": (False, True, 2, 70, 50, 100, True, 17),
     "64x64x32/2x2 split8": (True, True, 1, 64, 64, 256, False, 15),  # aligned, every split a whole chunk
+    "64x128x64/2x4": (True, False, 2, 68, 136, 100, False, 9),
+    "128x128x64/2x4": (False, True, 1, 130, 66, 200, False, 6),
+    "128x128x32/2x2 db": (False, False, 2, 132, 136, 72, True, 17),
 }
 
 
 def stand_ins(config: TensorConfig) -> tuple:
     """The configuration, then smaller tiles with the same matrices a subgroup and buffering: BK = 16, then half the
-    blocks on half the subgroups (fewer threads: more copies each, which compile slower), then both."""
+    blocks on half the subgroups (fewer threads: more copies each, which compile slower), then both; a BK above 32
+    is kept first, on half the blocks."""
     half = dataclasses.replace(config, bm=config.bm // 2, bn=config.bn // 2, sg_rows=max(1, config.sg_rows // 2),
                                sg_cols=max(1, config.sg_cols // 2))
-    return config, dataclasses.replace(config, bk=16), half, dataclasses.replace(half, bk=16)
+    return (config, *[half] * (config.bk > 32), dataclasses.replace(config, bk=16), half,
+            dataclasses.replace(half, bk=16))
 
 
 def runnable(gpu, config: TensorConfig) -> TensorMatmul:

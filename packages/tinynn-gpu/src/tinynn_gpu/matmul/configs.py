@@ -193,8 +193,11 @@ class TensorConfig(Blocking):
 # The tensor-core candidates, by name (BENCHMARKS.md times each on the step's shapes): 128 x 128 blocks of 8
 # subgroups for large outputs; 8 subgroups on half the block, for 4096^2 outputs (64 x 128) and a linear
 # layer's forward (128 x 64); 4 subgroups for outputs of a few hundred blocks; split-K for weight gradients, whose
-# K is the batch's tokens.
+# K is the batch's tokens. Not yet timed: BK = 64 (half the barriers a K) and 4 x 4 result matrices a subgroup
+# (each loaded matrix used 4 times, not 2 or 4), which the probes suggest; each needs 35-45 KiB of
+# workgroup memory, so runs only where the device has it.
 TENSOR_CONFIGS = tuple(map(TensorConfig.named, (
     "128x128x32/2x4", "128x128x32/2x4 db", "128x64x32/4x2", "64x128x32/2x4", "64x64x32/2x2", "64x64x32/2x2 db",
-    "128x128x32/2x4 split2", "64x64x32/2x2 split4", "64x64x32/2x2 split8")))
+    "128x128x32/2x4 split2", "64x64x32/2x2 split4", "64x64x32/2x2 split8",
+    "64x128x64/2x4", "128x128x64/2x4", "128x128x32/2x2 db")))
 PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls
