@@ -51,6 +51,9 @@ def every_kernel():
                 yield from ((f"matmul {config.name} ta={ta:d} tb={tb:d} aligned={aligned} quads={quads}",
                              tensor.generate(config, ta, tb, aligned, quads))
                             for aligned in (False, True) for quads in (False, True))
+                # and its emulated form (tests on adapters without subgroup matrices), on f16 tiles or f32
+                yield from ((f"matmul {config.name} ta={ta:d} tb={tb:d} emulated f16={f16}",
+                             tensor.generate(config, ta, tb, emulate=True, f16=f16)) for f16 in (False, True))
     yield from ((f"lesson{tile}", lesson_source(tile)) for tile in LESSON_TILES)
     designs = (BlockConfig(64, 64, 16, 8, 4, vec4=True, double=True, ahead=2),  # options no candidate uses
                BlockConfig(64, 64, 8, 4, 4, vec4=True, double=True, ahead=2, spread=True))

@@ -173,18 +173,19 @@ class TensorConfig(Blocking):
         return (a_stride, a_stride * (self.bk if transpose_a else self.bm),
                 b_stride, b_stride * (self.bn if transpose_b else self.bk))
 
-    def workgroup_bytes(self, transpose_a=True, transpose_b=False) -> int:
+    def workgroup_bytes(self, transpose_a=True, transpose_b=False, half_bytes: int = 2) -> int:
+        """The A and B tiles (of f16s, or of f32s in an emulation without f16) and the subgroups' result slots."""
         _, a_tile, _, b_tile = self.tiles(transpose_a, transpose_b)
-        return 2 * self.buffers * (a_tile + b_tile) + 4 * S * S * self.sg_rows * self.sg_cols
+        return half_bytes * self.buffers * (a_tile + b_tile) + 4 * S * S * self.sg_rows * self.sg_cols
 
-    def check_device(self, limits: dict) -> None:
+    def check_device(self, limits: dict, half_bytes: int = 2) -> None:
         if self.bm % (S * self.sg_rows) or self.bn % (S * self.sg_cols) or self.bk % S or \
                 (self.bm * self.bk // 4) % self.threads or (self.bk * self.bn // 4) % self.threads:
             raise ValueError(f"matmul config {self.name}: blocks must split into 16 x 16 matrices per subgroup, "
                              "and their vec4s evenly over the threads")
         if self.threads > limits.get("max-compute-invocations-per-workgroup", 256):
             raise ValueError(f"matmul config {self.name}: {self.threads} threads, more than the device allows")
-        most = max(self.workgroup_bytes(ta, tb) for ta in (False, True) for tb in (False, True))
+        most = max(self.workgroup_bytes(ta, tb, half_bytes) for ta in (False, True) for tb in (False, True))
         if most > limits.get("max-compute-workgroup-storage-size", 16384):
             raise ValueError(f"matmul config {self.name}: {most} bytes of workgroup memory, more than the device has")
 
@@ -192,8 +193,11 @@ class TensorConfig(Blocking):
 # The tensor-core candidates, by name (BENCHMARKS.md times each on the step's shapes): 128 x 128 blocks of 8
 # subgroups for large outputs; 8 subgroups on half the block, for 4096^2 outputs (64 x 128) and a linear
 # layer's forward (128 x 64); 4 subgroups for outputs of a few hundred blocks; split-K for weight gradients, whose
-# K is the batch's tokens.
+# K is the batch's tokens. Not yet timed: BK = 64 (half the barriers a K) and 4 x 4 result matrices a subgroup
+# (each loaded matrix used 4 times, not 2 or 4), which the issue's probes suggest; each needs 35-45 KiB of
+# workgroup memory, so runs only where the device has it.
 TENSOR_CONFIGS = tuple(map(TensorConfig.named, (
     "128x128x32/2x4", "128x128x32/2x4 db", "128x64x32/4x2", "64x128x32/2x4", "64x64x32/2x2", "64x64x32/2x2 db",
-    "128x128x32/2x4 split2", "64x64x32/2x2 split4", "64x64x32/2x2 split8")))
+    "128x128x32/2x4 split2", "64x64x32/2x2 split4", "64x64x32/2x2 split8",
+    "64x128x64/2x4", "128x128x64/2x4", "128x128x32/2x2 db")))
 PAIR_SPLITS = (1, 2, 3, 4)  # the split counts a pair's tuning tries for each of its two matmuls

@@ -11,6 +11,11 @@ asks for row sums (a weight gradient's bias gradient).
 
 `tensor_cores(runtime)` says whether the device can run it, and why not: it needs f16 subgroup matrices of
 16 x 16 x 16 with f32 results in subgroups of 32, checked by running one small product against NumPy.
+
+`emulate` builds the same kernel with each subgroup-matrix load, multiply-accumulate and store written out in plain
+WGSL over the same tiles, offsets, strides and layouts (runtime/subgroup_matrices.py; f16 tiles where the device
+has shader-f16, else f32 ones rounded to f16's precision): on an adapter without subgroup matrices (lavapipe) the
+tests run everything else in it, byte for byte the kernel's own.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from tinynn_gpu.matmul.configs import S, TensorConfig
 from tinynn_gpu.matmul.epilogue import (GeneratedMatmul, epilogue_slots, finish_arrays, finish_launch, main_launches,
                                         split_targets)
 from tinynn_gpu.runtime.kernels import grid
+from tinynn_gpu.runtime.subgroup_matrices import EMULATED_SUBGROUP, TO_HALF_F32, Products, enables, opaque_16
 from tinynn_gpu.runtime.wgsl import fill, kernel_file, kernel_source
 
 FEATURES = ("shader-f16", "chromium-experimental-subgroup-matrix")
@@ -32,9 +38,11 @@ def major(transposed: bool) -> str:
     return "col_major" if transposed else "row_major"
 
 
-def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -> list[tuple[str, str, str]]:
+def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple,
+            half: str = "f16") -> list[tuple[str, str, str]]:
     """One operand's tile copy as (declare, fetch, stash) lines per slot of a thread: the slot's place in the tile
-    and its scales (registers, the same every step), the vec4 load times the scales, and the four f16 stores."""
+    and its scales (registers, the same every step), the vec4 load times the scales, and the four f16 stores
+    (`half`: the conversion to the tile's element)."""
     a = operand == "a"
     side = cfg.bm if a else cfg.bn
     stride = strides[0] if a else strides[2]
@@ -64,23 +72,73 @@ def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -
         m_or_n, k = index
         load = f"load_a(a_base, {m_or_n}, {k}, k_end)" if a else f"load_b(b_base, {k}, {m_or_n}, k_end)"
         fetch = f"{reg} = {load} * {operand}_scale_{i};"
-        stash = " ".join(f"{operand}_tile[{{buf}} * {tile_size}u + {at} + {j}u] = f16({reg}.{x});"
+        stash = " ".join(f"{operand}_tile[{{buf}} * {tile_size}u + {at} + {j}u] = {half}({reg}.{x});"
                          for j, x in enumerate(epilogue.XYZW))
         copies.append(("\n".join(declare), fetch, stash))
     return copies
 
 
-def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: bool = False,
-             quads: bool = False) -> str:
-    """The WGSL of one configuration and layout (vec4 loads: `TensorConfig.uses_vec4`); aligned: loads without
-    bounds checks, for
-    shapes whose tiles all lie inside the operands; quads: results stored 4 columns at a time (N a multiple of 4)."""
-    strides = cfg.tiles(transpose_a, transpose_b)
+def _times(x, factor: int) -> str:
+    """x * factor in WGSL: folded into a constant where x is a number (the unrolled kernel), else a loop's variable
+    times it (the emulation's loops)."""
+    return f"{x * factor}u" if isinstance(x, int) else f"{factor}u * {x}"
+
+
+def _accumulator(mm: Products, i, j, tn: int):
+    """Result matrix (i, j) of the subgroup: a subgroup matrix, or emulated two vec4s of the `acc` array."""
+    if not mm.emulate:
+        return f"acc_{i}_{j}"
+    at = f"{2 * (i * tn + j)}u" if isinstance(i, int) else f"2u * ({i} * {tn}u + {j})"
+    return f"acc[{at}]", f"acc[{at} + 1u]"
+
+
+def _products(mm: Products, cfg: TensorConfig, transpose_a: bool, transpose_b: bool, strides: tuple) -> list[str]:
+    """A step's products: for each 16 of BK, the subgroup's left matrices (its rows of the A tile), right matrices
+    (its columns of the B tile) and every pair's multiply-accumulate; emulated, the same as WGSL loops (lavapipe
+    compiles unrolled copies for minutes)."""
     a_stride, _, b_stride, _ = strides
-    copies = _copies(cfg, "a", transpose_a, strides) + _copies(cfg, "b", transpose_b, strides)
     tm, tn = cfg.bm // (S * cfg.sg_rows), cfg.bn // (S * cfg.sg_cols)
+
+    def left(kk, i):
+        at = f"(sr + {_times(i, S)}) * {a_stride}u + {_times(kk, S)}" if not transpose_a else \
+            f"{_times(kk, S * a_stride)} + sr + {_times(i, S)}"
+        name = "l" if mm.emulate else f"l{kk}_{i}"
+        return mm.load(name, "left", "a_tile", f"buf * A_TILE + {at}", "A_STRIDE", major(transpose_a))
+
+    def right(kk, j):
+        at = f"{_times(kk, S * b_stride)} + sc + {_times(j, S)}" if not transpose_b else \
+            f"(sc + {_times(j, S)}) * {b_stride}u + {_times(kk, S)}"
+        name = "r" if mm.emulate else f"r{kk}_{j}"
+        return mm.load(name, "right", "b_tile", f"buf * B_TILE + {at}", "B_STRIDE", major(transpose_b))
+    if mm.emulate:
+        loops = [("ks", cfg.bk // S), ("i", tm), ("j", tn)]
+        lines = [f"        for (var {v} = 0u; {v} < {n}u; {v} = {v} + 1u) {{" for v, n in loops]
+        lines += left("ks", "i") + right("ks", "j") + mm.multiply_add("l", "r", _accumulator(mm, "i", "j", tn))
+        return lines + ["        }"] * len(loops)
+    products = []
+    for kk in range(cfg.bk // S):
+        for i in range(tm):
+            products += left(kk, i)
+        for j in range(tn):
+            products += right(kk, j)
+        products += [line for i in range(tm) for j in range(tn)
+                     for line in mm.multiply_add(f"l{kk}_{i}", f"r{kk}_{j}", _accumulator(mm, i, j, tn))]
+    return products
+
+
+def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: bool = False,
+             quads: bool = False, emulate: bool = False, f16: bool = True) -> str:
+    """The WGSL of one configuration and layout (vec4 loads: `TensorConfig.uses_vec4`); aligned: loads without
+    bounds checks, for shapes whose tiles all lie inside the operands; quads: results stored 4 columns at a time
+    (N a multiple of 4); emulate: the subgroup matrices in plain WGSL, on f16 tiles or (no f16) f32 ones."""
+    strides = cfg.tiles(transpose_a, transpose_b)
+    half = "f16" if f16 else "to_half"
+    copies = _copies(cfg, "a", transpose_a, strides, half) + _copies(cfg, "b", transpose_b, strides, half)
+    tm, tn = cfg.bm // (S * cfg.sg_rows), cfg.bn // (S * cfg.sg_cols)
+    mm = Products(emulate, "    ")  # the declarations and stores; the products indent by 8
     declare = [d for d, _, _ in copies]
-    declare += [f"    var acc_{i}_{j} = subgroup_matrix_result<f32, 16, 16>();" for i in range(tm) for j in range(tn)]
+    declare += [f"    var acc: array<vec4<f32>, {2 * tm * tn}u>;"] if emulate else \
+        [line for i in range(tm) for j in range(tn) for line in mm.zero(f"acc_{i}_{j}")]
 
     def fetch(k0, indent):
         return [indent + f.replace("{k0}", k0) for _, f, _ in copies]
@@ -95,25 +153,12 @@ def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: b
     else:
         prologue, stash_next = [], []
         fetch_next = fetch("k0", "        ") + stash("0u", "        ") + ["        workgroupBarrier();"]
-    products = []
-    for kk in range(cfg.bk // S):
-        for i in range(tm):
-            at = f"(sr + {i * S}u) * {a_stride}u + {kk * S}u" if not transpose_a else \
-                f"{kk * S * a_stride}u + sr + {i * S}u"
-            products.append(f"        let l{kk}_{i} = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, "
-                            f"{major(transpose_a)}>(&a_tile, buf * A_TILE + {at}, A_STRIDE);")
-        for j in range(tn):
-            at = f"{kk * S * b_stride}u + sc + {j * S}u" if not transpose_b else \
-                f"(sc + {j * S}u) * {b_stride}u + {kk * S}u"
-            products.append(f"        let r{kk}_{j} = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, "
-                            f"{major(transpose_b)}>(&b_tile, buf * B_TILE + {at}, B_STRIDE);")
-        products += [f"        acc_{i}_{j} = subgroupMatrixMultiplyAccumulate(l{kk}_{i}, r{kk}_{j}, acc_{i}_{j});"
-                     for i in range(tm) for j in range(tn)]
+    products = _products(Products(emulate, steps=opaque_16("params.k")), cfg, transpose_a, transpose_b, strides)
     stores = []
     for i in range(tm):
         for j in range(tn):
+            stores += mm.store(_accumulator(mm, i, j, tn), "results", "slot", "16u")
             stores += [
-                f"    subgroupMatrixStore<row_major>(&results, slot, acc_{i}_{j}, 16u);",
                 "    workgroupBarrier();",
                 "    {",
                 f"        let m = row0 + sr + {i * S}u + r;",
@@ -129,7 +174,7 @@ def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: b
     shared, problem = epilogue.parts()
     loads = "vec4 loads into f16 tiles" + (", double-buffered" if cfg.double else "")
     problem = fill(problem, epilogue.problem_fills(transpose_a, transpose_b, True, aligned, "", 0, quads, loads))
-    _, a_tile, _, b_tile = strides
+    a_stride, a_tile, b_stride, b_tile = strides
     fills = {
         "BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "SG_COLS": cfg.sg_cols, "THREADS": cfg.threads,
         "A_STRIDE": a_stride, "B_STRIDE": b_stride, "A_TILE": a_tile, "B_TILE": b_tile,
@@ -137,10 +182,15 @@ def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: b
         "SUB_M": tm * S, "SUB_N": tn * S, "BUFFERS": cfg.buffers, "PROBLEMS": problem,
         "DECLARE": "\n".join(declare), "PROLOGUE": "\n".join(prologue), "FETCH": "\n".join(fetch_next),
         "PRODUCTS": "\n".join(products), "STASH": "\n".join(stash_next), "STORES": "\n".join(stores),
+        "TILE_TYPE": "f16" if f16 else "f32",
+        # the subgroup and the invocation in it: builtins, or emulated from the local index
+        "BUILTINS": "" if emulate else ",\n               @builtin(subgroup_id) sg: u32, "
+                                       "@builtin(subgroup_invocation_id) lane: u32",
+        "SUBGROUP": f"{EMULATED_SUBGROUP}\n    let lane = lid % 32u;\n" if emulate else "",
         **epilogue.module_fills(quads),
     }
     text = fill(shared, fills) + "\n" + fill(kernel_file("tensor"), fills)
-    return "enable f16;\nenable chromium_experimental_subgroup_matrix;\n" + kernel_file("common") + "\n" + text
+    return enables(emulate, f16) + ("" if f16 else TO_HALF_F32 + "\n") + kernel_file("common") + "\n" + text
 
 
 LOADS = 16  # floats a thread of the scales pass reads from a line (scales.wgsl)
@@ -188,6 +238,16 @@ def scales_launch(rt, batch, m, n, k, transpose_a, transpose_b, shared_b, sums: 
 
 
 class TensorMatmul(GeneratedMatmul):
+    def __init__(self, runtime, config: TensorConfig, emulate: bool = False):
+        """emulate: the kernel's subgroup matrices in plain WGSL (`generate`), its tiles f32 where the device has no
+        shader-f16 (which takes twice their workgroup memory)."""
+        self.emulate = emulate
+        self.f16 = not emulate or "shader-f16" in runtime.ctx.features
+        if not self.f16:
+            config.check_device(runtime.ctx.limits, half_bytes=4)
+        super().__init__(runtime, config)
+        self.description += " emulated" * emulate
+
     def _recorder(self, plan, batch, m, n, shared_b):
         """record(a, b, out, epilogue): the scales pass, the product's dispatches and, with split-K, the finish."""
         scales, launches, finish, splits = plan
@@ -215,7 +275,8 @@ class TensorMatmul(GeneratedMatmul):
         params["row_sums"] = 0  # the scales pass sums the rows
         layout = (transpose_a, transpose_b, layout[3], n % 4 == 0)  # aligned, quads (loads: vec4 always)
         module = self.module(layout, f"ta={int(transpose_a)} tb={int(transpose_b)}{' aligned' * layout[2]}"
-                             f"{' quads' * layout[3]}", lambda: generate(cfg, *layout))
+                             f"{' quads' * layout[3]}{' emulated' * self.emulate}",
+                             lambda: generate(cfg, *layout, self.emulate, self.f16))
         launches = main_launches(self.rt, module, MAIN_NAMES, cfg, batch * splits, m, n, params)
         scales = scales_launch(self.rt, batch, m, n, k, transpose_a, transpose_b, shared_b,
                                epilogue.row_sums is not None)

@@ -10,14 +10,16 @@ results by them (exact: powers of two). P lies in [0, 1]. So the error is f16's 
 line's largest value, whatever the activations' magnitudes, as in the matmuls of "high" (matmul/scales.wgsl).
 
 `emulate=True` builds the same kernel with each matrix product written out in plain WGSL over the same tiles,
-offsets and strides (f16 tiles where the device has shader-f16, else f32 rounded to f16's precision): on an
-adapter without subgroup matrices (lavapipe) the tests run everything around the products that way.
+offsets and strides (runtime/subgroup_matrices.py; f16 tiles where the device has shader-f16, else f32 rounded to
+f16's precision): on an adapter without subgroup matrices (lavapipe) the tests run everything around the products
+that way.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
 from tinynn_gpu.ops.attention_tiled import THREADS
+from tinynn_gpu.runtime.subgroup_matrices import Products, kernel_parts
 from tinynn_gpu.runtime.wgsl import kernel_file, kernel_source, unroll
 
 S = 16  # a subgroup matrix's side
@@ -73,72 +75,6 @@ def padded(head_size: int) -> int:
 
 def choose_tensor_tile(head_size: int, max_bytes: int, half_bytes: int = 2) -> TensorTile | None:
     return next((tile for tile in TENSOR_TILES if not tile.check(head_size, max_bytes, half_bytes)), None)
-
-
-class Products:
-    """The two products' WGSL for one subgroup's 16 rows: subgroup matrices, or (emulate) plain WGSL computing
-    the same, each invocation 8 neighbouring results of a row (row er, columns ec..ec+7), from the matrices'
-    tiles, offsets and strides as subgroupMatrixLoad reads them."""
-
-    def __init__(self, emulate: bool):
-        self.emulate = emulate
-        self.loaded = {}  # emulate: a matrix's name -> (tile, offset, stride, major)
-
-    def load(self, name: str, kind: str, tile: str, offset: str, stride: str, major: str) -> list[str]:
-        if self.emulate:
-            self.loaded[name] = (tile, offset, stride, major)
-            return []
-        return [(f"        let {name} = subgroupMatrixLoad<subgroup_matrix_{kind}<f16, 16, 16>, {major}>"
-                 f"(&{tile}, {offset}, {stride});")]
-
-    def zero(self, name: str) -> list[str]:
-        if self.emulate:
-            return [f"        var {name}_a = vec4<f32>(0.0);", f"        var {name}_b = vec4<f32>(0.0);"]
-        return [f"        var {name} = subgroup_matrix_result<f32, 16, 16>();"]
-
-    def multiply_add(self, left: str, right: str, acc: str) -> list[str]:
-        if not self.emulate:
-            return [f"        {acc} = subgroupMatrixMultiplyAccumulate({left}, {right}, {acc});"]
-        ltile, *lplace = self.loaded[left]
-        rtile, *rplace = self.loaded[right]
-
-        def b(c):
-            return ", ".join(f"f32({rtile}[{element(*rplace, 'kk', f'ec + {c + i}u')}])" for i in range(4))
-        return ["        for (var kk = 0u; kk < 16u; kk = kk + 1u) {",
-                f"            let a = f32({ltile}[{element(*lplace, 'er', 'kk')}]);",
-                f"            {acc}_a = {acc}_a + a * vec4<f32>({b(0)});",
-                f"            {acc}_b = {acc}_b + a * vec4<f32>({b(4)});",
-                "        }"]
-
-    def store(self, acc: str, array: str, offset: str, stride: str) -> list[str]:
-        if not self.emulate:
-            return [f"        subgroupMatrixStore<row_major>(&{array}, {offset}, {acc}, {stride});"]
-        return [f"        {array}[{element(offset, stride, 'row_major', 'er', f'ec + {c}u')}] = "
-                f"{acc}_{'ab'[c // 4]}.{'xyzw'[c % 4]};" for c in range(8)]
-
-
-def element(offset: str, stride: str, major: str, row: str, col: str) -> str:
-    """The index of a loaded matrix's element (row, col) in its array."""
-    return f"{offset} + ({row}) * {stride} + {col}" if major == "row_major" else \
-        f"{offset} + ({col}) * {stride} + {row}"
-
-
-def kernel_parts(emulate: bool, f16: bool) -> tuple[str, dict]:
-    """(the enables, the fills of HALF, BUILTINS and SUBGROUP) of a tensor-core attention kernel: subgroup matrices,
-    or (emulate) subgroups of 32 by index, each invocation 8 neighbouring elements (er, ec..ec+7) of a 16 x 16
-    result, on f16 tiles or f32 ones rounded to f16's precision."""
-    if not emulate:
-        enables, builtins, subgroup = "enable f16;\nenable chromium_experimental_subgroup_matrix;\n", \
-            ", @builtin(subgroup_id) sg: u32", ""
-    else:
-        enables, builtins = "enable f16;\n" if f16 else "", ""
-        subgroup = "    let sg = lid / 32u;\n    let er = lid % 32u / 2u;\n    let ec = lid % 2u * 8u;"
-    # f16's nearest value in an f32: its spacing at x is 2^-10 of x's power of two, 2^-24 among the subnormals
-    # (pack2x16float may flush those)
-    rounded = "let step = ldexp(1.0, max(frexp(x).exp - 11, -24));\n    return round(x / step) * step;"
-    half = "alias half = f16;\nfn to_half(x: f32) -> f16 { return f16(x); }" if f16 else \
-        f"alias half = f32;\nfn to_half(x: f32) -> f32 {{\n    {rounded}\n}}"
-    return enables, {"HALF": half, "BUILTINS": builtins, "SUBGROUP": subgroup}
 
 
 def score_lines(mm: Products, db: int, kb: int, cols: int) -> list[str]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tinynn_gpu.ops.attention_tensor import PAD, S, Products, kernel_parts, padded
+from tinynn_gpu.ops.attention_tensor import PAD, S, padded
 from tinynn_gpu.ops.attention_tiled import THREADS
+from tinynn_gpu.runtime.subgroup_matrices import Products, kernel_parts
 from tinynn_gpu.runtime.wgsl import kernel_file, kernel_source, unroll
 
 
