@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tinynn_gpu.ops.attention_tiled import THREADS
-from tinynn_gpu.runtime.subgroup_matrices import Products, kernel_parts
+from tinynn_gpu.runtime.subgroup_matrices import Products, kernel_parts, opaque_16
 from tinynn_gpu.runtime.wgsl import kernel_file, kernel_source, unroll
 
 S = 16  # a subgroup matrix's side
@@ -108,7 +108,7 @@ def value_lines(mm: Products, db: int, kb: int, cols: int) -> list[str]:
 def emulated_products(db: int, kb: int, cols: int) -> tuple[list[str], list[str]]:
     """score_lines' and value_lines' products emulated, their matrices and inner steps as WGSL loops, not copies:
     lavapipe compiled the copies for minutes."""
-    mm = Products(True)
+    mm = Products(True, steps=opaque_16("params.seq"))  # not unrolled: lavapipe compiles it in seconds
 
     def product(outer, inner, left, right, store):
         lines = [f"        for (var o = 0u; o < {outer}u; o = o + 1u) {{"] + mm.zero("acc")

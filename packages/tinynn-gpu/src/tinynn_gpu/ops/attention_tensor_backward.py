@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from tinynn_gpu.ops.attention_tensor import PAD, S, padded
 from tinynn_gpu.ops.attention_tiled import THREADS
-from tinynn_gpu.runtime.subgroup_matrices import Products, kernel_parts
+from tinynn_gpu.runtime.subgroup_matrices import Products, kernel_parts, opaque_16
 from tinynn_gpu.runtime.wgsl import kernel_file, kernel_source, unroll
 
 
@@ -114,7 +114,7 @@ def product_lines(mm: Products, name: str, size: tuple, subgroups: int) -> list[
 def backward_tensor_source(head_size: int, tile: BackwardTensorTile, emulate: bool = False, f16: bool = True) -> str:
     """attention_tensor_backward.wgsl for one head size and tile; emulate as attention_tensor.tensor_source."""
     hp4, subgroups = padded(head_size) // 4, tile.threads // 32
-    mm = Products(emulate)
+    mm = Products(emulate, steps=opaque_16("params.seq"))  # emulated: not unrolled, as in the forward
     sizes = tile.products(head_size)
     products = {part: "\n".join(line for name in names for line in product_lines(mm, name, sizes[name], subgroups))
                 for part, names in (("SCORES", ("s", "dp")), ("KV", ("dv", "dk")), ("Q", ("dq",)))}
