@@ -161,9 +161,9 @@ def test_tile_choice(setting, monkeypatch):
     assert choose_tile(64, 49152) == TILES[0] and choose_tile(128, 49152) == Tile(32, 32, 2)
     assert choose_tile(128, 32768) == Tile(16, 32, 2) and choose_tile(64, 16384) is None
     assert choose_tile(32, 49152) == choose_tile(16, 49152) == Tile(64, 32, 4)  # 8 threads a row, not 16
-    setting("TINYNN_ATTENTION_TILE", "32x32")
-    with pytest.raises(TinynnError, match="TINYNN_ATTENTION_TILE"):
-        choose_tile(64, 49152)
+    setting("TINYNN_ATTENTION_TILE", "64x32x2")  # well formed (settings.py refuses a misspelt one) but too big
+    with pytest.raises(TinynnError, match="TINYNN_ATTENTION_TILE=64x32x2: "):
+        choose_tile(64, 16384)
 
 
 def test_the_forward_follows_the_tile_setting_of_the_moment(setting, gpu, monkeypatch):

@@ -69,10 +69,7 @@ def workgroup_bytes(head_size: int, rows: int, splits: int) -> int:
 def choose_layout(head_size: int, max_bytes: int) -> tuple[int, int]:
     forced = settings.current().attention_layout
     if forced:
-        try:
-            rows, splits = (int(n) for n in forced.lower().split("x"))
-        except ValueError:
-            raise TinynnError(f"TINYNN_ATTENTION_LAYOUT must look like 16x4, got {forced!r}") from None
+        rows, splits = (int(n) for n in forced.split("x"))  # its form checked by settings.py
         if workgroup_bytes(head_size, rows, splits) > max_bytes:
             raise TinynnError(f"TINYNN_ATTENTION_LAYOUT={forced}: head size {head_size} needs more than the "
                               f"adapter's {max_bytes} bytes of workgroup memory")

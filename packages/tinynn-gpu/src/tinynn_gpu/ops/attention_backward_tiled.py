@@ -69,7 +69,7 @@ BACKWARD_TILES = (BackwardTile(32, 32, 2), BackwardTile(16, 16, 1), BackwardTile
 
 def choose_backward_tile(head_size: int, max_bytes: int) -> BackwardTile | None:
     """The tiled backward's tile, or None for the per-row kernels."""
-    return choose(BACKWARD_TILE, settings.current().attention_backward_tile, BackwardTile, BACKWARD_TILES, "32x32x2 (keys, queries, keys a thread)", head_size,
+    return choose(BACKWARD_TILE, settings.current().attention_backward_tile, BackwardTile, BACKWARD_TILES, head_size,
                    max_bytes)
 
 

@@ -15,18 +15,14 @@ XYZW = "xyzw"
 FORWARD_TILE = "TINYNN_ATTENTION_TILE"
 
 
-def choose(variable: str, forced: str | None, make, tiles: tuple, example: str, head_size: int, max_bytes: int,
-           waste=None):
+def choose(variable: str, forced: str | None, make, tiles: tuple, head_size: int, max_bytes: int, waste=None):
     """The first of `tiles` that runs the head size here, or None; with `waste` (a tile -> a number), the first of
-    those with the least. `forced`, the setting of `variable`, forces one (written like `example`), or none with
-    0."""
+    those with the least. `forced`, the setting of `variable`, forces one (settings.py checked its form), or
+    none with 0."""
     if forced == "0":
         return None
     if forced:
-        try:
-            tile = make(*(int(n) for n in forced.lower().split("x")))
-        except (TypeError, ValueError):
-            raise TinynnError(f"{variable} must look like {example} or 0, got {forced!r}") from None
+        tile = make(*(int(n) for n in forced.split("x")))  # its form checked by settings.py
         why = tile.check(head_size, max_bytes)
         if why:
             raise TinynnError(f"{variable}={forced}: {why}")
@@ -82,7 +78,7 @@ TILES = (Tile(32, 32, 2), Tile(64, 32, 4), Tile(16, 32, 2))
 def choose_tile(head_size: int, max_bytes: int) -> Tile | None:
     """The tiled forward's tile, or None for the per-row kernel: of TILES that fit, the first whose threads sharing
     a query row pad the head's vec4 columns least (see TILES)."""
-    return choose(FORWARD_TILE, settings.current().attention_tile, Tile, TILES, "64x32x2 (rows, keys, keys a thread)", head_size, max_bytes,
+    return choose(FORWARD_TILE, settings.current().attention_tile, Tile, TILES, head_size, max_bytes,
                    waste=lambda tile: tile.columns(head_size))
 
 

@@ -48,9 +48,10 @@ class Settings:
             adapter_index=environ.get("TINYNN_ADAPTER_INDEX", "").strip() or "0",  # unset or empty: the first
             shader_checks=_switch(environ, "TINYNN_SHADER_CHECKS", False),
             subgroups=_switch(environ, "TINYNN_SUBGROUPS", True),
-            attention_tile=_tile(environ, "TINYNN_ATTENTION_TILE", "64x32x2", zero=True),
-            attention_backward_tile=_tile(environ, "TINYNN_ATTENTION_BACKWARD_TILE", "32x32x2", zero=True),
-            attention_layout=_tile(environ, "TINYNN_ATTENTION_LAYOUT", "16x4", zero=False),
+            attention_tile=_tile(environ, "TINYNN_ATTENTION_TILE", "64x32x2 (rows, keys, keys a thread)", zero=True),
+            attention_backward_tile=_tile(environ, "TINYNN_ATTENTION_BACKWARD_TILE",
+                                          "32x32x2 (keys, queries, keys a thread)", zero=True),
+            attention_layout=_tile(environ, "TINYNN_ATTENTION_LAYOUT", "16x4 (rows, splits)", zero=False),
             matmul=environ.get("TINYNN_MATMUL") or None,
             autotune=_switch(environ, "TINYNN_AUTOTUNE", None),
             cache_dir=Path(environ.get("TINYNN_CACHE_DIR") or Path.home() / ".cache" / "tinynn"))
@@ -70,7 +71,7 @@ def _tile(environ, name: str, example: str, zero: bool) -> str | None:
     never reaches that kernel (generation, say) ignores it."""
     value = environ.get(name, "").strip().lower()
     parts = value.split("x")
-    if value and not (zero and value == "0") and not (len(parts) == example.count("x") + 1 and
+    if value and not (zero and value == "0") and not (len(parts) == example.split()[0].count("x") + 1 and
                                                       all(part.isdigit() and int(part) > 0 for part in parts)):
         raise TinynnError(f"{name} must look like {example}{' or 0' if zero else ''}, got {environ[name]!r}")
     return value or None
