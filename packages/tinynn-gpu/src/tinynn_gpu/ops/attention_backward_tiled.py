@@ -103,9 +103,9 @@ def backward_tiled_source(head_size: int, tile: BackwardTile) -> str:
         q += [f"            let e{w}_{u} = ds_tile[j + {u}u][grp + {w}u * G];" for w in range(counts["$u"])]
         q += [f"            dq_{w}_{i} = dq_{w}_{i} + e{w}_{u}.{XYZW[i]} * k{u};" for w, i in quads]
     text = kernel_source("attention_backward_tiled", {
-        "HEAD": kernel_file("attention_head"), "HS4": hs4, "KEYS": tile.keys, "QUERIES": tile.queries, "SN": sn,
-        "SCORE_STEP": score_step, "SCORES": "\n".join(scores), "KV_STEP": kv_step, "KV": "\n".join(kv),
-        "Q_STEP": q_step, "Q": "\n".join(q)})
+        "HEAD": kernel_file("attention_head"), "DQ": kernel_file("attention_dq"), "HS4": hs4, "KEYS": tile.keys,
+        "QUERIES": tile.queries, "SN": sn, "SCORE_STEP": score_step, "SCORES": "\n".join(scores),
+        "KV_STEP": kv_step, "KV": "\n".join(kv), "Q_STEP": q_step, "Q": "\n".join(q)})
     return unroll(text, counts)
 
 

@@ -40,8 +40,6 @@ const G: u32 = THREADS / HS4;  // threads a column in the dK/dV and dQ products
 const STRIDE: u32 = HS4 + 1u;  // row strides in vec4s, padded against bank conflicts
 const P_STRIDE: u32 = SY + 1u;
 
-@group(0) @binding(6) var<storage, read_write> part: array<vec4<f32>>;
-
 var<workgroup> k_tile: array<array<vec4<f32>, STRIDE>, KEYS>;
 var<workgroup> v_tile: array<array<vec4<f32>, STRIDE>, KEYS>;
 var<workgroup> q_tile: array<array<vec4<f32>, STRIDE>, QUERIES>;
@@ -67,13 +65,6 @@ fn g_at(hd: Head, t: u32, c: u32) -> vec4<f32> {
 fn y_at(hd: Head, t: u32, c: u32) -> vec4<f32> {
     if (t >= params.seq) { return vec4<f32>(0.0); }
     return y[hd.yg + t * params.n_head * HS4 + c];
-}
-
-// Where key block kb's slice of part holds query row i (i >= kb * KEYS).
-fn part_row(bh: u32, kb: u32, i: u32) -> u32 {
-    let blocks = (params.seq + KEYS - 1u) / KEYS;
-    let per_head = blocks * params.seq - KEYS * (blocks * (blocks - 1u) / 2u);
-    return bh * per_head + kb * params.seq - KEYS * (kb * (kb - 1u) / 2u) + i - kb * KEYS;
 }
 
 // Key blocks in wg.y (the longest walks, kb = 0, start first), (batch, head) in wg.x.
@@ -144,15 +135,4 @@ fn attention_backward_kv_main(grid: Grid, @builtin(local_invocation_index) lid: 
     if (key_$o < params.seq) { out[key_at_$o + params.n_head * HS4] = dv_$o; }
 }
 
-// dQ = scale * the sum of a query's slices, in key-block order: a thread a vec4, (batch, head) in wg.y.
-@compute @workgroup_size(256)
-fn attention_backward_q_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
-    let hd = head(grid.wg.y);
-    let e = grid.wg.x * 256u + lid;
-    let i = e / HS4;
-    let c = e % HS4;
-    if (i >= params.seq) { return; }
-    var s = vec4<f32>(0.0);
-    for (var kb = 0u; kb <= i / KEYS; kb = kb + 1u) { s = s + part[part_row(hd.bh, kb, i) * HS4 + c]; }
-    out[hd.qkv + i * 3u * params.n_head * HS4 + c] = params.scale * s;
-}
+{{DQ}}

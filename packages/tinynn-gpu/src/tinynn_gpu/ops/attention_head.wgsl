@@ -1,5 +1,5 @@
-// What every attention kernel shares, filled into attention.wgsl, attention_tiled.wgsl and
-// attention_backward_tiled.wgsl (each declares HS4, and its own bindings past these): the parameters, the arrays
+// What every attention kernel shares, filled into each (attention.wgsl, the tiled and the tensor-core forwards
+// and backwards; each declares HS4, and its own bindings past these): the parameters, the arrays
 // in the qkv layout, and where one (batch, head) starts in them, in vec4s: its q in qkv (B, T, 3C), its row in y
 // and g (B, T, C). lse is written by the forwards and read by the backwards.
 struct Params { seq: u32, n_head: u32, scale: f32 }

@@ -145,8 +145,9 @@ def tensor_source(head_size: int, tile: TensorTile, emulate: bool = False, f16: 
                                    "$v": -(-tile.keys // (threads // hp4)), "$w": tile.keys // tpr, "$u": hp4 // tpr})
 
 
-class TensorAttention:
-    """Compiles the tensor-core forward per head size on first use and records its dispatch."""
+class TensorKernels:
+    """What the tensor-core forward and backward share: the device's workgroup memory, whether their tiles are f16
+    (emulated on a device without shader-f16: f32), and their shaders, compiled once per head size and tile."""
 
     def __init__(self, runtime, emulate: bool = False):
         self.rt = runtime
@@ -154,6 +155,18 @@ class TensorAttention:
         self.emulate = emulate
         self.f16 = not emulate or "shader-f16" in runtime.ctx.features
         self.shaders = {}  # (head size, tile) -> Shader
+
+    def shader(self, source, name: str, head_size: int, tile):
+        """source(head_size, tile, emulate, f16)'s shader, labelled with the kernel's name."""
+        key = (head_size, tile)
+        if key not in self.shaders:
+            label = f"{name} hs{head_size} {tile}{' emulated' * self.emulate}"
+            self.shaders[key] = self.rt.shader(source(head_size, tile, self.emulate, self.f16), label)
+        return self.shaders[key]
+
+
+class TensorAttention(TensorKernels):
+    """Compiles the tensor-core forward per head size on first use and records its dispatch."""
 
     def tile(self, head_size: int) -> TensorTile | None:
         """The tile this device runs the head size with, or None (too little workgroup memory)."""
@@ -163,11 +176,7 @@ class TensorAttention:
         batch, seq, c3 = qkv.shape
         head_size = c3 // 3 // n_head
         tile = tile or self.tile(head_size)
-        key = (head_size, tile)
-        if key not in self.shaders:
-            label = f"attention tensor hs{head_size} {tile}{' emulated' * self.emulate}"
-            self.shaders[key] = self.rt.shader(tensor_source(head_size, tile, self.emulate, self.f16), label)
-        shader = self.shaders[key]
+        shader = self.shader(tensor_source, "attention tensor", head_size, tile)
         rt, key = self.rt, ("attention_tensor_forward", shader, batch, seq, n_head, scale)
         launch = rt.launches.get(key) or rt.keep(key, rt.prepare(
             shader, "attention_forward_main", (batch * n_head, -(-seq // tile.queries), 1), ("qkv", "out", "lse"),

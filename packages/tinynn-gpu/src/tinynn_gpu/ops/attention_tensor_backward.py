@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tinynn_gpu.ops.attention_tensor import PAD, S, padded
+from tinynn_gpu.ops.attention_tensor import PAD, S, TensorKernels, padded
 from tinynn_gpu.ops.attention_tiled import THREADS
 from tinynn_gpu.runtime.subgroup_matrices import Products, kernel_parts, opaque_16
 from tinynn_gpu.runtime.wgsl import kernel_file, kernel_source, unroll
@@ -120,23 +120,17 @@ def backward_tensor_source(head_size: int, tile: BackwardTensorTile, emulate: bo
                 for part, names in (("SCORES", ("s", "dp")), ("KV", ("dv", "dk")), ("Q", ("dq",)))}
     enables, fills = kernel_parts(emulate, f16)
     text = kernel_source("attention_tensor_backward", {
-        **fills, **products, "HEAD": kernel_file("attention_head"), "HS4": head_size // 4, "HP4": hp4,
-        "KEYS": tile.keys, "QUERIES": tile.queries, "THREADS": tile.threads, "T_STRIDE": 4 * hp4 + PAD,
+        **fills, **products, "HEAD": kernel_file("attention_head"), "DQ": kernel_file("attention_dq"),
+        "HS4": head_size // 4, "HP4": hp4, "KEYS": tile.keys, "QUERIES": tile.queries, "THREADS": tile.threads,
+        "T_STRIDE": 4 * hp4 + PAD,
         "P_STRIDE": tile.keys + PAD, "S_STRIDE": max(2 * tile.keys, 4 * hp4) + 4,
         "STAGE": tile.stage_floats(head_size)})
     tq, tk = tile.threads // tile.queries, tile.threads // tile.keys
     return enables + unroll(text, {"$q": hp4 // tq, "$k": hp4 // tk, "$w": tile.keys // tq})
 
 
-class TensorBackward:
+class TensorBackward(TensorKernels):
     """Compiles the tensor-core backward per head size on first use and records its two dispatches."""
-
-    def __init__(self, runtime, emulate: bool = False):
-        self.rt = runtime
-        self.max_bytes = runtime.ctx.limits.get("max-compute-workgroup-storage-size", 16384)
-        self.emulate = emulate
-        self.f16 = not emulate or "shader-f16" in runtime.ctx.features
-        self.shaders = {}  # (head size, tile) -> Shader
 
     def tile(self, qkv_shape: tuple, n_head: int) -> BackwardTensorTile | None:
         """The tile this device runs the shape with, or None: too little workgroup memory, a head that splits
@@ -152,11 +146,7 @@ class TensorBackward:
         batch, seq, c3 = qkv.shape
         head_size = c3 // 3 // n_head
         tile = tile or self.tile(qkv.shape, n_head)
-        key = (head_size, tile)
-        if key not in self.shaders:
-            label = f"attention tensor backward hs{head_size} {tile}{' emulated' * self.emulate}"
-            self.shaders[key] = self.rt.shader(backward_tensor_source(head_size, tile, self.emulate, self.f16), label)
-        shader = self.shaders[key]
+        shader = self.shader(backward_tensor_source, "attention tensor backward", head_size, tile)
         params = {"seq": seq, "n_head": n_head, "scale": scale}
         part = self.rt.empty((tile.part_floats(batch, seq, n_head, head_size),))
         self.rt.dispatch(shader, "attention_backward_kv_main", (batch * n_head, -(-seq // tile.keys), 1),

@@ -33,8 +33,6 @@ const S_STRIDE: u32 = {{S_STRIDE}}u;  // floats between the stage's rows
 
 {{HALF}}
 
-@group(0) @binding(6) var<storage, read_write> part: array<vec4<f32>>;
-
 var<workgroup> q_tile: array<half, QUERIES * T_STRIDE>;  // scaled, [query][head column]
 var<workgroup> g_tile: array<half, QUERIES * T_STRIDE>;  // dO
 var<workgroup> k_tile: array<half, KEYS * T_STRIDE>;
@@ -76,13 +74,6 @@ fn range_scale(amax_bits: u32) -> f32 {
     let amax = bitcast<f32>(amax_bits);
     if (amax_bits == 0u || (amax_bits & 0x7f800000u) == 0x7f800000u) { return 1.0; }
     return ldexp(1.0, clamp(15 - frexp(amax).exp, -126, 126));
-}
-
-// Where key block kb's slice of part holds query row i (i >= kb * KEYS).
-fn part_row(bh: u32, kb: u32, i: u32) -> u32 {
-    let blocks = (params.seq + KEYS - 1u) / KEYS;
-    let per_head = blocks * params.seq - KEYS * (blocks * (blocks - 1u) / 2u);
-    return bh * per_head + kb * params.seq - KEYS * (kb * (kb - 1u) / 2u) + i - kb * KEYS;
 }
 
 // Key blocks in wg.y (the longest walks, kb = 0, start first), (batch, head) in wg.x.
@@ -173,15 +164,4 @@ fn attention_backward_kv_main(grid: Grid, @builtin(local_invocation_index) lid: 
     if (k0 + key < params.seq && out_col_$k < HS4) { out[key_at + params.n_head * HS4 + out_col_$k] = dv_$k; }
 }
 
-// dQ = scale * the sum of a query's slices, in key-block order: a thread a vec4, (batch, head) in wg.y.
-@compute @workgroup_size(256)
-fn attention_backward_q_main(grid: Grid, @builtin(local_invocation_index) lid: u32) {
-    let hd = head(grid.wg.y);
-    let e = grid.wg.x * 256u + lid;
-    let i = e / HS4;
-    let c = e % HS4;
-    if (i >= params.seq) { return; }
-    var s = vec4<f32>(0.0);
-    for (var kb = 0u; kb <= i / KEYS; kb = kb + 1u) { s = s + part[part_row(hd.bh, kb, i) * HS4 + c]; }
-    out[hd.qkv + i * 3u * params.n_head * HS4 + c] = params.scale * s;
-}
+{{DQ}}
