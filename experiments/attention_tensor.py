@@ -51,8 +51,9 @@ def main():
     gpu, ref = registry.select("gpu"), backends.reference()
     usable, why = gpu.mm.tensor_cores()
     print(f"{gpu.device_name}: tensor cores {'yes' if usable else 'no (' + why + ')'}", flush=True)
-    if usable:  # the attention kernels' own first-use check (ops/attention_tensor_check.py)
-        usable = gpu.attention.tensor_cores()
+    if usable:  # the attention kernels' own first-use check (ops/attention_tensor_check.py), per head size
+        for hs in sorted({SHAPES[label][3] for label in args.shapes.split(",")}):
+            usable = gpu.attention.tensor_cores(hs) and usable
         print(f"attention: {gpu.attention.describe()}", flush=True)
     for label in args.shapes.split(","):
         batch, seq, n_head, hs = SHAPES[label]

@@ -22,6 +22,7 @@ from tinynn import backends, registry
 from tinynn_gpu.ops.attention import lanes_for, workgroup_bytes
 from tinynn_gpu.ops.attention_backward_tiled import BackwardTile
 from tinynn_gpu.ops.attention_tiled import THREADS, Tile
+from tinynn_gpu.runtime import settings
 
 SHAPES = {"lesson": (16, 128, 4, 64), "mid": (16, 128, 6, 64), "big": (8, 256, 12, 64),
           "hs128": (8, 256, 6, 128), "hs32": (16, 128, 8, 32),
@@ -70,15 +71,15 @@ def main():
         heat(gpu, args.heat / 2)  # computing the reference left the GPU idle
         layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",") if layout]
         paths = [{"subgroup": "1", "workgroup": "0"}[p] for p in args.paths.split(",")]
-        os.environ["TINYNN_ATTENTION_TILE"] = "0"  # the per-row forward
-        os.environ["TINYNN_ATTENTION_BACKWARD_TILE"] = "0"  # and backward
+        force("TINYNN_ATTENTION_TILE", "0")  # the per-row forward
+        force("TINYNN_ATTENTION_BACKWARD_TILE", "0")  # and backward
         for (rows, splits), path in ((layout, path) for path in paths for layout in layouts):
             lanes = lanes_for(hs, subgroups=path == "1")
             if workgroup_bytes(hs, rows, splits) > limit or rows * splits * lanes > THREADS:
                 continue
             if path == "1" and "subgroup" not in gpu.ctx.features:
                 continue
-            os.environ["TINYNN_ATTENTION_LAYOUT"] = f"{rows}x{splits}"
+            force("TINYNN_ATTENTION_LAYOUT", f"{rows}x{splits}")
             gpu.rt.subgroups = path == "1"  # TINYNN_SUBGROUPS is read once, when the runtime starts
             y, lse = gpu.attention_forward(d_qkv, n_head, scale)
             g_qkv = gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
@@ -97,13 +98,13 @@ def main():
                                 for k, v in sorted(times.items()))
             print(f"{label:7s} {rows:3d}x{splits:<2d} lanes {lanes} us: {kernels}  total {sum(times.values()):7.1f}  "
                   f"err {max(errs):.1e}{'' if row['ok'] else '  WRONG'}", flush=True)
-        os.environ.pop("TINYNN_ATTENTION_LAYOUT", None)
-        os.environ.pop("TINYNN_ATTENTION_BACKWARD_TILE", None)
+        force("TINYNN_ATTENTION_LAYOUT", None)
+        force("TINYNN_ATTENTION_BACKWARD_TILE", None)
         gpu.rt.subgroups = subgroups  # the runtime's own choice for the tiled sweeps and the per-row backward
         for tile in (Tile(*(int(n) for n in t.split("x"))) for t in args.tiles.split(",") if t):
             if tile.check(hs, limit):
                 continue
-            os.environ["TINYNN_ATTENTION_TILE"] = str(tile)
+            force("TINYNN_ATTENTION_TILE", str(tile))
             y, lse = gpu.attention_forward(d_qkv, n_head, scale)
             errs = [rel_err(gpu.to_numpy(y), y_ref), rel_err(gpu.to_numpy(lse), lse_ref)]
 
@@ -115,14 +116,24 @@ def main():
                             "ok": max(errs) <= 2e-5})
             print(f"{label:7s} tiled {str(tile):8s} us: forward {us:7.1f}  err {max(errs):.1e}"
                   f"{'' if max(errs) <= 2e-5 else '  WRONG'}", flush=True)
-        os.environ.pop("TINYNN_ATTENTION_TILE", None)
+        force("TINYNN_ATTENTION_TILE", None)
         tiles = ["0"] + [t for t in args.backward_tiles.split(",") if t]
         results += backward_rows(gpu, label, tiles, d_qkv, d_grad, g_ref, n_head, scale, args.reps, args.heat / 2)
     for name in ("TINYNN_ATTENTION_LAYOUT", "TINYNN_ATTENTION_TILE", "TINYNN_ATTENTION_BACKWARD_TILE"):
-        os.environ.pop(name, None)
+        force(name, None)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def force(name: str, value: str | None) -> None:
+    """Set a TINYNN_ variable (None: unset) and have the GPU package read it: its settings are read once
+    (runtime/settings.py), so a variable set after the backend starts is otherwise ignored."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    settings.reload()
 
 
 def heat(gpu, seconds):
@@ -145,7 +156,7 @@ def backward_rows(gpu, label, tiles, d_qkv, d_grad, g_ref, n_head, scale, reps, 
     for tile in tiles:
         if tile != "0" and BackwardTile(*(int(n) for n in tile.split("x"))).check(hs, gpu.attention.max_bytes):
             continue
-        os.environ["TINYNN_ATTENTION_BACKWARD_TILE"] = tile
+        force("TINYNN_ATTENTION_BACKWARD_TILE", tile)
         err = rel_err(gpu.to_numpy(gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)), g_ref)
 
         def run():

@@ -131,6 +131,47 @@ def test_sigterm_finishes_the_step_and_saves_it_as_ctrl_c_does(workdir):
     assert not (workdir / "run" / "tinynn.lock").exists()
 
 
+def test_a_run_leaves_the_signal_handlers_as_it_found_them(workdir, monkeypatch):
+    """train() called in a process that goes on (a notebook, a test, a script training twice) hands SIGINT and
+    SIGTERM back: a handler left behind would defer them to a run that is over, and `kill` would only print."""
+    _interrupt_during_step(monkeypatch, 3, "signal")
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert before[1] == signal.SIG_DFL
+    assert main(["train", "--config", write_config(workdir / "c.json", max_steps=4), "--quiet"]) == 130
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert main(["train", "--config", write_config(workdir / "d.json", out_dir="d", max_steps=2), "--quiet"]) == 0
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_sigterm_is_taken_only_in_a_run_of_one_process_from_the_default():
+    """Under MPI the launcher ends the job its own way, and a handler someone else installed is theirs: in both
+    SIGTERM is left alone (Ctrl-C's is deferred still); off the main thread nothing is."""
+    from tinynn.train import _Interrupts
+
+    def mine(signum, frame):
+        """Another's SIGTERM handler."""
+    for terminate, installed, taken in [(True, signal.SIG_DFL, True), (False, signal.SIG_DFL, False),
+                                        (True, mine, False)]:
+        previous = signal.signal(signal.SIGTERM, installed)
+        try:
+            with _Interrupts(True, terminate=terminate) as interrupts:
+                assert (signal.getsignal(signal.SIGTERM) == interrupts._defer) == taken
+                assert signal.getsignal(signal.SIGINT) == interrupts._defer
+            assert signal.getsignal(signal.SIGTERM) == installed
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    handlers = []
+
+    def in_a_thread():
+        with _Interrupts(True, terminate=True):
+            handlers.append((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)))
+    import threading
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert handlers == [(signal.getsignal(signal.SIGINT), signal.SIG_DFL)]
+
+
 @pytest.mark.parametrize("damage, message", [
     ({"optimizer_state": {}}, "it holds no optimizer state"),
     ({"rng_state": {}}, "it holds no random generator state"),

@@ -67,7 +67,7 @@ def high_tuned(poisoned, setting, tmp_path, monkeypatch):
     monkeypatch.setattr(attention_tensor_backward, "BACKWARD_TENSOR_TILES", SMALL_TILES[1])
     monkeypatch.setattr(gpu.attention, "tensor", TensorAttention(gpu.rt, emulate=True))
     monkeypatch.setattr(gpu.attention, "tensor_backward", TensorBackward(gpu.rt, emulate=True))
-    monkeypatch.setattr(gpu.attention, "checked", None)
+    monkeypatch.setattr(gpu.attention, "checked", {})
 
     def selector(autotune=True):
         """The backend's selector and attention choice replaced by fresh ones (autotune None: the setting's)."""
@@ -101,7 +101,7 @@ def test_the_faster_kernels_run_and_are_kept(high_tuned, tmp_path, forward, back
     tensor-core path never does), the choices go to the tuning cache, and a new selector reads them back and
     runs them untimed."""
     gpu, clock, selector = high_tuned
-    assert gpu.attention.tensor_cores()
+    assert gpu.attention.tensor_cores(64)
     clock.winners(forward, backward)
     clock.calls.clear()
     results, qkv = run_attention(gpu, CASE)
@@ -138,7 +138,7 @@ def test_untimed_attention_runs_float32(high_tuned, setting, why):
         assert not mm.autotune
     else:
         gpu.mm.tune_min_macs = MatmulSelector.tune_min_macs
-    assert gpu.attention.tensor_cores()
+    assert gpu.attention.tensor_cores(64)
     clock.calls.clear()
     results, qkv = run_attention(gpu, CASE)
     assert clock.calls == [("forward", FLOAT32), ("backward", FLOAT32)] and clock.timings == 0
@@ -160,7 +160,7 @@ def test_a_failed_check_runs_float32_whatever_the_timing(high_tuned, monkeypatch
     monkeypatch.setattr(gpu.attention.tensor_backward, "backward", no_backward)
     clock.winners(TENSOR, TENSOR)
     with pytest.warns(TinynnNotice, match="attention in matmul precision 'high' runs in float32"):
-        assert not gpu.attention.tensor_cores()
+        assert not gpu.attention.tensor_cores(64)
     clock.calls.clear()
     results, qkv = run_attention(gpu, CASE)
     assert clock.calls == [("forward", FLOAT32), ("backward", FLOAT32)] and clock.timings == 0
@@ -175,7 +175,7 @@ def test_a_captured_step_times_between_calls_and_is_recorded_again(high_tuned):
     backward that the clock made faster, with their answers."""
     gpu, clock, _ = high_tuned
     clock.winners(TENSOR, FLOAT32)
-    assert gpu.attention.tensor_cores()
+    assert gpu.attention.tensor_cores(64)
     clock.calls.clear()
     batch, seq, n_head, head_size, _ = CASE
     qkv = make_qkv(*CASE)

@@ -283,7 +283,7 @@ def emulated_high(high, monkeypatch):
     monkeypatch.setattr(gpu.mm, "_tensor_cores", (True, ""))
     monkeypatch.setattr(gpu.attention, "tensor", TensorAttention(gpu.rt, emulate=True))
     monkeypatch.setattr(gpu.attention, "tensor_backward", TensorBackward(gpu.rt, emulate=True))
-    monkeypatch.setattr(gpu.attention, "checked", None)
+    monkeypatch.setattr(gpu.attention, "checked", {})
     monkeypatch.setattr(gpu.attention, "choice", AttentionChoice(gpu.mm))
     return gpu
 
@@ -300,10 +300,10 @@ def run_attention(gpu, case):
 
 
 def test_check_passes(emulated_high, monkeypatch):
-    """Right kernels pass the first-use check, which runs each tile forward and backward, and then "high"
-    attention runs on them where they are chosen."""
+    """Right kernels pass the first-use check, which runs the head size's tiles forward and backward, and then
+    "high" attention runs on them where they are chosen."""
     gpu = emulated_high
-    assert gpu.attention.tensor_cores() and gpu.attention.checked == (True, "")
+    assert gpu.attention.tensor_cores(64) and gpu.attention.checked == {64: ""}
     assert {tile for _, tile in gpu.attention.tensor.shaders} == set(SMALL_TILES[0])
     assert {tile for _, tile in gpu.attention.tensor_backward.shaders} == set(SMALL_TILES[1])
     choose(gpu, monkeypatch, BASIC[64])
@@ -347,3 +347,27 @@ def test_check_refuses(emulated_high, monkeypatch, broken):
     highest, _ = run_attention(gpu, case)
     for a, b in zip(high, highest):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_check_runs_each_head_size_that_runs(emulated_high, monkeypatch):
+    """Each head size is checked on the tiles that run it, at its first use: a forward right at head size 64 and
+    wrong at 20 (its head padded to 32 columns) is refused at 20, though a check of each tile at one head size
+    passes it; from then on every head size runs float32, and the answers are float32's."""
+    gpu = emulated_high
+    right = gpu.attention.tensor.forward
+
+    def wrong_at_20(qkv, y, lse, n_head, scale, tile=None):
+        if qkv.shape[2] // 3 // n_head != 20:  # at 20 it writes nothing
+            right(qkv, y, lse, n_head, scale, tile)
+    monkeypatch.setattr(gpu.attention.tensor, "forward", wrong_at_20)
+    for case in (BASIC[64], BASIC[20]):
+        choose(gpu, monkeypatch, case)
+    (y, lse, _), qkv = run_attention(gpu, BASIC[64])
+    assert (64, SMALL_TILES[0][0]) in gpu.attention.tensor.shaders
+    check_forward(y, lse, qkv, 2, "head size 64, checked")
+    with pytest.warns(TinynnNotice, match="attention in matmul precision 'high' runs in float32: the tensor-core "
+                                          r"attention forward \(tile 16x16x32, head size 20\)"):
+        (y, lse, _), qkv = run_attention(gpu, BASIC[20])
+    check_forward(y, lse, qkv, 1, "head size 20, refused")
+    assert not gpu.attention.tensor_cores(64)
+    assert gpu.describe()["attention"].startswith("float32 in every precision: the tensor-core attention forward")

@@ -7,7 +7,7 @@ emulation reads as the hardware does: here it is pinned to the definition, every
 import numpy as np
 import pytest
 
-from tinynn_gpu.runtime.subgroup_matrices import EMULATED_SUBGROUP, Products
+from tinynn_gpu.runtime.subgroup_matrices import EMULATED_SUBGROUP, TO_HALF_F32, Products
 
 OFFSETS = {"left": 5, "right": 3, "out": 7}
 STRIDES = {"left": 40, "right": 36, "out": 20}  # between rows (row-major) or columns (column-major): no overlaps
@@ -60,3 +60,33 @@ def test_emulated_matrices(poisoned, rng, left_major, right_major):
     np.testing.assert_allclose(matrix(got, OFFSETS["out"], STRIDES["out"], "row_major", 16, 16), left @ right,
                                rtol=1e-5, atol=1e-5)
     assert np.isnan(got[~written]).all(), "the store wrote outside its 16 x 16 matrix"
+
+
+def test_emulated_rounding_is_f16s(poisoned, rng):
+    """The f32 tiles' `to_half` (where the device has no shader-f16) rounds as a conversion to f16 does: to the
+    nearest of f16's values, subnormals included, and past f16's largest (65504) to an infinity, so that a kernel
+    whose range scales let a tile overflow f16 fails the emulated tests as it would fail on tensor cores."""
+    gpu = poisoned
+    x = np.concatenate([
+        rng.standard_normal(200) * 2.0 ** rng.integers(-30, 20, 200),  # normals, subnormals and overflows
+        [0.0, -0.0, 65504.0, 65519.0, 65520.0, -65520.0, 1e5, -1e6, 3e38, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26,
+         1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11],  # the largest, the first to overflow, ties to even
+    ]).astype(np.float32)
+    source = f"""@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+{TO_HALF_F32}
+
+@compute @workgroup_size(64)
+fn to_half_main(@builtin(global_invocation_id) id: vec3<u32>) {{
+    if (id.x < arrayLength(&x)) {{ out[id.x] = to_half(x[id.x]); }}
+}}
+"""
+    out = gpu.rt.empty(x.shape)
+    gpu.rt.dispatch(gpu.rt.shader(source, "emulated to_half"), "to_half_main", (-(-x.size // 64), 1, 1),
+                    {"x": gpu.from_numpy(x), "out": out})
+    with np.errstate(over="ignore"):  # the overflows are the point
+        want = x.astype(np.float16).astype(np.float32)
+    got = gpu.to_numpy(out)
+    wrong = np.flatnonzero(got != want)
+    assert not wrong.size, f"to_half of {x[wrong[:5]].tolist()} gave {got[wrong[:5]].tolist()}, " \
+                           f"not f16's {want[wrong[:5]].tolist()}"

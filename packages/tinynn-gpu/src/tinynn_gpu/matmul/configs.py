@@ -193,9 +193,9 @@ class TensorConfig(Blocking):
 # The tensor-core candidates, by name (BENCHMARKS.md times each on the step's shapes): 128 x 128 blocks of 8
 # subgroups for large outputs; 8 subgroups on half the block, for 4096^2 outputs (64 x 128) and a linear
 # layer's forward (128 x 64); 4 subgroups for outputs of a few hundred blocks; split-K for weight gradients, whose
-# K is the batch's tokens. Not yet timed: BK = 64 (half the barriers a K) and 4 x 4 result matrices a subgroup
-# (each loaded matrix used 4 times, not 2 or 4), which the probes suggest; each needs 35-45 KiB of
-# workgroup memory, so runs only where the device has it.
+# K is the batch's tokens. BK = 64 (half the barriers a K) and 4 x 4 result matrices a subgroup (each loaded matrix
+# used 4 times, where a 4 x 2 subgroup uses its left ones twice) need 35-45 KiB of workgroup memory each, so are
+# candidates only where the device has it.
 TENSOR_CONFIGS = tuple(map(TensorConfig.named, (
     "128x128x32/2x4", "128x128x32/2x4 db", "128x64x32/4x2", "64x128x32/2x4", "64x64x32/2x2", "64x64x32/2x2 db",
     "128x128x32/2x4 split2", "64x64x32/2x2 split4", "64x64x32/2x2 split8",

@@ -5,7 +5,7 @@ The forward is attention_tiled.py's (attention_tiled.wgsl, a register-blocked ma
 first tile of TILES whose workgroup memory fits the device; where none fits, attention.wgsl's per-row forward
 runs. TINYNN_ATTENTION_TILE=ROWSxKEYSxSN forces a tile, =0 the per-row forward. In matmul precision "high" on a
 device with tensor cores, attention_tensor.py's forward and attention_tensor_backward.py's backward may run
-instead, where a tile of theirs fits, once they have answered a test case right on this device
+instead, where a tile of theirs fits, once they have answered a test case of the head size right on this device
 (attention_tensor_check.py; else the float32 kernels run, with one notice, and `tinynn info` says why): per shape,
 where they were timed faster than the float32 kernels (attention_choice.py; untimed, float32 runs).
 
@@ -109,26 +109,32 @@ class Attention:
         self.tiled_shaders = {}  # (variable, head size, its setting) -> `_tiled_shader`'s answer
         self.tensor = TensorAttention(runtime)
         self.tensor_backward = TensorBackward(runtime)
-        self.checked = None  # (usable, why not): the tensor-core kernels' test case, run at their first use
+        self.checked = {}  # head size -> why the tensor-core kernels must not run it ("": they may), at first use
         self.choice = AttentionChoice(selector)  # per shape, whether they run (where usable): timed by the selector
 
-    def tensor_cores(self) -> bool:
-        """Whether the tensor-core kernels answered their test case right here (run once, when "high" first asks
-        for them on a device with tensor cores); the first time not, a notice says why."""
-        if self.checked is None:
-            why = check(self.tensor, self.tensor_backward)
-            self.checked = (not why, why)
+    def tensor_cores(self, head_size: int) -> bool:
+        """Whether the tensor-core kernels answered the head size's test case right here (run when "high" first
+        asks for it on a device with tensor cores) and no other's wrong: a driver that got one wrong is trusted
+        with none. The first wrong answer's notice says why."""
+        if self.refused():
+            return False
+        if head_size not in self.checked:
+            why = self.checked[head_size] = check(self.tensor, self.tensor_backward, head_size)
             if why:
                 warnings.warn(f"attention in matmul precision 'high' runs in float32: {why}", TinynnNotice)
-        return self.checked[0]
+        return not self.checked[head_size]
+
+    def refused(self) -> str:
+        """Why no head size runs on the tensor-core kernels here (one answered its test case wrong), or ""."""
+        return next((why for why in self.checked.values() if why), "")
 
     def describe(self) -> str:
         """What "high" attention runs on, for `tinynn info`."""
-        if self.checked is None:
+        if not self.checked:
             return "float32; in matmul precision 'high', f16 tensor cores where they pass a check at first use " \
                    "and are timed faster, per shape"
-        usable, why = self.checked
-        return self.choice.describe() if usable else f"float32 in every precision: {why}"
+        why = self.refused()
+        return f"float32 in every precision: {why}" if why else self.choice.describe()
 
     def _shader(self, head_size: int):
         rows, splits = choose_layout(head_size, self.max_bytes)
@@ -222,7 +228,8 @@ def attention_forward(self, qkv, n_head, scale, for_backward=True):
     operand = bindable(qkv)
     y = self._empty((batch, seq, c3 // 3))
     lse = self._empty((batch, n_head, seq)) if for_backward else self.rt.scratch(0, batch * n_head * seq)
-    self.attention.forward(operand, y, lse, n_head, scale, high=self.mm.high() and self.attention.tensor_cores())
+    high = self.mm.high() and self.attention.tensor_cores(c3 // 3 // n_head)
+    self.attention.forward(operand, y, lse, n_head, scale, high=high)
     return y, (lse if for_backward else None)
 
 
@@ -232,5 +239,5 @@ def attention_backward(self, g, qkv, y, lse, n_head, scale):
         raise OnCpu(why)
     g_qkv = self._empty(qkv.shape)
     self.attention.backward(bindable(g), bindable(qkv), bindable(y), bindable(lse), g_qkv, n_head, scale,
-                            high=self.mm.high() and self.attention.tensor_cores())
+                            high=self.mm.high() and self.attention.tensor_cores(qkv.shape[2] // 3 // n_head))
     return g_qkv

@@ -12,9 +12,12 @@ from __future__ import annotations
 INDENT = "        "
 
 # f16's nearest value in an f32: its spacing at x is 2^-10 of x's power of two, 2^-24 among the subnormals
-# (pack2x16float may flush those)
+# (pack2x16float may flush those); past f16's largest, 65504, an infinity, as the conversion to f16 overflows (the
+# bits of one: a constant infinity is rejected by Tint)
 TO_HALF_F32 = ("fn to_half(x: f32) -> f32 {\n    let step = ldexp(1.0, max(frexp(x).exp - 11, -24));\n"
-               "    return round(x / step) * step;\n}")
+               "    let nearest = round(x / step) * step;\n"
+               "    let infinity = bitcast<f32>(0x7f800000u | (bitcast<u32>(x) & 0x80000000u));\n"
+               "    return select(nearest, infinity, abs(nearest) > 65504.0);\n}")
 EMULATED_SUBGROUP = "    let sg = lid / 32u;\n    let er = lid % 32u / 2u;\n    let ec = lid % 2u * 8u;"
 
 
