@@ -5,6 +5,7 @@ NumPy reference (numpy_backend.py). Which backends exist and which one runs is t
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import Counter
 
@@ -114,6 +115,12 @@ class Backend:
         the recorded dispatches without running Python again.
         """
         return fn
+
+    def transient(self):
+        """A context for work whose shapes are one-offs (a generator's prompt, its window growing a token at a
+        time): a backend that tunes kernels per shape runs its defaults for them, neither tuning nor keeping a
+        choice. The default does nothing."""
+        return contextlib.nullcontext()
 
     # --- creation and layout ---
     @reference_fallback

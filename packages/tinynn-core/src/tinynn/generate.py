@@ -142,12 +142,14 @@ class Decoder:
         """Draw every sequence's next token, on the backend: nothing is read back."""
         if self.n > self.block_size:
             self._window()
-        elif self.cache is None:
-            self._inferring(lambda: self._window_step(self.n))  # a window still growing: a new shape every step
+        elif self.cache is None:  # a window still growing: a new shape every step
+            with self.backend.transient():
+                self._inferring(lambda: self._window_step(self.n))
         elif self.prefilled:
             self._decode()
         else:
-            self._inferring(lambda: self._draw(self.model.prefill(self._embed(self.n), self.cache)))
+            with self.backend.transient():  # the prompt's length: a shape of its own
+                self._inferring(lambda: self._draw(self.model.prefill(self._embed(self.n), self.cache)))
             self.prefilled = True
         self.n += 1
 

@@ -130,6 +130,9 @@ class WgpuBackend(Backend):
         self.mm.defer = True  # a training loop: tuning (matmuls', attention's) waits for the moments between steps
         return CapturedStep(self, fn, self._between_steps(key), copy_result)
 
+    def transient(self):
+        return self.mm.transient()
+
     def _between_steps(self, key):
         """The step's guard key, the matmul choices' generation and the matmul precision (every capture's, keyed or
         not: a generator's recorded steps too). CapturedStep asks for it at the start of every call, the moment

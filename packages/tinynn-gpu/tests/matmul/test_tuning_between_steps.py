@@ -102,6 +102,37 @@ def test_tuning_outside_a_training_loop_says_so(gpu, setting, tmp_path, monkeypa
     assert not mm.pending and len(mm.choices) == 1
 
 
+def test_one_off_shapes_are_neither_tuned_nor_kept(gpu, setting, tmp_path, monkeypatch, capsys, rng):
+    """Inside `transient` a shape first seen runs its default, nothing timed, queued or kept among the choices;
+    asked again outside, the same shape is tuned as ever."""
+    setting("TINYNN_CACHE_DIR", str(tmp_path))
+    mm = selector(gpu, monkeypatch, autotune=True)
+    a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 33)).astype(np.float32)
+    for defer in (False, True):
+        mm.defer = defer
+        with gpu.transient():
+            got = gpu.to_numpy(gpu.matmul(gpu.from_numpy(a), gpu.from_numpy(b)))
+        np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+        assert "tuning kernels" not in capsys.readouterr().err and not mm.pending and not mm.choices
+    mm.defer = False
+    monkeypatch.setattr(gpu, "matmul_plans", {})  # the backend's plans made inside go: the selector is asked again
+    gpu.matmul(gpu.from_numpy(a), gpu.from_numpy(b))
+    assert "tuning kernels" in capsys.readouterr().err and len(mm.choices) == 1
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generation_tunes_no_shape_of_its_prompt_or_growing_window(gpu, setting, tmp_path, monkeypatch, capsys,
+                                                                 use_cache):
+    """A generator's prompt and its window growing a token at a time are one-off shapes: tuned, each would cost
+    about a second (the GPU heated first) and come back only for that prompt length or token."""
+    setting("TINYNN_CACHE_DIR", str(tmp_path))
+    mm = selector(gpu, monkeypatch, autotune=True)
+    tinynn.manual_seed(0)
+    model = GPT(CFG).to(gpu)
+    model.generate(np.zeros((2, 10), np.int64), 4, seed=1, use_cache=use_cache)  # 20 rows and more: no decoding kernel
+    assert "tuning kernels" not in capsys.readouterr().err and not mm.pending and not mm.choices
+
+
 def test_a_failed_tuning_raises_in_its_step_and_the_shape_keeps_its_default(gpu, setting, tmp_path, monkeypatch):
     setting("TINYNN_CACHE_DIR", str(tmp_path))
     mm = selector(gpu, monkeypatch, autotune=True)

@@ -30,6 +30,7 @@ they stay apart.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -81,7 +82,7 @@ class Like:
 
 class MatmulSelector:
     # a matmul of fewer multiply-adds takes a few microseconds with any variant: tuning it (~50 ms) would not pay
-    # back, and a growing generation window (`--no-cache`) would tune one new shape per token
+    # back
     tune_min_macs = 1 << 26
     heat_seconds = 1.0  # of load before timing (time_variants): paid once per tuned shape, the choice cached
     # tuning between two training steps (at least one unit: a candidate compiled, or the candidates timed); the
@@ -125,6 +126,7 @@ class MatmulSelector:
         self.rows = RowsMatmul(runtime)
         self.last = None
         self.defer = False  # tune between a training loop's steps (`tune_pending`), not at a shape's first matmul
+        self.one_off = False  # inside `transient`
         self.pending = {}  # key -> (timing, its arguments with arrays as `Like`s): tunings waiting for `tune_pending`
         self.running = None  # the pending tuning under way: a generator (`_timing`)
         self.tuned = 0  # deferred tunings done since the pending list was last empty
@@ -206,11 +208,12 @@ class MatmulSelector:
         if name != SEPARATE and name not in self.pair_candidates:
             worth_tuning = sum(p[3] * p[4] * p[5] * p[6] for p in (first, second)) >= self.tune_min_macs
             name = self.default_pair(first, second)
-            if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:
+            if self._may_tune(worth_tuning):
                 for p in (first, second):  # each alone first: the pair is timed against their own choices
                     self.plan(*p)
                 name = self._tune(key, (first, second), self._pair_runs, name)
-            self.choices[key] = name
+            if not self.one_off:
+                self.choices[key] = name
         if name == SEPARATE:
             return None
         variant = self.pair_variant(name)
@@ -275,10 +278,27 @@ class MatmulSelector:
         name = self.choices.get(key)
         if name not in names:
             name = default
-            if worth_tuning and self.autotune and not self.rt.profiling and self.rt.tape is None:  # (the profiler)
+            if self._may_tune(worth_tuning):
                 name = self._tune(key, args, runs_of, default)
-            self.choices[key] = name
+            if not self.one_off:
+                self.choices[key] = name
         return name
+
+    def _may_tune(self, worth_tuning: bool) -> bool:
+        """Whether a shape first seen now is tuned: worth it, autotuning on, not a one-off (`transient`), and
+        neither the profiler (it times one step) nor a tape recording."""
+        return worth_tuning and self.autotune and not self.one_off and not self.rt.profiling and self.rt.tape is None
+
+    @contextlib.contextmanager
+    def transient(self):
+        """Shapes first seen inside run their defaults, untuned and kept neither among the choices nor in the
+        cache file (Backend.transient): a generator's prompt and growing window would otherwise each tune a shape
+        (about a second) that never comes back."""
+        outer, self.one_off = self.one_off, True
+        try:
+            yield
+        finally:
+            self.one_off = outer
 
     def time_variants(self, args, names=None, reps=8, rounds=2) -> dict[str, float]:
         """Milliseconds per call of each variant on these operands (`reps` calls back to back in one timed
