@@ -69,18 +69,22 @@ def emulation_runs(tiles):
                                                             f"first-{case_id(case)}" for tile, case in runs])
 
 
-def fitting(kernel, tiles, tile, case):
-    """The (tile, case) to run on this adapter (`emulation_runs`), or skip where none fits."""
+def fitting(kernel, tiles, tile, case, choose):
+    """The (tile, case) to run on this adapter (`emulation_runs`), or (None, None) where none fits: then what
+    the adapter does instead is checked, that `choose` (the kernel's choice of tile) never takes that tile, or
+    takes none for that head size ("high" attention then runs in float32). lavapipe's 32 KiB of workgroup
+    memory holds neither the largest tiles' f32 emulation nor head size 128's."""
     half = 2 if kernel.f16 else 4
     if case is None:
         head_size = next((hs for hs in PREFERRED if not tile.check(hs, kernel.max_bytes, half)), None)
         if head_size is None:
-            pytest.skip(f"tile {tile} takes none of head sizes {PREFERRED} here")
+            assert all(choose(hs, kernel.max_bytes, half) != tile for hs in range(4, 257, 4))
+            return None, None
         return tile, BASIC[head_size]
     tile = next((t for t in tiles if not t.check(case[3], kernel.max_bytes, half)), None)
     if tile is None:
-        pytest.skip(f"no tile takes head size {case[3]} here")
-    return tile, case
+        assert choose(case[3], kernel.max_bytes, half) is None
+    return tile, case if tile else None
 
 
 def make_qkv(batch, seq, n_head, head_size, magnitudes, seed=0):
@@ -132,7 +136,9 @@ def test_emulated_products(poisoned, tile, case):
     """The kernel with its products in plain WGSL, each tile at each head size it fits here."""
     gpu = poisoned
     kernel = TensorAttention(gpu.rt, emulate=True)
-    tile, case = fitting(kernel, emulation_tiles(), tile, case)
+    tile, case = fitting(kernel, emulation_tiles(), tile, case, choose_tensor_tile)
+    if tile is None:
+        return
     batch, seq, n_head, head_size, _ = case
     qkv = make_qkv(*case)
     y, lse = gpu.rt.empty((batch, seq, n_head * head_size)), gpu.rt.empty((batch, n_head, seq))
@@ -141,7 +147,7 @@ def test_emulated_products(poisoned, tile, case):
 
 
 def test_emulation_runs_here(poisoned):
-    """The skips above leave every adapter some tiles: the smallest fits head size 64 in 32 KiB even in f32."""
+    """The tiles left out above leave every adapter some: the smallest fits head size 64 in 32 KiB even in f32."""
     kernel = TensorAttention(poisoned.rt, emulate=True)
     assert not TensorTile(16, 16, 32).check(64, min(kernel.max_bytes, 32768), 4)
 
@@ -192,7 +198,9 @@ def test_emulated_backward(poisoned, tile, case):
     size it fits here."""
     gpu = poisoned
     kernel = TensorBackward(gpu.rt, emulate=True)
-    tile, case = fitting(kernel, backward_emulation_tiles(), tile, case)
+    tile, case = fitting(kernel, backward_emulation_tiles(), tile, case, choose_backward_tensor_tile)
+    if tile is None:
+        return
     batch, seq, n_head, head_size, _ = case
     qkv = make_qkv(*case)
     grad = np.random.default_rng(1).standard_normal((batch, seq, n_head * head_size))
