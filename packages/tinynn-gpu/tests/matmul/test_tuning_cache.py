@@ -49,3 +49,9 @@ def test_a_folder_that_cannot_be_written_only_costs_the_choice(tmp_path):
     cache = TuningCache(blocked / "cache", "gpu A")  # its folder cannot be made
     assert cache.keep("m=1", "blocked x") == "blocked x"
     assert cache.choices() == {}
+
+
+def test_a_file_that_cannot_be_replaced_leaves_no_temporary_file(tmp_path):
+    (tmp_path / FILE_NAME).mkdir()  # a folder where the file should be: the rename fails
+    assert TuningCache(tmp_path, "gpu A").keep("m=1", "blocked x") == "blocked x"
+    assert os.listdir(tmp_path) == [FILE_NAME]

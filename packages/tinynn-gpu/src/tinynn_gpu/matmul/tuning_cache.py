@@ -47,10 +47,13 @@ class TuningCache:
                 for key, shapes in choices.items() if isinstance(shapes, dict)}
 
     def _write(self, cache: dict) -> None:
+        tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")  # ranks tune at once
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")  # ranks tune at once
             tmp.write_text(json.dumps({"version": CACHE_VERSION, "choices": cache}, indent=1, sort_keys=True))
             os.replace(tmp, self.path)
-        except OSError:
-            pass  # a read-only home only costs re-tuning in the next process
+        except OSError:  # a read-only home, a full disk: only costs re-tuning in the next process
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
