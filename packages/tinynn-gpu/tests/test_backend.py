@@ -209,6 +209,17 @@ def captured_losses(backend, steps, dropout=0.0, seed=0):
     return losses, step
 
 
+def test_a_model_whose_mlp_exceeds_the_binding_limit_trains_as_the_cpu_does(gpu, monkeypatch):
+    """The MLP's weights (16 KiB) and activations live on the host: their ops run the counted reference, the
+    backward's fused GELU gradient included (its input passed by keyword), and the losses are NumPy's."""
+    monkeypatch.setattr(gpu.rt, "max_binding", 16000)
+    before = gpu.fallbacks["linear_backward"]
+    ours, _ = captured_losses(gpu, 3)
+    assert gpu.fallbacks["linear_backward"] > before
+    monkeypatch.undo()
+    np.testing.assert_allclose(ours, captured_losses(backends.reference(), 3)[0], rtol=1e-4)
+
+
 def test_captured_step_replays_exactly_what_eager_computes(gpu, monkeypatch):
     replayed, step = captured_losses(gpu, 12)
     assert step._run.tape is not None and step._run.eager_reason is None

@@ -36,10 +36,11 @@ def reference_fallback(method):
     def fallback(self, *args, **kwargs):
         self.fallbacks[name] += 1
         np_args = _to_numpy(self, args)
-        out = getattr(reference(), name)(*np_args, **kwargs)
+        np_kwargs = {key: _to_numpy(self, value) for key, value in kwargs.items()}  # x_pre=, say
+        out = getattr(reference(), name)(*np_args, **np_kwargs)
         if not inplace:
             return _from_numpy(self, out)
-        for dst, src in zip(_flatten(args), _flatten(np_args)):
+        for dst, src in zip(_flatten((*args, *kwargs.values())), _flatten((*np_args, *np_kwargs.values()))):
             if self.is_array(dst):
                 self.write_(dst, src)
         return None

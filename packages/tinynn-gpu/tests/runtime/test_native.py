@@ -108,3 +108,35 @@ def test_a_read_back_fills_each_part_from_its_offset(gpu):
     head, tail = np.zeros(3, np.float32), np.zeros(2, np.float32)
     calls.read(staging._internal, [(0, head), (24, tail)])
     assert head.tolist() == [0, 1, 2] and tail.tolist() == [6, 7]
+
+
+def test_a_read_back_whose_callback_is_interrupted_raises_the_interrupt_and_unmaps(gpu):
+    """Ctrl-C lands inside the map's callback (Python code run by the device's poll): the read finishes, unmaps
+    its buffer, and raises KeyboardInterrupt, not "the map never completed (was the device lost?)"; the buffer
+    reads again afterwards."""
+    calls, rt = gpu.rt.native, gpu.rt
+    assert calls is not None, rt.native_reason
+    src = gpu.from_numpy(np.arange(4, dtype=np.float32))
+    staging = rt.device.create_buffer(size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+
+    class CtrlCOnce(list):
+        def __setitem__(self, i, value):
+            if i == 1 and not getattr(self, "fired", False):
+                self.fired = True
+                raise KeyboardInterrupt
+            super().__setitem__(i, value)
+    status = calls._map_status
+    calls._map_status = CtrlCOnce(status)
+    try:
+        for interrupted in (True, False):
+            rt.recording.copy(src.buffer, 0, staging, 0, 16)
+            rt.flush()
+            out = np.zeros(4, np.float32)
+            if interrupted:
+                with pytest.raises(KeyboardInterrupt):
+                    calls.read(staging._internal, [(0, out)])
+            else:
+                calls.read(staging._internal, [(0, out)])
+            assert out.tolist() == [0, 1, 2, 3]
+    finally:
+        calls._map_status = status

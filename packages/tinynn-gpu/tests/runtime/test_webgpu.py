@@ -26,9 +26,10 @@ print(status.backend is None, status.reason)
 """
 
 
-def gpu_reason(webgpu_variable: str, hidden: str) -> str:
-    """The GPU backend's reason in a fresh process with TINYNN_WEBGPU set and one package made unimportable."""
-    env = {**os.environ, "TINYNN_WEBGPU": webgpu_variable}
+def gpu_reason(webgpu_variable: str, hidden: str, **variables) -> str:
+    """The GPU backend's reason in a fresh process with TINYNN_WEBGPU (and `variables`) set and one package made
+    unimportable."""
+    env = {**os.environ, "TINYNN_WEBGPU": webgpu_variable, **variables}
     run = subprocess.run([sys.executable, "-c", REASON.format(hidden=hidden)], capture_output=True, text=True,
                          timeout=120, env=env)
     assert run.returncode == 0, run.stderr
@@ -40,6 +41,15 @@ def gpu_reason(webgpu_variable: str, hidden: str) -> str:
 def test_dawn_asked_for_but_missing_is_the_reason_never_a_switch():
     assert ("wgpudawn is not importable (hidden by the test); TINYNN_WEBGPU=dawn asks for it (the tinynn-gpu[dawn] "
             "extra installs it)") in gpu_reason("dawn", "wgpudawn")
+
+
+def test_dawn_finding_no_adapter_says_what_to_do():
+    """Dawn refuses drivers wgpu-native takes (Mesa 22's lavapipe): the reason names the way out, not only the
+    cause."""
+    pytest.importorskip("wgpudawn")
+    reason = gpu_reason("dawn", "nothing", VK_ICD_FILENAMES="/nonexistent")
+    assert reason.startswith("no WebGPU adapter found by dawn") and \
+        "point VK_ICD_FILENAMES at a newer Mesa's lvp_icd json, or unset TINYNN_WEBGPU for wgpu-native" in reason
 
 
 def test_wgpu_native_asked_for_but_missing_is_the_reason():

@@ -48,7 +48,7 @@ class NativeCalls:
     loop reads them once), and the per-submission steps as methods taking native handles."""
     __slots__ = ("set_pipeline", "set_bind_group", "dispatch", "null", "_ffi", "_lib", "_checked", "_device",
                  "_queue", "_encoder_desc", "_pass_desc", "_buffer_desc", "_map_status",
-                 "_on_mapped", "_map_callback")
+                 "_on_mapped", "_map_callback", "_interrupt")
 
     def __init__(self, ffi, lib, checked, device):
         """checked: wgpu-py's (wgpudawn's) wrappers of the same functions, which raise the implementation's errors."""
@@ -65,7 +65,17 @@ class NativeCalls:
         # `read`'s map callback: it stores the map's status, fired by whichever thread polls the device
         self._map_status = [0, ""]  # status (0 until the callback), the implementation's message
 
-        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        # Ctrl-C raises inside the callback when it lands while the poll runs it: cffi would print the traceback
+        # and drop the status, and `read` would report a map that never completed. `interrupted` keeps both: the
+        # status from the callback's frame, the interrupt for `read` to raise once the buffer is unmapped.
+        self._interrupt = None
+
+        def interrupted(kind, error, traceback):
+            self._interrupt = error
+            if traceback is not None:
+                self._map_status[0] = traceback.tb_frame.f_locals.get("status", 0)
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)", onerror=interrupted)
         def on_mapped(status, message, userdata1, userdata2):
             self._map_status[1] = "" if message.data == ffi.NULL else \
                 ffi.string(message.data, message.length).decode(errors="replace")
@@ -158,7 +168,7 @@ class NativeCalls:
         ffi, lib, status = self._ffi, self._lib, self._map_status
         views = [(offset, ffi.from_buffer(into, require_writable=True)) for offset, into in parts]
         size = max(offset + len(view) for offset, view in views)
-        status[0] = 0
+        status[0], self._interrupt = 0, None
         future = self._checked.wgpuBufferMapAsync(buffer, lib.WGPUMapMode_Read, 0, size, self._map_callback[0])
         self._wait_mapped(future, until)
         if not status[0]:
@@ -173,6 +183,8 @@ class NativeCalls:
                 ffi.memmove(view, ffi.cast("char *", mapped) + offset, len(view))
         finally:
             lib.wgpuBufferUnmap(buffer)
+        if self._interrupt is not None:
+            raise self._interrupt
 
     def record(self, compute_pass, runs) -> None:
         """The replay's inner loop: runs of (pipeline, [(bind group, x, y, z), ...]) handles."""

@@ -111,7 +111,8 @@ class Dawn(Implementation):
     features = ("timestamp-query", "chromium-experimental-timestamp-query-inside-passes", "subgroups",
                 "implicit-device-synchronization", "shader-f16", "chromium-experimental-subgroup-matrix")
     no_adapter = ("no Vulkan, Metal or DX12 driver that Dawn accepts? It logs why it refuses one; Mesa's lavapipe "
-                  "must be 25 or newer")
+                  "must be 25 or newer: point VK_ICD_FILENAMES at a newer Mesa's lvp_icd json, or unset "
+                  "TINYNN_WEBGPU for wgpu-native")
     native_module, api_name, native_name = "wgpudawn.backends.dawn", "wgpudawn", "Dawn"
     unchecked_way, calls = "robustness_off", "DawnCalls"
     INSTANCE_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
