@@ -26,7 +26,7 @@ from tinynn_gpu.matmul.configs import S, TensorConfig
 from tinynn_gpu.matmul.epilogue import (GeneratedMatmul, epilogue_slots, finish_arrays, finish_launch, main_launches,
                                         split_targets)
 from tinynn_gpu.runtime.kernels import grid
-from tinynn_gpu.runtime.subgroup_matrices import EMULATED_SUBGROUP, TO_HALF_F32, Products, enables, opaque_16
+from tinynn_gpu.runtime.subgroup_matrices import Products, kernel_parts, opaque_16
 from tinynn_gpu.runtime.wgsl import fill, kernel_file, kernel_source
 
 FEATURES = ("shader-f16", "chromium-experimental-subgroup-matrix")
@@ -38,11 +38,10 @@ def major(transposed: bool) -> str:
     return "col_major" if transposed else "row_major"
 
 
-def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple,
-            half: str = "f16") -> list[tuple[str, str, str]]:
+def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple) -> list[tuple[str, str, str]]:
     """One operand's tile copy as (declare, fetch, stash) lines per slot of a thread: the slot's place in the tile
-    and its scales (registers, the same every step), the vec4 load times the scales, and the four f16 stores
-    (`half`: the conversion to the tile's element)."""
+    and its scales (registers, the same every step), the vec4 load times the scales, and the four stores rounded
+    to f16 (`to_half`)."""
     a = operand == "a"
     side = cfg.bm if a else cfg.bn
     stride = strides[0] if a else strides[2]
@@ -72,7 +71,7 @@ def _copies(cfg: TensorConfig, operand: str, transposed: bool, strides: tuple,
         m_or_n, k = index
         load = f"load_a(a_base, {m_or_n}, {k}, k_end)" if a else f"load_b(b_base, {k}, {m_or_n}, k_end)"
         fetch = f"{reg} = {load} * {operand}_scale_{i};"
-        stash = " ".join(f"{operand}_tile[{{buf}} * {tile_size}u + {at} + {j}u] = {half}({reg}.{x});"
+        stash = " ".join(f"{operand}_tile[{{buf}} * {tile_size}u + {at} + {j}u] = to_half({reg}.{x});"
                          for j, x in enumerate(epilogue.XYZW))
         copies.append(("\n".join(declare), fetch, stash))
     return copies
@@ -132,8 +131,8 @@ def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: b
     bounds checks, for shapes whose tiles all lie inside the operands; quads: results stored 4 columns at a time
     (N a multiple of 4); emulate: the subgroup matrices in plain WGSL, on f16 tiles or (no f16) f32 ones."""
     strides = cfg.tiles(transpose_a, transpose_b)
-    half = "f16" if f16 else "to_half"
-    copies = _copies(cfg, "a", transpose_a, strides, half) + _copies(cfg, "b", transpose_b, strides, half)
+    enables, parts = kernel_parts(emulate, f16)  # HALF, and the subgroup and its invocation: builtins or emulated
+    copies = _copies(cfg, "a", transpose_a, strides) + _copies(cfg, "b", transpose_b, strides)
     tm, tn = cfg.bm // (S * cfg.sg_rows), cfg.bn // (S * cfg.sg_cols)
     mm = Products(emulate, "    ")  # the declarations and stores; the products indent by 8
     declare = [d for d, _, _ in copies]
@@ -182,15 +181,10 @@ def generate(cfg: TensorConfig, transpose_a: bool, transpose_b: bool, aligned: b
         "SUB_M": tm * S, "SUB_N": tn * S, "BUFFERS": cfg.buffers, "PROBLEMS": problem,
         "DECLARE": "\n".join(declare), "PROLOGUE": "\n".join(prologue), "FETCH": "\n".join(fetch_next),
         "PRODUCTS": "\n".join(products), "STASH": "\n".join(stash_next), "STORES": "\n".join(stores),
-        "TILE_TYPE": "f16" if f16 else "f32",
-        # the subgroup and the invocation in it: builtins, or emulated from the local index
-        "BUILTINS": "" if emulate else ",\n               @builtin(subgroup_id) sg: u32, "
-                                       "@builtin(subgroup_invocation_id) lane: u32",
-        "SUBGROUP": f"{EMULATED_SUBGROUP}\n    let lane = lid % 32u;\n" if emulate else "",
-        **epilogue.module_fills(quads),
+        **parts, **epilogue.module_fills(quads),
     }
     text = fill(shared, fills) + "\n" + fill(kernel_file("tensor"), fills)
-    return enables(emulate, f16) + ("" if f16 else TO_HALF_F32 + "\n") + kernel_file("common") + "\n" + text
+    return enables + kernel_file("common") + "\n" + text
 
 
 LOADS = 16  # floats a thread of the scales pass reads from a line (scales.wgsl)

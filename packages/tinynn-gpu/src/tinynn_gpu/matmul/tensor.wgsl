@@ -30,14 +30,17 @@ const B_TILE: u32 = {{B_TILE}}u;
 @group(0) @binding(16) var<storage, read> a_scales: array<f32>;  // [batch][m]: op(a)'s rows
 @group(0) @binding(17) var<storage, read> b_scales: array<f32>;  // [batch or 0][n]: op(b)'s columns
 
-var<workgroup> a_tile: array<{{TILE_TYPE}}, {{A_TILES}}>;
-var<workgroup> b_tile: array<{{TILE_TYPE}}, {{B_TILES}}>;
+{{HALF}}
+
+var<workgroup> a_tile: array<half, {{A_TILES}}>;
+var<workgroup> b_tile: array<half, {{B_TILES}}>;
 var<workgroup> results: array<f32, {{RESULTS}}>;  // a 16 x 16 slot per subgroup
 
 {{PROBLEMS}}
 @compute @workgroup_size({{THREADS}})
 fn matmul_main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32{{BUILTINS}}) {
-{{SUBGROUP}}    let z = wg.z + params.z_offset;
+{{SUBGROUP}}
+    let z = wg.z + params.z_offset;
     let m_dim = params.m;
     let n_dim = params.n;
     let batch = z / params.splits;

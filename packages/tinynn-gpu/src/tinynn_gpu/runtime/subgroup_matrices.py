@@ -18,7 +18,7 @@ TO_HALF_F32 = ("fn to_half(x: f32) -> f32 {\n    let step = ldexp(1.0, max(frexp
                "    let nearest = round(x / step) * step;\n"
                "    let infinity = bitcast<f32>(0x7f800000u | (bitcast<u32>(x) & 0x80000000u));\n"
                "    return select(nearest, infinity, abs(nearest) > 65504.0);\n}")
-EMULATED_SUBGROUP = "    let sg = lid / 32u;\n    let er = lid % 32u / 2u;\n    let ec = lid % 2u * 8u;"
+EMULATED_SUBGROUP = "    let sg = lid / 32u;\n    let lane = lid % 32u;\n    let er = lane / 2u;\n    let ec = lane % 2u * 8u;"
 
 
 def enables(emulate: bool, f16: bool = True) -> str:
@@ -30,9 +30,10 @@ def enables(emulate: bool, f16: bool = True) -> str:
 
 def kernel_parts(emulate: bool, f16: bool) -> tuple[str, dict]:
     """(the enables, the fills of HALF, BUILTINS and SUBGROUP) of a kernel whose entry point takes `lid` and uses
-    `sg`: subgroup matrices, or (emulate) subgroups of 32 by index, on f16 tiles or f32 ones rounded to f16's
-    precision (`half` and `to_half`)."""
-    builtins, subgroup = (", @builtin(subgroup_id) sg: u32", "") if not emulate else ("", EMULATED_SUBGROUP)
+    `sg` and `lane` (the subgroup, the invocation in it): subgroup matrices, or (emulate) subgroups of 32 by index,
+    on f16 tiles or f32 ones rounded to f16's precision (`half` and `to_half`)."""
+    builtins = ", @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32"
+    builtins, subgroup = (builtins, "") if not emulate else ("", EMULATED_SUBGROUP)
     half = "alias half = f16;\nfn to_half(x: f32) -> f16 { return f16(x); }" if f16 else \
         f"alias half = f32;\n{TO_HALF_F32}"
     return enables(emulate, f16), {"HALF": half, "BUILTINS": builtins, "SUBGROUP": subgroup}
