@@ -26,6 +26,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as serialize
 
+from tinynn import rng
 from tinynn.errors import TinynnError, not_found
 
 FORMAT = "tinynn-checkpoint-1"
@@ -136,15 +137,10 @@ def check_resumable(saved: dict, path) -> None:
     optimizer's state, the generator's state and the loss history. A checkpoint written for sampling alone, or
     damaged before the checksum existed, lacks one: a TinynnError names it (training would raise on it)."""
     history = saved["history"]
-    try:
-        np.random.Generator(np.random.PCG64()).bit_generator.state = saved["rng_state"]  # rng.py's generator
-        rng_ok = True
-    except (TypeError, ValueError, KeyError):
-        rng_ok = False
     problems = [
         (saved["step"] < 0, f"its step is {saved['step']}"),
         (np.asarray(saved["optimizer"].get("steps", [])).size != 1, "it holds no optimizer state"),
-        (not rng_ok, "it holds no random generator state"),
+        (not rng.valid_state(saved["rng_state"]), "it holds no random generator state"),
         (not isinstance(history, dict) or any(not isinstance(history.get(k), list) for k in HISTORY) or
          len(history["step"]) != len(history["train_loss"]) or len(history["val_step"]) != len(history["val_loss"]),
          "its loss history is not one a run writes"),

@@ -22,3 +22,12 @@ def get_state() -> dict:
 
 def set_state(state: dict) -> None:
     _generator.bit_generator.state = state
+
+
+def valid_state(state) -> bool:
+    """Whether `set_state` takes `state` (a saved state of this kind of generator)."""
+    try:
+        np.random.default_rng().bit_generator.state = state
+    except (TypeError, ValueError, KeyError):
+        return False
+    return True

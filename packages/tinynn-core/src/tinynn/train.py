@@ -144,7 +144,7 @@ def _train_loop(cfg, backend, world, tokenizer, vocab_size, batches, saved, pret
         model.load_state_dict({**pretrained.state, "wpe.weight": pretrained.state["wpe.weight"][:cfg.block_size]})
     optimizer = AdamW(decay_groups(list(model.named_parameters()), cfg.weight_decay), lr=cfg.learning_rate,
                       betas=(cfg.beta1, cfg.beta2), max_grad_norm=cfg.grad_clip)
-    history = {"step": [], "train_loss": [], "val_step": [], "val_loss": []}
+    history = {key: [] for key in checkpoint.HISTORY}
     start = 0
     if saved:
         model.load_state_dict(saved["model"])
