@@ -7,6 +7,7 @@ foreign file), dropped alone, as a choice naming no variant is left to the selec
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -53,7 +54,5 @@ class TuningCache:
             tmp.write_text(json.dumps({"version": CACHE_VERSION, "choices": cache}, indent=1, sort_keys=True))
             os.replace(tmp, self.path)
         except OSError:  # a read-only home, a full disk: only costs re-tuning in the next process
-            try:
+            with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            except OSError:
-                pass

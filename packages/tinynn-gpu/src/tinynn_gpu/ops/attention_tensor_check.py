@@ -20,6 +20,11 @@ def error(got, want) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
+def poisoned(rt, shape):
+    """An output array of NaNs: an element the kernel fails to write fails the check, whatever the pool held."""
+    return rt.upload(np.full(shape, np.nan, np.float32))
+
+
 def check(forward, backward, head_size: int) -> str:
     """Why the tensor-core kernels (a TensorAttention, a TensorBackward) must not run `head_size` here, or "": the
     tiles of theirs that would run it, on a small case. A compile or pipeline error is a reason too."""
@@ -32,7 +37,7 @@ def check(forward, backward, head_size: int) -> str:
     try:
         tile = forward.tile(head_size)
         if tile is not None:
-            y, lse = rt.empty((BATCH, SEQ, N_HEAD * head_size)), rt.empty((BATCH, N_HEAD, SEQ))
+            y, lse = poisoned(rt, (BATCH, SEQ, N_HEAD * head_size)), poisoned(rt, (BATCH, N_HEAD, SEQ))
             forward.forward(rt.upload(qkv.astype(np.float32)), y, lse, N_HEAD, scale, tile)
             y_err, lse_err = error(rt.read(y), y_ref), float(np.abs(rt.read(lse) - lse_ref).max())
             if not (y_err <= RTOL and lse_err <= RTOL):  # NaN fails too
@@ -41,7 +46,7 @@ def check(forward, backward, head_size: int) -> str:
         tile = backward.tile(qkv.shape, N_HEAD)
         if tile is not None:
             g_ref = ref.attention_backward(grad, qkv, y_ref, lse_ref, N_HEAD, scale)
-            g_qkv = rt.empty(qkv.shape)
+            g_qkv = poisoned(rt, qkv.shape)
             arrays = (rt.upload(x.astype(np.float32)) for x in (grad, qkv, y_ref, lse_ref))
             backward.backward(*arrays, g_qkv, N_HEAD, scale, tile)
             got, want = (x.reshape(BATCH, SEQ, 3, -1) for x in (rt.read(g_qkv), g_ref))
