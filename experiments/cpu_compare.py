@@ -38,8 +38,8 @@ def tinynn_step(variant: str = "") -> float:
     from tinynn import bench, blas, config, parallel, registry
     if variant == "blas-threads":  # products whole, threaded by OpenBLAS (as before the pool ran them)
         blas._looked, blas._calls = True, None
-    elif variant == "big-blocks":  # elementwise and row blocks 4x as large: fewer handoffs of the GIL
-        parallel.BLOCK_ELEMENTS *= 4
+    elif variant.startswith("big-blocks"):  # elementwise and row blocks 4x (or -N: Nx) as large: fewer GIL handoffs
+        parallel.BLOCK_ELEMENTS *= int(variant.split("-")[2]) if variant.count("-") == 2 else 4
     ms = bench.bench_train(registry.select("cpu"), config.load(LESSON), 5)["ms_per_step"]
     if variant == "diag":  # the first run of each setting
         step, x = bench.lesson_step(registry.select("cpu"), config.load(LESSON))
@@ -96,14 +96,17 @@ def tinynn_generation(batch: int, variant: str = "") -> float:
     from tinynn.model import GPT
     if variant.startswith("tiles-"):  # a decode step's products cut into tiles of at least 2^n multiply-adds
         parallel.MIN_TILE_WORK = 1 << int(variant.split("-")[1])
+    elif variant == "pool-decode":  # a decode step's products on one BLAS thread, as the pool's tiles run
+        parallel.FEW_ROWS = 0
     tinynn.manual_seed(0)
     model = GPT(generation.LESSON).to(registry.select("cpu"))
     model.generate(np.repeat(generation.PROMPT[None, :], batch, 0), 140, **generation.SAMPLING)  # warm-up
     return generation.tokens_per_s(model, batch, 117, "generate", reps=3)
 
 
-VARIANTS = ("blas-threads", "big-blocks")
-GEN_VARIANTS = ("tiles-20", "tiles-18")  # with --generation: MIN_TILE_WORK 2^20 and 2^18 (a decode step's products cut)
+VARIANTS = ("blas-threads", "big-blocks", "big-blocks-16")
+# with --generation: a decode step's products on one BLAS thread, and cut by MIN_TILE_WORK 2^20 and 2^18
+GEN_VARIANTS = ("pool-decode", "tiles-20", "tiles-18")
 WORKERS = {"tinynn-step": tinynn_step, "tinynn-gen": tinynn_generation}
 
 

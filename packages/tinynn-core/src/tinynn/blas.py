@@ -79,14 +79,19 @@ def threads() -> int | None:
 
 
 @contextlib.contextmanager
-def one_thread():
-    """BLAS on one thread inside (every product runs on the thread that calls it), as it was after."""
+def held_to(count: int):
+    """BLAS on `count` threads inside, as it was after (nothing where its count cannot be set)."""
     calls = _get_calls()
     before = None if calls is None else calls[0]()
-    if before is not None and before != 1:
-        calls[1](1)
+    if before is not None and before != count:
+        calls[1](count)
     try:
         yield
     finally:
-        if before is not None and before != 1:
+        if before is not None and before != count:
             calls[1](before)
+
+
+def one_thread():
+    """BLAS on one thread inside: every product runs on the thread that calls it."""
+    return held_to(1)

@@ -34,7 +34,8 @@ class NumpyBackend(Backend):
         """... and the thread pool's size and how it runs products, which `tinynn info` shows."""
         pool = parallel.describe()
         threads = f"{pool['threads']} (from {pool['from']}; {pool['cores']} cores available)"
-        products = ("by tiles on the pool, OpenBLAS on one thread" if blas.available()
+        products = ("by tiles on the pool, OpenBLAS on one thread (a decode step's: whole, on OpenBLAS's threads)"
+                    if blas.available()
                     else "whole, on NumPy's BLAS and its own threads")
         return {**super().describe(), "threads": threads, "products": products}
 

@@ -10,8 +10,10 @@ Matrix products run on the pool too, cut into tiles of the output (`matmul`), ea
 BLAS thread (blas.py): BLAS's own threads would otherwise take the same cores, wait for the slowest of them on
 a shared machine, and keep spinning after each product while the pool's next op needs the cores. A tile's
 bits depend on its shape, so a product is cut by the pool's size as well (whole on one thread, a few tiles a
-thread on more): the same bits on every run with as many threads. Where BLAS's thread count cannot be set, a
-product stays whole, threaded by BLAS.
+thread on more): the same bits on every run with as many threads. A decode step's products (a few rows, too
+small to cut) are the exception: BLAS's own threads run them, as many as the pool's, since its threads spin
+between products and a pool thread's wake costs a fifth of such a product; no pool op runs beside them there.
+Where BLAS's thread count cannot be set, a product stays whole, threaded by BLAS.
 
     TINYNN_NUM_THREADS=4 tinynn train ...   # the pool's size; default: the cores this process may run on
 """
@@ -34,6 +36,8 @@ BLOCK_ELEMENTS = 1 << 15
 # MIN_TILE_WORK multiply-adds (tens of microseconds: each BLAS call packs its operands again), TILE_MIN_COLS to
 # TILE_COLS wide
 TILES_PER_THREAD, MIN_TILE_WORK, TILE_COLS, TILE_MIN_COLS = 4, 1 << 22, 256, 64
+# rows of a product that one block of BLAS's row kernels covers: a decode step's batch
+FEW_ROWS = 16
 
 _threads: list[tuple[threading.Thread, queue.SimpleQueue]] = []  # the pool: started on first use
 _size: int | None = None
@@ -174,7 +178,7 @@ def tiles(m: int, n: int, k: int) -> list[tuple[slice, slice]]:
     if count <= 1:
         return [(slice(0, m), slice(0, n))]
     cols = min(n, TILE_COLS)
-    if m <= 16:  # one block of BLAS's row kernels (a decode step's batch): narrower columns make the tiles
+    if m <= FEW_ROWS:  # a decode step's batch: narrower columns make the tiles
         cols = min(cols, max(TILE_MIN_COLS, -(-n // count // TILE_MIN_COLS) * TILE_MIN_COLS))
     across = -(-n // cols)  # tiles side by side
     rows = -(-m // max(1, count // across))  # rows per tile, rounded up to whole blocks of BLAS's row kernels
@@ -194,6 +198,16 @@ def matmul(a, b, then=None):
             for_rows(lambda lo, hi: then(out[lo:hi], slice(lo, hi), slice(None)), *out.shape)
         return out
 
+    parts = tiles(*out.shape, a.shape[1])
+    if len(parts) == 1 and a.shape[0] <= FEW_ROWS:
+        # a decode step's product: BLAS's own threads, as many as the pool's, which spin between the step's
+        # products where a pool thread would sleep and take ~20 us to wake (a fifth of such a product)
+        with blas.held_to(num_threads()):
+            np.matmul(a, b, out=out)
+        if then is not None:
+            then(out, slice(0, a.shape[0]), slice(None))
+        return out
+
     def tile(item):
         rows, cols = item
         np.matmul(a[rows], b[:, cols], out=out[rows, cols])
@@ -203,7 +217,7 @@ def matmul(a, b, then=None):
                 part = slice(lo, min(lo + step, rows.stop))
                 then(out[part, cols], part, cols)
     with blas.one_thread():
-        run(tile, tiles(*out.shape, a.shape[1]))
+        run(tile, parts)
     return out
 
 
