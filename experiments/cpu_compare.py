@@ -40,6 +40,10 @@ def tinynn_step(variant: str = "") -> float:
         blas._looked, blas._calls = True, None
     elif variant.startswith("big-blocks"):  # elementwise and row blocks 4x (or -N: Nx) as large: fewer GIL handoffs
         parallel.BLOCK_ELEMENTS *= int(variant.split("-")[2]) if variant.count("-") == 2 else 4
+    elif variant == "one-tile-each":  # a product's tiles: one a thread instead of TILES_PER_THREAD
+        parallel.TILES_PER_THREAD = 1
+    elif variant == "coarse":  # both: blocks 16x as large, one tile a thread
+        parallel.BLOCK_ELEMENTS, parallel.TILES_PER_THREAD = parallel.BLOCK_ELEMENTS * 16, 1
     ms = bench.bench_train(registry.select("cpu"), config.load(LESSON), 5)["ms_per_step"]
     if variant == "diag":  # the first run of each setting
         step, x = bench.lesson_step(registry.select("cpu"), config.load(LESSON))
@@ -104,9 +108,9 @@ def tinynn_generation(batch: int, variant: str = "") -> float:
     return generation.tokens_per_s(model, batch, 117, "generate", reps=3)
 
 
-VARIANTS = ("blas-threads", "big-blocks", "big-blocks-16")
-# with --generation: a decode step's products on one BLAS thread, and cut by MIN_TILE_WORK 2^20 and 2^18
-GEN_VARIANTS = ("pool-decode", "tiles-20", "tiles-18")
+VARIANTS = ("blas-threads", "big-blocks", "big-blocks-16", "one-tile-each", "coarse")
+# with --generation: a decode step's products on one BLAS thread (tiles-N: cut by MIN_TILE_WORK 2^N too)
+GEN_VARIANTS = ("pool-decode",)
 WORKERS = {"tinynn-step": tinynn_step, "tinynn-gen": tinynn_generation}
 
 

@@ -200,9 +200,9 @@ def matmul(a, b, then=None):
 
     parts = tiles(*out.shape, a.shape[1])
     if len(parts) == 1 and a.shape[0] <= FEW_ROWS:
-        # a decode step's product: BLAS's own threads, as many as the pool's, which spin between the step's
-        # products where a pool thread would sleep and take ~20 us to wake (a fifth of such a product)
-        with blas.held_to(num_threads()):
+        # a decode step's product: whole, on BLAS's own threads, as many as the pool's but no more than the cores.
+        # They spin between the step's products, where a pool thread sleeps and takes ~20 us to wake
+        with blas.held_to(min(num_threads(), cores())):
             np.matmul(a, b, out=out)
         if then is not None:
             then(out, slice(0, a.shape[0]), slice(None))
