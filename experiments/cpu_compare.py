@@ -5,15 +5,15 @@ generation (117 new tokens after an 11-token prompt, top-k 20) at batch 1 and 16
 Each measurement runs in a process of its own, pinned with taskset, with TINYNN_NUM_THREADS and PyTorch's
 OMP_NUM_THREADS set to the cores it may use; tinynn and PyTorch alternate, and the table keeps each one's best
 run (ms per step: lower is better; tokens/s: higher). tinynn is the checkout's packages/tinynn-core/src.
-On all cores two variants of tinynn's step are timed too: products whole on OpenBLAS's own threads
-(`blas-threads`), and blocks of rows 4x as large (`big-blocks`). Measurements still to come when `--budget`
+On all cores variants of tinynn's step are timed too (VARIANTS: products whole on OpenBLAS's own threads, with
+the other ops on a smaller pool or not; one tile a thread; blocks 16x as large), and at each setting batch-16
+generation with a decode step's products on one BLAS thread (GEN_VARIANTS). Measurements still to come when `--budget`
 seconds have passed are skipped, so the table always prints. The first tinynn step of each setting also prints a
 DIAG line: 3 more steps' user and system time, page faults, and each thread's time on a core, waiting for one and
 asleep (the GIL, the pool's barrier), which says whether the threads ran side by side.
 
     python experiments/cpu_compare.py [--budget 230] [--reps 2]      # or experiments/cpu_compare.sh
     python experiments/cpu_compare.py --generation --reps 3          # generation only, 3 alternating rounds
-                                                                     # and batch 16 with its products in tiles
 """
 from __future__ import annotations
 
@@ -36,8 +36,10 @@ NUMBER = r"([0-9][0-9,]*\.?[0-9]*)"
 
 def tinynn_step(variant: str = "") -> float:
     from tinynn import bench, blas, config, parallel, registry
-    if variant == "blas-threads":  # products whole, threaded by OpenBLAS (as before the pool ran them)
-        blas._looked, blas._calls = True, None
+    if variant.startswith("blas-threads"):  # products whole, threaded by OpenBLAS (as before the pool ran them);
+        blas._looked, blas._calls = True, None  # -pool-N: the other ops on a pool of N threads
+        if "-pool-" in variant:
+            parallel.set_num_threads(int(variant.rsplit("-", 1)[1]))
     elif variant.startswith("big-blocks"):  # elementwise and row blocks 4x (or -N: Nx) as large: fewer GIL handoffs
         parallel.BLOCK_ELEMENTS *= int(variant.split("-")[2]) if variant.count("-") == 2 else 4
     elif variant == "one-tile-each":  # a product's tiles: one a thread instead of TILES_PER_THREAD
@@ -108,7 +110,7 @@ def tinynn_generation(batch: int, variant: str = "") -> float:
     return generation.tokens_per_s(model, batch, 117, "generate", reps=3)
 
 
-VARIANTS = ("blas-threads", "big-blocks", "big-blocks-16", "one-tile-each", "coarse")
+VARIANTS = ("blas-threads", "blas-threads-pool-1", "blas-threads-pool-4", "one-tile-each", "coarse")
 # with --generation: a decode step's products on one BLAS thread (tiles-N: cut by MIN_TILE_WORK 2^N too)
 GEN_VARIANTS = ("pool-decode",)
 WORKERS = {"tinynn-step": tinynn_step, "tinynn-gen": tinynn_generation}
@@ -228,7 +230,7 @@ def main() -> None:
                                        r"RESULT " + NUMBER))
         for batch in ours:
             rows[("gen", threads, batch)] = best(ours[batch], higher=True), best(theirs[batch], higher=True)
-        for variant in GEN_VARIANTS if args.generation else ():  # batch 16's products cut into tiles
+        for variant in GEN_VARIANTS:  # batch 16's products another way
             rows[("gen-variant", threads, variant)] = run(
                 f"tinynn generation, batch 16, {variant}", cores, threads,
                 [py, __file__, "--worker", "tinynn-gen", "--batch", "16", "--variant", variant], r"RESULT " + NUMBER)
