@@ -11,8 +11,9 @@ BLAS thread (blas.py): BLAS's own threads would otherwise take the same cores, w
 a shared machine, and keep spinning after each product while the pool's next op needs the cores. A tile's
 bits depend on its shape, so a product is cut by the pool's size as well (whole on one thread, a few tiles a
 thread on more): the same bits on every run with as many threads. A decode step's products (a few rows, too
-small to cut) are the exception: BLAS's own threads run them, as many as the pool's, since its threads spin
-between products and a pool thread's wake costs a fifth of such a product; no pool op runs beside them there.
+small to cut) are the exception: BLAS's own threads run them, as many as the pool's but no more than the cores,
+since they spin between products and a pool thread's wake costs a fifth of such a product; no pool op runs beside
+them there.
 Where BLAS's thread count cannot be set, a product stays whole, threaded by BLAS.
 
     TINYNN_NUM_THREADS=4 tinynn train ...   # the pool's size; default: the cores this process may run on
