@@ -14,7 +14,6 @@ here).
     TINYNN_WEBGPU=dawn python experiments/attention_tensor.py [--reps 20] [--shapes gpt2,big] [--tiles 64x32x128,...]
 """
 import argparse
-import time
 
 import numpy as np
 
@@ -22,23 +21,11 @@ from tinynn import backends, precision, registry
 from tinynn_gpu.ops.attention_choice import TENSOR, key
 from tinynn_gpu.ops.attention_tensor import TensorTile
 
+from attention_tiles import case, heat, rel_err  # experiments/, this script's folder
+
 TILES = "64x32x128,32x32x128,64x16x128,32x32x64,32x16x64"
 SHAPES = {"gpt2": (4, 1024, 12, 64), "big": (8, 256, 12, 64),  # (B, T, n_head, head size)
           "tiny": (1, 100, 2, 64)}  # for a try on a software adapter (--shapes tiny)
-
-
-def heat(gpu, seconds):
-    """Keep the GPU busy for `seconds`: its clocks rise from idle only under load."""
-    a = gpu.from_numpy(np.ones((1024, 1024), np.float32))
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(20):
-            gpu.matmul(a, a)
-        gpu.rt.sync()
-
-
-def rel_err(actual, expected):
-    return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
 
 
 def main():
@@ -57,15 +44,10 @@ def main():
         print(f"attention: {gpu.attention.describe()}", flush=True)
     for label in args.shapes.split(","):
         batch, seq, n_head, hs = SHAPES[label]
-        g = np.random.default_rng(0)
-        qkv = g.standard_normal((batch, seq, 3 * n_head * hs)).astype(np.float32)
-        grad = g.standard_normal((batch, seq, n_head * hs)).astype(np.float32)
         scale = hs ** -0.5
-        y_ref, lse_ref = ref.attention_forward(qkv.astype(np.float64), n_head, scale)
-        g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head, scale)
-        d_qkv, d_grad = gpu.from_numpy(qkv), gpu.from_numpy(grad)
+        d_qkv, d_grad, y_ref, lse_ref, g_ref = case(gpu, ref, SHAPES[label])
         forward_flops = 2 * batch * n_head * seq * seq * hs
-        keys = [key(direction, qkv.shape, n_head) for direction in ("forward", "backward")]
+        keys = [key(direction, d_qkv.shape, n_head) for direction in ("forward", "backward")]
         for name in ("highest", "high", "chosen"):
             precision.set_matmul_precision("highest" if name == "highest" else "high")
             for k in keys:  # "high": the tensor-core kernels; "chosen": the choice made again, timed
@@ -76,7 +58,7 @@ def main():
             g_qkv = gpu.attention_backward(d_grad, d_qkv, y, lse, n_head, scale)
             errors = (rel_err(gpu.to_numpy(y), y_ref), float(np.abs(gpu.to_numpy(lse) - lse_ref).max()),
                       rel_err(gpu.to_numpy(g_qkv), g_ref))
-            backward_tile = gpu.attention.tensor_backward.tile(qkv.shape, n_head)
+            backward_tile = gpu.attention.tensor_backward.tile(d_qkv.shape, n_head)
             ran = f"tensor cores: forward tile {gpu.attention.tensor.tile(hs)}, backward tile {backward_tile}" \
                 if name == "high" and usable else "float32" if not usable or name == "highest" else \
                 ", ".join(f"{k.split()[2]} {gpu.mm.choices.get(k)}{' timed' * (k in gpu.mm.timed)}" for k in keys)

@@ -39,6 +39,18 @@ def rel_err(actual, expected):
     return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
 
 
+def case(gpu, ref, shape):
+    """A random attention input and output gradient of shape (B, T, n_head, head size), both on the GPU, and the
+    reference's float64 y, logsumexp and gradient."""
+    batch, seq, n_head, hs = shape
+    g = np.random.default_rng(0)
+    qkv = g.standard_normal((batch, seq, 3 * n_head * hs)).astype(np.float32)
+    grad = g.standard_normal((batch, seq, n_head * hs)).astype(np.float32)
+    y_ref, lse_ref = ref.attention_forward(qkv.astype(np.float64), n_head, hs ** -0.5)
+    g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head, hs ** -0.5)
+    return gpu.from_numpy(qkv), gpu.from_numpy(grad), y_ref, lse_ref, g_ref
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
@@ -61,13 +73,8 @@ def main():
     results = []
     for label in args.shapes.split(","):
         batch, seq, n_head, hs = SHAPES[label]
-        g = np.random.default_rng(0)
-        qkv = g.standard_normal((batch, seq, 3 * n_head * hs)).astype(np.float32)
-        grad = g.standard_normal((batch, seq, n_head * hs)).astype(np.float32)
         scale = hs ** -0.5
-        y_ref, lse_ref = ref.attention_forward(qkv.astype(np.float64), n_head, scale)
-        g_ref = ref.attention_backward(grad.astype(np.float64), qkv.astype(np.float64), y_ref, lse_ref, n_head, scale)
-        d_qkv, d_grad = gpu.from_numpy(qkv), gpu.from_numpy(grad)
+        d_qkv, d_grad, y_ref, lse_ref, g_ref = case(gpu, ref, SHAPES[label])
         heat(gpu, args.heat / 2)  # computing the reference left the GPU idle
         layouts = [tuple(int(n) for n in layout.split("x")) for layout in args.layouts.split(",") if layout]
         paths = [{"subgroup": "1", "workgroup": "0"}[p] for p in args.paths.split(",")]

@@ -101,23 +101,23 @@ def every_kernel():
     # 128) and with its products written out (f16 tiles, or f32 ones rounded to f16) on the smaller tiles too
     tensor_tiles = attention_tensor.TENSOR_TILES + (attention_tensor.TensorTile(32, 32, 64),
                                                     attention_tensor.TensorTile(16, 16, 32))
-    for hs in (16, 20, 48, 64, 128):
-        for tile in (t for t in tensor_tiles if not t.check(hs, 1 << 20)):
-            if tile.threads == 128:
-                yield f"attention tensor hs{hs} {tile}", attention_tensor.tensor_source(hs, tile)
-            for f16 in (True, False):
-                yield (f"attention tensor hs{hs} {tile} emulated f16={f16}",
-                       attention_tensor.tensor_source(hs, tile, emulate=True, f16=f16))
+    yield from tensor_sources("attention tensor", attention_tensor.tensor_source, tensor_tiles, (16, 20, 48, 64, 128))
     tensor_backward = attention_tensor_backward
     backward_tiles = tensor_backward.BACKWARD_TENSOR_TILES + (tensor_backward.BackwardTensorTile(16, 32, 64),
                                                               tensor_backward.BackwardTensorTile(16, 16, 32))
-    for hs in (20, 64, 128):
-        for tile in (t for t in backward_tiles if not t.check(hs, 1 << 20)):
+    yield from tensor_sources("attention tensor backward", tensor_backward.backward_tensor_source, backward_tiles,
+                              (20, 64, 128))
+
+
+def tensor_sources(name, source, tiles, head_sizes):
+    """A tensor-core kernel at each head size, each tile that splits it: on subgroup matrices (tiles of 128 threads)
+    and emulated, with f16 tiles and with f32 ones."""
+    for hs in head_sizes:
+        for tile in (t for t in tiles if not t.check(hs, 1 << 20)):
             if tile.threads == 128:
-                yield f"attention tensor backward hs{hs} {tile}", tensor_backward.backward_tensor_source(hs, tile)
+                yield f"{name} hs{hs} {tile}", source(hs, tile)
             for f16 in (True, False):
-                yield (f"attention tensor backward hs{hs} {tile} emulated f16={f16}",
-                       tensor_backward.backward_tensor_source(hs, tile, emulate=True, f16=f16))
+                yield f"{name} hs{hs} {tile} emulated f16={f16}", source(hs, tile, emulate=True, f16=f16)
 
 
 def test_every_kernel_compiles_on_tint(tint):

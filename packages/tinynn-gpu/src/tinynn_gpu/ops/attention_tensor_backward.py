@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from tinynn_gpu.ops.attention_backward_tiled import BackwardTile
 from tinynn_gpu.ops.attention_tensor import PAD, S, TensorKernels, padded
 from tinynn_gpu.ops.attention_tiled import THREADS
 from tinynn_gpu.runtime.subgroup_matrices import Products, kernel_parts, opaque_16
@@ -50,10 +51,7 @@ class BackwardTensorTile(NamedTuple):
                    "bytes of workgroup memory"
         return ""
 
-    def part_floats(self, batch: int, seq: int, n_head: int, head_size: int) -> int:
-        """The dQ slices' size: per (batch, head), key block kb holds rows kb*KEYS..T-1."""
-        blocks = -(-seq // self.keys)
-        return batch * n_head * (blocks * seq - self.keys * (blocks * (blocks - 1) // 2)) * head_size
+    part_floats = BackwardTile.part_floats  # the same dQ slices (attention_dq.wgsl)
 
     def __str__(self) -> str:
         return f"{self.keys}x{self.queries}x{self.threads}"
